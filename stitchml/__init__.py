@@ -1,0 +1,39 @@
+"""StitchML: a graph compiler and runtime for tensor programs.
+
+Build a graph of tensors and operations, MPSGraph style, and run it on the CPU
+or an NVIDIA GPU:
+
+    >>> import numpy as np, stitchml as sm
+    >>> g = sm.Graph()
+    >>> x = g.placeholder((-1, 4), sm.float32, name="x")
+    >>> y = g.gelu(x)
+    >>> g.run({x: np.ones((2, 4), np.float32)}, [y], device="cpu")[y].shape
+    (2, 4)
+"""
+from . import ops as _ops  # registers every primitive
+from . import composites as _composites  # registers the composites
+from .dtypes import (DType, bfloat16, float16, float32, float64, int8, int16, int32, int64, uint8,
+                     as_dtype, promote)
+from .dtypes import bool_ as bool  # noqa: A001  (stitchml.bool, like torch.bool)
+from .errors import (ExecutionError, FeedError, GraphError, LayoutError, SerializationError, ShapeError,
+                     StitchError)
+from .graph import Graph
+from .ir import Operation, Tensor, TensorType
+from .ops import Convolution2DDescriptor, Pooling2DDescriptor
+from .registry import BUILDERS as _BUILDERS, REGISTRY
+from .tensor_data import TensorData
+
+for _name, _fn in _BUILDERS.items():
+    if hasattr(Graph, _name):
+        raise RuntimeError(f"builder {_name!r} would shadow Graph.{_name}")
+    setattr(Graph, _name, _fn)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Graph", "Tensor", "TensorType", "Operation", "TensorData", "DType", "REGISTRY",
+    "Convolution2DDescriptor", "Pooling2DDescriptor",
+    "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
+    "as_dtype", "promote",
+    "StitchError", "ShapeError", "FeedError", "GraphError", "ExecutionError", "LayoutError", "SerializationError",
+]

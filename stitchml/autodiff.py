@@ -1,0 +1,149 @@
+"""Reverse-mode autodiff inside the graph (MPSGraph's gradient method).
+
+`gradients(of, wrt)` appends the backward operations to the same graph and
+returns a tensor per `wrt` entry:
+
+1. find the operations on a path from some `wrt` tensor to `of` (others get
+   no gradient ops at all);
+2. walk them in reverse program order, asking each primitive's `vjp` rule
+   (registry) for the cotangents of its inputs given those of its outputs;
+3. elementwise rules answer in the broadcast output shape: the cotangent is
+   summed back to each input's shape (`sum_to_shape`, run-time shapes);
+4. fan-out accumulates by addition; gradient ops whose inputs are all
+   constants are evaluated while building (folded to constants).
+
+Integer and bool tensors carry no gradient; primitives marked
+`differentiable=False` (comparisons, arg max, random, stop_gradient...) stop
+it. A `wrt` tensor that `of` does not depend on gets zeros. Rules are built
+from builder ops, so gradients of gradients work wherever the rules used
+have rules of their own.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .errors import GraphError
+from .ir import Operation, Tensor
+from .registry import ELEMENTWISE, STATE, lookup
+
+
+def _on_path(graph, of: Tensor, wrt: Sequence[Tensor]) -> tuple[list[Operation], set[int]]:
+    """Operations that depend on some `wrt` tensor and that `of` depends on, in program
+    order, and the ids of all tensors that depend on some `wrt` tensor."""
+    needed: set[int] = set()
+    stack = [of.op]
+    while stack:
+        op = stack.pop()
+        if op.id not in needed:
+            needed.add(op.id)
+            stack.extend(t.op for t in op.inputs)
+    reach = {t.id for t in wrt}
+    path = []
+    for op in graph.operations:
+        if op.id not in needed:
+            continue
+        if any(t.id in reach for t in op.inputs):
+            path.append(op)
+            reach.update(t.id for t in op.outputs)
+    return path, reach
+
+
+def _drop_unused(graph, start: int, keep: list[Tensor]) -> None:
+    """Remove the ops appended since `start` that no kept cotangent needs."""
+    new = graph.operations[start:]
+    if not new:
+        return
+    fresh = {op.id for op in new}
+    live: set[int] = set()
+    stack = [t.op for t in keep if t.op.id in fresh]
+    while stack:
+        op = stack.pop()
+        if op.id in live:
+            continue
+        live.add(op.id)
+        stack.extend(t.op for t in op.inputs if t.op.id in fresh)
+    graph.operations[start:] = [op for op in new if op.id in live]
+
+
+def _differentiable(t: Tensor) -> bool:
+    return t.dtype.is_floating
+
+
+class _Folding:
+    """While active, ops whose inputs are all constants are emitted as constants."""
+
+    def __init__(self, graph):
+        self.graph = graph
+
+    def __enter__(self):
+        self.previous = getattr(self.graph, "_fold_constants", False)
+        self.graph._fold_constants = True
+
+    def __exit__(self, *exc):
+        self.graph._fold_constants = self.previous
+
+
+def gradients(graph, of: Tensor, wrt: Sequence[Tensor], seed: Tensor | None = None) -> dict[Tensor, Tensor]:
+    """d(of)/d(wrt) for each tensor of `wrt`, built into `graph`.
+
+    `of` is usually a scalar loss; for a non-scalar `of` the gradient is that
+    of ``sum(of * seed)`` with `seed` ones by default.
+    """
+    if isinstance(wrt, Tensor):
+        wrt = [wrt]
+    wrt = list(wrt)
+    for t in [of, *wrt]:
+        if not isinstance(t, Tensor) or t.graph is not graph:
+            raise GraphError(f"gradients: expected tensors of this graph, got {t!r}")
+    if not _differentiable(of):
+        raise GraphError(f"gradients: `of` ({of.name}) is {of.dtype}; only floating-point tensors have gradients")
+    for t in wrt:
+        if not _differentiable(t):
+            raise GraphError(f"gradients: cannot differentiate with respect to {t.name} of dtype {t.dtype}")
+
+    cotangents: dict[int, list[Tensor]] = {}
+    first = len(graph.operations)
+    with graph.scope("gradients"), _Folding(graph):
+        if seed is None:
+            seed = graph.broadcast_to(graph.constant(1.0, of.dtype), of) if of.shape != () else graph.constant(1.0, of.dtype)
+        cotangents[of.id] = [seed]
+        path, reach = _on_path(graph, of, wrt)
+        for op in reversed(path):
+            prim = lookup(op.op)
+            dys = [_sum(graph, cotangents.get(t.id)) for t in op.outputs]
+            if all(d is None for d in dys) or not prim.differentiable or prim.kind == STATE and prim.vjp is None:
+                continue
+            if prim.vjp is None:
+                raise GraphError(f"gradients: {op.op} ({op.name}, built at {op.location}) has no gradient rule")
+            start = len(graph.operations)
+            cts = prim.vjp(graph, op, *dys)
+            if len(cts) != len(op.inputs):
+                raise GraphError(f"gradients: the rule of {op.op} returned {len(cts)} cotangents for "
+                                 f"{len(op.inputs)} inputs")
+            # Rules answer for every input; keep (and keep the ops of) only those on a path from `wrt`.
+            cts = [ct if ct is not None and x.id in reach and _differentiable(x) else None
+                   for x, ct in zip(op.inputs, cts)]
+            _drop_unused(graph, start, [ct for ct in cts if ct is not None])
+            for x, ct in zip(op.inputs, cts):
+                if ct is None:
+                    continue
+                if prim.kind == ELEMENTWISE and not (ct.shape == x.shape and x.type.is_static):
+                    ct = graph.sum_to_shape(ct, x)
+                if ct.dtype != x.dtype:
+                    ct = graph.cast(ct, x.dtype)
+                cotangents.setdefault(x.id, []).append(ct)
+        out = {}
+        for t in wrt:
+            g = _sum(graph, cotangents.get(t.id))
+            out[t] = g if g is not None else graph.broadcast_to(graph.constant(0.0, t.dtype), t)
+    _drop_unused(graph, first, list(out.values()))
+    return out
+
+
+def _sum(graph, parts: list[Tensor] | None) -> Tensor | None:
+    if not parts:
+        return None
+    total = parts[0]
+    for p in parts[1:]:
+        total = graph.addition(total, p)
+    return total

@@ -1,0 +1,202 @@
+"""Composite operations: Python functions of primitives.
+
+They get gradients and fusion for free; each builds its ops inside a scope of
+its own name, so dumps and the debugger show which ops belong to which
+composite. A composite becomes a primitive only when a hand-written kernel
+beats what fusion makes of it.
+"""
+from __future__ import annotations
+
+import math
+
+from . import dtypes
+from .ir import UNKNOWN, Tensor, normalize_axis
+from .registry import builder
+
+
+def composite(fn):
+    """Register `fn(graph, ...)` as a Graph method whose ops are scoped under its name."""
+
+    def build(g, *args, **kwargs):
+        with g.scope(fn.__name__):
+            return fn(g, *args, **kwargs)
+
+    build.__name__ = fn.__name__
+    build.__doc__ = fn.__doc__
+    builder(fn.__name__, composite=True)(build)
+    return fn
+
+
+def _float(g, x):
+    x = g.as_tensor(x)
+    return x if x.dtype.is_floating else g.cast(x, dtypes.default_float)
+
+
+# -- activations ----------------------------------------------------------------
+@composite
+def gelu(g, x, approximate="none"):
+    """GeLU: ``0.5 x (1 + erf(x / sqrt 2))``, or the tanh approximation with approximate="tanh"."""
+    x = _float(g, x)
+    if approximate == "tanh":
+        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
+        return 0.5 * x * (1.0 + g.tanh(inner))
+    if approximate != "none":
+        raise g._error("gelu", f"approximate must be 'none' or 'tanh', got {approximate!r}", [x])
+    return 0.5 * x * (1.0 + g.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+@composite
+def silu(g, x):
+    """SiLU (swish): ``x * sigmoid(x)``."""
+    x = _float(g, x)
+    return x * g.sigmoid(x)
+
+
+@composite
+def softplus(g, x, beta=1.0, threshold=20.0):
+    """``log(1 + exp(beta x)) / beta``, linear above `threshold` (as PyTorch)."""
+    x = _float(g, x)
+    bx = x * beta
+    safe = g.minimum(bx, threshold)
+    return g.select(bx > threshold, x, g.logarithm(1.0 + g.exponent(safe)) / beta)
+
+
+@composite
+def leaky_relu(g, x, alpha=0.01):
+    """``x`` where positive, else ``alpha * x``."""
+    x = _float(g, x)
+    return g.select(x > 0, x, x * alpha)
+
+
+# -- softmax family ---------------------------------------------------------------
+@composite
+def softmax(g, x, axis=-1):
+    """``exp(x - max) / sum(exp(x - max))`` along `axis`."""
+    x = _float(g, x)
+    m = g.stop_gradient(g.reduction_maximum(x, axis, keep_dims=True))
+    e = g.exponent(x - m)
+    return e / g.reduction_sum(e, axis, keep_dims=True)
+
+
+@composite
+def log_sum_exp(g, x, axes=-1, keep_dims=False):
+    """``log(sum(exp(x)))`` over `axes`, computed stably."""
+    x = _float(g, x)
+    m = g.stop_gradient(g.reduction_maximum(x, axes, keep_dims=True))
+    s = g.logarithm(g.reduction_sum(g.exponent(x - m), axes, keep_dims=True)) + m
+    return s if keep_dims else g.squeeze(s, axes if not isinstance(axes, int) else (axes,))
+
+
+@composite
+def log_softmax(g, x, axis=-1):
+    """``x - log(sum(exp(x)))`` along `axis`, computed stably."""
+    x = _float(g, x)
+    return x - log_sum_exp(g, x, axis, keep_dims=True)
+
+
+@composite
+def softmax_cross_entropy(g, logits, labels, axis=-1, reduction="sum"):
+    """Cross entropy of softmax(logits) against `labels` (MPSGraph softMaxCrossEntropy).
+
+    `labels` are probabilities shaped like `logits`, or integer class indices
+    (one-hot encoded along `axis`). `reduction`: "none", "sum" or "mean" over
+    the remaining axes.
+    """
+    logits = _float(g, logits)
+    labels = g.as_tensor(labels)
+    if reduction not in ("none", "sum", "mean"):
+        raise g._error("softmax_cross_entropy", f"reduction must be 'none', 'sum' or 'mean', got {reduction!r}",
+                       [logits, labels])
+    if labels.dtype.is_integer:
+        if logits.rank is None or logits.shape[axis] == UNKNOWN:
+            raise g._error("softmax_cross_entropy", "integer labels need a known class count along the axis",
+                           [logits, labels])
+        labels = g.one_hot(labels, logits.shape[axis], axis=axis, dtype=logits.dtype)
+    elif labels.dtype != logits.dtype:
+        labels = g.cast(labels, logits.dtype)
+    losses = -g.reduction_sum(labels * log_softmax(g, logits, axis), axis)
+    if reduction == "none":
+        return losses
+    return g.reduction_sum(losses) if reduction == "sum" else g.reduction_mean(losses)
+
+
+# -- statistics and normalization -------------------------------------------------
+@composite
+def variance(g, x, axes=None, keep_dims=False):
+    """Population variance ``mean((x - mean(x))**2)`` over `axes` (MPSGraph variance)."""
+    x = _float(g, x)
+    d = x - g.reduction_mean(x, axes, keep_dims=True)
+    return g.reduction_mean(d * d, axes, keep_dims=keep_dims)
+
+
+@composite
+def normalization(g, x, mean, variance, gamma=None, beta=None, epsilon=1e-5):
+    """``(x - mean) / sqrt(variance + epsilon) * gamma + beta`` (MPSGraph normalization)."""
+    x = _float(g, x)
+    y = (x - mean) * g.reverse_square_root(variance + epsilon)
+    if gamma is not None:
+        y = y * gamma
+    if beta is not None:
+        y = y + beta
+    return y
+
+
+@composite
+def layer_normalization(g, x, axes=-1, gamma=None, beta=None, epsilon=1e-5):
+    """Normalize over `axes` with the statistics of each sample (torch LayerNorm over the last axes)."""
+    x = _float(g, x)
+    mean = g.reduction_mean(x, axes, keep_dims=True)
+    var = variance(g, x, axes, keep_dims=True)
+    return normalization(g, x, mean, var, gamma, beta, epsilon)
+
+
+@composite
+def batch_normalization(g, x, axes=None, gamma=None, beta=None, epsilon=1e-5, channel_axis=1):
+    """Normalize with the batch's statistics over `axes` (default: all but `channel_axis`).
+
+    gamma and beta broadcast against `x`; give them shape (C, 1, 1) for NCHW.
+    """
+    x = _float(g, x)
+    if axes is None:
+        if x.rank is None:
+            raise g._error("batch_normalization", "axes=None needs a tensor of known rank", [x])
+        c = normalize_axis(channel_axis, x.rank)
+        axes = tuple(a for a in range(x.rank) if a != c)
+    mean = g.reduction_mean(x, axes, keep_dims=True)
+    var = variance(g, x, axes, keep_dims=True)
+    return normalization(g, x, mean, var, gamma, beta, epsilon)
+
+
+# -- regularization ----------------------------------------------------------------
+@composite
+def dropout(g, x, rate, seed=None):
+    """Zero each element with probability `rate`, scale the rest by 1 / (1 - rate).
+
+    A new mask is drawn at every run (see ops/random.py).
+    """
+    x = _float(g, x)
+    if not 0.0 <= rate < 1.0:
+        raise g._error("dropout", f"rate must be in [0, 1), got {rate}", [x])
+    if rate == 0.0:
+        return g.identity(x)
+    keep = g.random_uniform(x, seed=seed, dtype=x.dtype) >= rate
+    return g.select(keep, x * (1.0 / (1.0 - rate)), 0.0)
+
+
+# -- recurrent cells -------------------------------------------------------------------
+@composite
+def lstm_cell(g, x, h, c, weights_ih, weights_hh, bias=None):
+    """One LSTM step, PyTorch's layout: weights (4H, in) with gates i, f, g, o; returns (h, c).
+
+    ``gates = x @ W_ihᵀ + h @ W_hhᵀ + bias``; ``c' = f c + i g``; ``h' = o tanh(c')``.
+    """
+    gates = g.matrix_multiplication(x, weights_ih.T) + g.matrix_multiplication(h, weights_hh.T)
+    if bias is not None:
+        gates = gates + bias
+    i, f, gg, o = g.split(gates, 4, axis=-1)
+    c_next = g.sigmoid(f) * c + g.sigmoid(i) * g.tanh(gg)
+    h_next = g.sigmoid(o) * g.tanh(c_next)
+    return h_next, c_next
+
+
+del Tensor

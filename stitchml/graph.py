@@ -1,0 +1,282 @@
+"""Graph: the container of the IR and the entry point of the builder API.
+
+Building appends operations in program order, so the list is always
+topologically sorted. The builder methods (`g.exponent`, `g.reduction_sum`,
+`g.softmax`...) are not written here: each op module registers its own, and
+they are attached to `Graph` when the package is imported (see registry.py).
+
+    >>> import numpy as np, stitchml as sm
+    >>> g = sm.Graph()
+    >>> x = g.placeholder((-1, 2), sm.float32, name="x")
+    >>> y = g.exponent(x) + 1.0
+    >>> g.run({x: np.zeros((3, 2), np.float32)}, targets=[y], device="cpu")[y].numpy().tolist()
+    [[2.0, 2.0], [2.0, 2.0], [2.0, 2.0]]
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import threading
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from . import dtypes
+from .dtypes import DType
+from .errors import GraphError, ShapeError
+from .ir import Operation, Tensor, TensorType
+from .registry import RANDOM, STATE, lookup
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _user_location() -> str:
+    """file:line of the first frame outside this package: the user's code that built the op."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not os.path.abspath(path).startswith(_PACKAGE_DIR + os.sep):
+            return f"{path}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<stitchml>"
+
+
+class Graph:
+    """A graph of tensors and operations (MPSGraph's model); see the module docstring."""
+
+    def __init__(self, name: str = "graph"):
+        self.name = name
+        self.operations: list[Operation] = []
+        self._next_op = 0
+        self._next_tensor = 0
+        self._control_stack: list[tuple[Operation, ...]] = []
+        self._scope_stack: list[str] = []
+        # Variable values live here between runs: variable op id -> torch tensor on its device.
+        self._variable_values: dict[int, torch.Tensor] = {}
+        self._constant_cache: dict[tuple[int, str], torch.Tensor] = {}
+        self._run_lock = threading.RLock()
+        self._runner = None  # the async run queue, made on first use
+        self.run_count = 0  # runs so far; random ops draw from (seed, run_count)
+        self._fold_constants = False  # set while building gradients (autodiff.py)
+
+    # -- building ------------------------------------------------------------
+    def _emit(
+        self,
+        op: str,
+        inputs: Sequence[Tensor],
+        attrs: dict[str, Any] | None = None,
+        name: str | None = None,
+        *,
+        types: Sequence[TensorType] | None = None,
+    ) -> Operation:
+        """Append one operation, inferring its output types through the registry."""
+        prim = lookup(op)
+        attrs = dict(attrs or {})
+        for t in inputs:
+            if not isinstance(t, Tensor):
+                raise GraphError(f"{op}: expected a Tensor input, got {type(t).__name__}")
+            if t.graph is not self:
+                raise GraphError(f"{op}: input {t.name} belongs to another graph")
+        location = _user_location()
+        if types is None:
+            try:
+                out = prim.infer([t.type for t in inputs], **attrs)
+            except ShapeError as e:
+                described = ", ".join(f"{t.name}: {t.type}" for t in inputs) or "none"
+                raise ShapeError(f"{op}: {e}; inputs: {described}; built at {location}") from None
+            types = [out] if isinstance(out, TensorType) else list(out)
+        if self._fold_constants and len(types) == 1 and self._foldable(prim, inputs, types[0]):
+            return self._fold(prim, inputs, attrs, name)
+        deps = tuple(dict.fromkeys(d for group in self._control_stack for d in group))
+        scope = "/".join(self._scope_stack)
+        operation = Operation(self, self._next_op, op, tuple(inputs), attrs, deps, "", location, scope)
+        self._next_op += 1
+        operation.name = name or f"{op}_{operation.id}"
+        outputs = []
+        for i, tt in enumerate(types):
+            tname = operation.name if len(types) == 1 else f"{operation.name}:{i}"
+            outputs.append(Tensor(self, operation, i, tt, tname, self._next_tensor))
+            self._next_tensor += 1
+        operation.outputs = tuple(outputs)
+        self.operations.append(operation)
+        return operation
+
+    _FOLD_LIMIT = 4096  # elements: larger results stay ops, so folding never bloats the IR
+
+    def _foldable(self, prim, inputs, out_type) -> bool:
+        return (bool(inputs) and prim.kind not in (STATE, RANDOM) and not prim.needs_context
+                and all(t.op.op == "constant" for t in inputs)
+                and out_type.is_static and out_type.numel() <= self._FOLD_LIMIT)
+
+    def _fold(self, prim, inputs, attrs, name) -> Operation:
+        """Evaluate an op of constants now and emit its value as a constant."""
+        value = prim.impl(*[t.op.attrs["value"] for t in inputs], **attrs)
+        self._fold_constants = False
+        try:
+            return self._emit("constant", [], {"value": value.detach().cpu().contiguous().clone()}, name)
+        finally:
+            self._fold_constants = True
+
+    def _emit1(self, op: str, inputs: Sequence[Tensor], attrs: dict | None = None, name: str | None = None) -> Tensor:
+        return self._emit(op, inputs, attrs, name).outputs[0]
+
+    def as_tensor(self, value: Any, like: DType | None = None) -> Tensor:
+        """A Tensor as is; a Python scalar as a weakly typed constant (dtypes.py); arrays as constants."""
+        if isinstance(value, Tensor):
+            if value.graph is not self:
+                raise GraphError(f"tensor {value.name} belongs to another graph")
+            return value
+        if isinstance(value, (bool, int, float)):
+            return self.constant(value, dtypes.scalar_dtype(value, like))
+        return self.constant(value)
+
+    def _error(self, op: str, message: str, inputs: Sequence[Any] = ()) -> ShapeError:
+        """A build-time error naming the op, the inputs and the user's line."""
+        described = ", ".join(f"{t.name}: {t.type}" if isinstance(t, Tensor) else repr(t) for t in inputs) or "none"
+        return ShapeError(f"{op}: {message}; inputs: {described}; built at {_user_location()}")
+
+    def promote(self, *values: Any, name: str = "op") -> list[Tensor]:
+        """Bring operands to one dtype (dtypes.py's rule), inserting casts where needed."""
+        tensors = [v for v in values if isinstance(v, Tensor)]
+        target = None
+        for t in tensors:
+            target = t.dtype if target is None else dtypes.promote(target, t.dtype)
+        for v in values:
+            if not isinstance(v, Tensor) and isinstance(v, (bool, int, float)):
+                weak = dtypes.scalar_dtype(v, target)
+                target = weak if target is None else dtypes.promote(target, weak)
+        out = [self.as_tensor(v, target) for v in values]
+        if target is None:
+            target = out[0].dtype
+            for t in out[1:]:
+                target = dtypes.promote(target, t.dtype)
+        return [t if t.dtype == target else self.cast(t, target) for t in out]
+
+    @contextlib.contextmanager
+    def control_dependencies(self, operations: Iterable[Operation | Tensor]):
+        """Operations built inside run after `operations` (MPSGraph controlDependency).
+
+        A `read_variable` built here sees the value written by an assignment it
+        depends on, instead of the value at the start of the run.
+        """
+        ops = tuple(o.op if isinstance(o, Tensor) else o for o in operations)
+        for o in ops:
+            if not isinstance(o, Operation) or o.graph is not self:
+                raise GraphError("control_dependencies: expected operations or tensors of this graph")
+        self._control_stack.append(ops)
+        try:
+            yield
+        finally:
+            self._control_stack.pop()
+
+    @contextlib.contextmanager
+    def scope(self, name: str):
+        """Ops built inside carry `name` in their scope (shown by dumps and the debugger)."""
+        self._scope_stack.append(name)
+        try:
+            yield
+        finally:
+            self._scope_stack.pop()
+
+    # -- inspection ----------------------------------------------------------
+    @property
+    def placeholders(self) -> list[Tensor]:
+        return [op.outputs[0] for op in self.operations if op.op == "placeholder"]
+
+    @property
+    def variables(self) -> list[Tensor]:
+        return [op.outputs[0] for op in self.operations if op.op == "variable"]
+
+    def tensor(self, name: str) -> Tensor:
+        """Look a tensor up by name."""
+        for op in self.operations:
+            for t in op.outputs:
+                if t.name == name:
+                    return t
+        raise GraphError(f"graph {self.name!r} has no tensor named {name!r}")
+
+    def __str__(self) -> str:
+        from .serialize import dump_text
+
+        return dump_text(self)
+
+    def __repr__(self) -> str:
+        return f"Graph({self.name!r}, {len(self.operations)} operations)"
+
+    # -- variables -----------------------------------------------------------
+    def _check_variable(self, v: Tensor) -> Operation:
+        if not isinstance(v, Tensor) or v.graph is not self or v.op.op != "variable":
+            raise GraphError(f"expected a variable of this graph (made by graph.variable), got {v!r}")
+        return v.op
+
+    def variable_value(self, v: Tensor) -> "TensorData":
+        """The variable's current value (after the runs so far), as TensorData on its device."""
+        from .tensor_data import TensorData
+
+        op = self._check_variable(v)
+        value = self._variable_values.get(op.id)
+        return TensorData(op.attrs["initial_value"] if value is None else value)
+
+    def set_variable_value(self, v: Tensor, value: Any) -> None:
+        """Overwrite a variable between runs (loading a checkpoint, say)."""
+        from .tensor_data import TensorData
+
+        op = self._check_variable(v)
+        data = TensorData(value).torch()
+        if data.dtype != v.dtype.torch or tuple(data.shape) != v.shape:
+            raise GraphError(
+                f"set_variable_value: variable {v.name} is {v.type}, got {tuple(data.shape)} {data.dtype}"
+            )
+        old = self._variable_values.get(op.id)
+        device = old.device if old is not None else data.device
+        self._variable_values[op.id] = data.to(device).clone()
+
+    # -- running ---------------------------------------------------------------
+    def run(self, feeds=None, targets=(), target_ops=(), device=None):
+        """Run what `targets` and `target_ops` need; returns {target: TensorData}.
+
+        Feeds map placeholders to TensorData (or arrays). Runs op by op through
+        the reference implementations on `device` (default: CUDA when present,
+        else the CPU). See docs/semantics.md for variables within a run.
+        """
+        from .runtime.eager import run_graph
+
+        return run_graph(self, feeds, targets, target_ops, device)
+
+    def run_async(self, feeds=None, targets=(), target_ops=(), device=None, on_complete=None):
+        """Queue a run; returns a handle with .wait(), .result(), .done().
+
+        Runs of one graph execute in the order they were queued.
+        `on_complete(result_or_exception)` is called when the run ends.
+        """
+        from .runtime.asyncrun import submit
+
+        return submit(self, lambda: self.run(feeds, targets, target_ops, device), on_complete)
+
+    # -- autodiff -------------------------------------------------------------
+    def gradients(self, of: Tensor, wrt: Sequence[Tensor]) -> dict[Tensor, Tensor]:
+        """Reverse-mode gradients of `of` w.r.t. each `wrt` tensor, built into this graph.
+
+        >>> import numpy as np, stitchml as sm
+        >>> g = sm.Graph(); x = g.placeholder((3,), sm.float64, name="x")
+        >>> dx = g.gradients(g.reduction_sum(x * x), [x])[x]
+        >>> g.run({x: np.array([1.0, 2.0, 3.0])}, [dx], device="cpu")[dx].numpy().tolist()
+        [2.0, 4.0, 6.0]
+        """
+        from .autodiff import gradients
+
+        return gradients(self, of, wrt)
+
+    # -- serialization -------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the graph as JSON at `path` and its tensors to `path` + '.safetensors'."""
+        from .serialize import save
+
+        save(self, path)
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "Graph":
+        from .serialize import load
+
+        return load(path)

@@ -1,0 +1,348 @@
+"""Elementwise primitives: unary, binary and ternary math, comparisons, logic, cast.
+
+Every op broadcasts its operands NumPy style and computes in one dtype: the
+builder promotes operands first (dtypes.py), inserting `cast` ops. `{0}`,
+`{1}`, `{2}` in a Triton expression stand for the operands, already loaded
+(half types upcast to float32); `libdevice.` names CUDA's math library.
+
+Gradient rules return the cotangent of each input in the broadcast output
+shape; autodiff sums it back to the input's shape.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import dtypes
+from ..ir import Tensor, TensorType, broadcast_shapes
+from ..errors import ShapeError
+from ..registry import ELEMENTWISE, Primitive, builder, register
+
+
+def _infer(out: str | None):
+    def infer(types, **attrs):
+        first = types[0].dtype
+        for t in types[1:]:
+            if t.dtype != first:
+                raise ShapeError(f"operand dtypes differ: {', '.join(str(t.dtype) for t in types)}")
+        shape = broadcast_shapes(*(t.shape for t in types))
+        return TensorType(shape, dtypes.bool_ if out == "bool" else first)
+
+    return infer
+
+
+def _check_dtype(g, name, x, allow):
+    if allow == "float" and not x.dtype.is_floating:
+        raise g._error(name, f"expects a floating-point operand, got {x.dtype}", [x])
+    if allow == "signed" and not x.dtype.is_signed:
+        raise g._error(name, f"is undefined for {x.dtype}", [x])
+    if allow == "numeric" and x.dtype.is_bool:
+        raise g._error(name, "expects a numeric operand, got bool", [x])
+
+
+def unary(name, impl, triton, *, float_only=False, out=None, to_bool=False, allow=None, differentiable=True, doc=""):
+    """Define a unary elementwise primitive and its builder `g.<name>(x)`."""
+    prim = register(
+        Primitive(name, ELEMENTWISE, infer=_infer(out), impl=impl, triton=triton, float_only=float_only,
+                  differentiable=differentiable, doc=doc)
+    )
+
+    def build(g, x, name=None):
+        x = g.as_tensor(x)
+        if to_bool and not x.dtype.is_bool:
+            x = g.cast(x, dtypes.bool_)
+        if float_only and not x.dtype.is_floating:
+            x = g.cast(x, dtypes.default_float)
+        _check_dtype(g, prim.name, x, allow)
+        return g._emit1(prim.name, [x], None, name)
+
+    build.__name__ = name
+    build.__doc__ = doc or f"Elementwise {name}(x)."
+    builder(name)(build)
+    return prim
+
+
+def binary(name, impl, triton, *, float_only=False, out=None, to_bool=False, allow=None, differentiable=True, doc=""):
+    """Define a binary elementwise primitive and its builder `g.<name>(a, b)`."""
+    prim = register(
+        Primitive(name, ELEMENTWISE, infer=_infer(out), impl=impl, triton=triton, float_only=float_only,
+                  differentiable=differentiable, doc=doc)
+    )
+
+    def build(g, primary, secondary, name=None):
+        a, b = g.promote(primary, secondary)
+        if to_bool and not a.dtype.is_bool:
+            a, b = g.cast(a, dtypes.bool_), g.cast(b, dtypes.bool_)
+        if float_only and not a.dtype.is_floating:
+            a, b = g.cast(a, dtypes.default_float), g.cast(b, dtypes.default_float)
+        _check_dtype(g, prim.name, a, allow)
+        return g._emit1(prim.name, [a, b], None, name)
+
+    build.__name__ = name
+    build.__doc__ = doc or f"Elementwise {name}(primary, secondary), NumPy broadcasting."
+    builder(name)(build)
+    return prim
+
+
+def _zeros_like_vjp(g, op, dy):
+    return [None for _ in op.inputs]
+
+
+# -- unary math ---------------------------------------------------------------
+identity = unary("identity", lambda x: x, "{0}", doc="The input, as a new tensor.")
+identity.def_vjp(lambda g, op, dy: [dy])
+
+stop_gradient = unary("stop_gradient", lambda x: x, "{0}", differentiable=False,
+                      doc="The input unchanged; no gradient flows back through it.")
+
+negative = unary("negative", torch.neg, "-{0}", allow="numeric")
+negative.def_vjp(lambda g, op, dy: [-dy])
+
+absolute = unary("absolute", torch.abs, "tl.abs({0})", allow="numeric")
+absolute.def_vjp(lambda g, op, dy: [dy * g.sign(op.inputs[0])])
+
+sign = unary("sign", torch.sign, "tl.where({0} > 0, 1, tl.where({0} < 0, -1, 0))", allow="numeric")
+sign.def_vjp(_zeros_like_vjp)
+
+exponent = unary("exponent", torch.exp, "tl.exp({0})", float_only=True)
+exponent.def_vjp(lambda g, op, dy: [dy * op.outputs[0]])
+
+exponent_base2 = unary("exponent_base2", torch.exp2, "tl.exp2({0})", float_only=True)
+exponent_base2.def_vjp(lambda g, op, dy: [dy * op.outputs[0] * math.log(2.0)])
+
+exponent_base10 = unary("exponent_base10", lambda x: torch.pow(10.0, x).to(x.dtype),
+                        "tl.exp2({0} * 3.321928094887362)", float_only=True)
+exponent_base10.def_vjp(lambda g, op, dy: [dy * op.outputs[0] * math.log(10.0)])
+
+logarithm = unary("logarithm", torch.log, "tl.log({0})", float_only=True)
+logarithm.def_vjp(lambda g, op, dy: [dy / op.inputs[0]])
+
+logarithm_base2 = unary("logarithm_base2", torch.log2, "tl.log2({0})", float_only=True)
+logarithm_base2.def_vjp(lambda g, op, dy: [dy / (op.inputs[0] * math.log(2.0))])
+
+logarithm_base10 = unary("logarithm_base10", torch.log10, "tl.log({0}) * 0.4342944819032518", float_only=True)
+logarithm_base10.def_vjp(lambda g, op, dy: [dy / (op.inputs[0] * math.log(10.0))])
+
+square = unary("square", torch.square, "{0} * {0}", allow="numeric")
+square.def_vjp(lambda g, op, dy: [dy * 2.0 * op.inputs[0]])
+
+square_root = unary("square_root", torch.sqrt, "tl.sqrt_rn({0})", float_only=True)
+square_root.def_vjp(lambda g, op, dy: [dy * 0.5 / op.outputs[0]])
+
+reverse_square_root = unary("reverse_square_root", torch.rsqrt, "tl.rsqrt({0})", float_only=True)
+reverse_square_root.def_vjp(lambda g, op, dy: [dy * -0.5 * op.outputs[0] / op.inputs[0]])
+
+reciprocal = unary("reciprocal", torch.reciprocal, "1.0 / {0}", float_only=True)
+reciprocal.def_vjp(lambda g, op, dy: [-dy * op.outputs[0] * op.outputs[0]])
+
+sin = unary("sin", torch.sin, "tl.sin({0})", float_only=True)
+sin.def_vjp(lambda g, op, dy: [dy * g.cos(op.inputs[0])])
+
+cos = unary("cos", torch.cos, "tl.cos({0})", float_only=True)
+cos.def_vjp(lambda g, op, dy: [-dy * g.sin(op.inputs[0])])
+
+tan = unary("tan", torch.tan, "libdevice.tan({0})", float_only=True)
+tan.def_vjp(lambda g, op, dy: [dy * (1.0 + op.outputs[0] * op.outputs[0])])
+
+asin = unary("asin", torch.asin, "libdevice.asin({0})", float_only=True)
+asin.def_vjp(lambda g, op, dy: [dy * g.reverse_square_root(1.0 - op.inputs[0] * op.inputs[0])])
+
+acos = unary("acos", torch.acos, "libdevice.acos({0})", float_only=True)
+acos.def_vjp(lambda g, op, dy: [-dy * g.reverse_square_root(1.0 - op.inputs[0] * op.inputs[0])])
+
+atan = unary("atan", torch.atan, "libdevice.atan({0})", float_only=True)
+atan.def_vjp(lambda g, op, dy: [dy / (1.0 + op.inputs[0] * op.inputs[0])])
+
+sinh = unary("sinh", torch.sinh, "libdevice.sinh({0})", float_only=True)
+sinh.def_vjp(lambda g, op, dy: [dy * g.cosh(op.inputs[0])])
+
+cosh = unary("cosh", torch.cosh, "libdevice.cosh({0})", float_only=True)
+cosh.def_vjp(lambda g, op, dy: [dy * g.sinh(op.inputs[0])])
+
+tanh = unary("tanh", torch.tanh, "libdevice.tanh({0})", float_only=True)
+tanh.def_vjp(lambda g, op, dy: [dy * (1.0 - op.outputs[0] * op.outputs[0])])
+
+erf = unary("erf", torch.erf, "tl.erf({0})", float_only=True)
+erf.def_vjp(lambda g, op, dy: [dy * (2.0 / math.sqrt(math.pi)) * g.exponent(-op.inputs[0] * op.inputs[0])])
+
+sigmoid = unary("sigmoid", torch.sigmoid, "tl.sigmoid({0})", float_only=True)
+sigmoid.def_vjp(lambda g, op, dy: [dy * op.outputs[0] * (1.0 - op.outputs[0])])
+
+relu = unary("relu", torch.relu, "tl.maximum({0}, 0)", allow="numeric")
+relu.def_vjp(lambda g, op, dy: [g.select(op.inputs[0] > 0, dy, 0.0)])
+
+floor = unary("floor", torch.floor, "tl.floor({0})", allow="float")
+floor.def_vjp(_zeros_like_vjp)
+
+ceil = unary("ceil", torch.ceil, "tl.ceil({0})", allow="float")
+ceil.def_vjp(_zeros_like_vjp)
+
+round = unary("round", torch.round, "libdevice.rint({0})", allow="float",
+              doc="Round half to even, like NumPy and PyTorch.")
+round.def_vjp(_zeros_like_vjp)
+
+truncate = unary("truncate", torch.trunc, "libdevice.trunc({0})", allow="float")
+truncate.def_vjp(_zeros_like_vjp)
+
+is_nan = unary("is_nan", torch.isnan, "{0} != {0}", out="bool", differentiable=False)
+is_infinite = unary("is_infinite", torch.isinf, "libdevice.isinf({0}) != 0", out="bool", differentiable=False)
+is_finite = unary("is_finite", torch.isfinite, "({0} == {0}) & (libdevice.isinf({0}) == 0)", out="bool",
+                  differentiable=False)
+logical_not = unary("logical_not", torch.logical_not, "{0} == 0", to_bool=True, differentiable=False)
+
+# -- binary math ----------------------------------------------------------------
+addition = binary("addition", torch.add, "{0} + {1}")
+addition.def_vjp(lambda g, op, dy: [dy, dy])
+
+subtraction = binary("subtraction", torch.sub, "{0} - {1}", allow="numeric")
+subtraction.def_vjp(lambda g, op, dy: [dy, -dy])
+
+multiplication = binary("multiplication", torch.mul, "{0} * {1}")
+multiplication.def_vjp(lambda g, op, dy: [dy * op.inputs[1], dy * op.inputs[0]])
+
+division = binary("division", torch.div, "{0} / {1}", float_only=True,
+                  doc="True division; integer operands are promoted to float32 first.")
+division.def_vjp(lambda g, op, dy: [dy / op.inputs[1], -dy * op.outputs[0] / op.inputs[1]])
+
+floor_division = binary("floor_division", lambda a, b: torch.div(a, b, rounding_mode="floor"),
+                        "tl.floor({0} / {1})", allow="numeric", doc="floor(a / b), Python's //.")
+floor_division.def_vjp(_zeros_like_vjp)
+
+modulo = binary("modulo", torch.remainder, "{0} - tl.floor({0} / {1}) * {1}", allow="numeric",
+                doc="a - floor(a / b) * b: the result takes the sign of b, like Python's %.")
+modulo.def_vjp(lambda g, op, dy: [dy, -dy * g.floor_division(op.inputs[0], op.inputs[1])])
+
+power = binary("power", torch.pow, "libdevice.pow({0}, {1})", allow="numeric")
+
+
+@power.def_vjp
+def _power_vjp(g, op, dy):
+    x, y = op.inputs
+    dx = dy * y * g.power(x, y - 1.0)
+    # d/dy x**y = x**y log x, taken as 0 where x == 0 (the limit for y > 0).
+    safe_log = g.logarithm(g.select(g.equal(x, 0.0), 1.0, x))
+    return [dx, dy * op.outputs[0] * safe_log]
+
+
+maximum = binary("maximum", torch.maximum, "tl.maximum({0}, {1}, tl.PropagateNan.ALL)",
+                 doc="Elementwise maximum; NaN if either operand is NaN.")
+maximum.def_vjp(lambda g, op, dy: [g.select(op.inputs[0] >= op.inputs[1], dy, 0.0),
+                                   g.select(op.inputs[0] >= op.inputs[1], 0.0, dy)])
+
+minimum = binary("minimum", torch.minimum, "tl.minimum({0}, {1}, tl.PropagateNan.ALL)",
+                 doc="Elementwise minimum; NaN if either operand is NaN.")
+minimum.def_vjp(lambda g, op, dy: [g.select(op.inputs[0] <= op.inputs[1], dy, 0.0),
+                                   g.select(op.inputs[0] <= op.inputs[1], 0.0, dy)])
+
+atan2 = binary("atan2", torch.atan2, "libdevice.atan2({0}, {1})", float_only=True,
+               doc="atan2(primary, secondary): the angle of the point (secondary, primary).")
+
+
+@atan2.def_vjp
+def _atan2_vjp(g, op, dy):
+    y, x = op.inputs
+    r2 = x * x + y * y
+    return [dy * x / r2, -dy * y / r2]
+
+
+for _name, _fn, _expr in (
+    ("equal", torch.eq, "{0} == {1}"),
+    ("not_equal", torch.ne, "{0} != {1}"),
+    ("less_than", torch.lt, "{0} < {1}"),
+    ("less_than_or_equal_to", torch.le, "{0} <= {1}"),
+    ("greater_than", torch.gt, "{0} > {1}"),
+    ("greater_than_or_equal_to", torch.ge, "{0} >= {1}"),
+):
+    binary(_name, _fn, _expr, out="bool", differentiable=False)
+
+logical_and = binary("logical_and", torch.logical_and, "{0} & {1}", to_bool=True, differentiable=False)
+logical_or = binary("logical_or", torch.logical_or, "{0} | {1}", to_bool=True, differentiable=False)
+logical_xor = binary("logical_xor", torch.logical_xor, "{0} ^ {1}", to_bool=True, differentiable=False)
+
+# -- ternary ------------------------------------------------------------------
+select = register(Primitive(
+    "select", ELEMENTWISE, impl=torch.where, triton="tl.where({0}, {1}, {2})",
+    doc="select(predicate, true_value, false_value), broadcasting all three.",
+))
+
+
+@select.def_infer
+def _select_infer(types, **attrs):
+    p, a, b = types
+    if not p.dtype.is_bool:
+        raise ShapeError(f"predicate must be bool, got {p.dtype}")
+    if a.dtype != b.dtype:
+        raise ShapeError(f"value dtypes differ: {a.dtype} and {b.dtype}")
+    return TensorType(broadcast_shapes(p.shape, a.shape, b.shape), a.dtype)
+
+
+@builder("select")
+def _select(g, predicate, true_value, false_value, name=None):
+    """Where `predicate` is true take `true_value`, else `false_value` (MPSGraph select)."""
+    p = g.as_tensor(predicate)
+    if not p.dtype.is_bool:
+        p = g.not_equal(p, 0)
+    a, b = g.promote(true_value, false_value)
+    return g._emit1("select", [p, a, b], None, name)
+
+
+@select.def_vjp
+def _select_vjp(g, op, dy):
+    p = op.inputs[0]
+    return [None, g.select(p, dy, 0.0), g.select(p, 0.0, dy)]
+
+
+clamp = register(Primitive(
+    "clamp", ELEMENTWISE, infer=_infer(None), impl=lambda x, lo, hi: torch.minimum(torch.maximum(x, lo), hi),
+    triton="tl.minimum(tl.maximum({0}, {1}), {2})",
+    doc="clamp(x, min_value, max_value) = minimum(maximum(x, min_value), max_value).",
+))
+
+
+@builder("clamp")
+def _clamp(g, x, min_value, max_value, name=None):
+    """Limit `x` to [min_value, max_value]."""
+    x, lo, hi = g.promote(x, min_value, max_value)
+    _check_dtype(g, "clamp", x, "numeric")
+    return g._emit1("clamp", [x, lo, hi], None, name)
+
+
+@clamp.def_vjp
+def _clamp_vjp(g, op, dy):
+    x, lo, hi = op.inputs
+    inside = g.logical_and(x >= lo, x <= hi)
+    return [g.select(inside, dy, 0.0), g.select(x < lo, dy, 0.0), g.select(x > hi, dy, 0.0)]
+
+
+# -- cast -----------------------------------------------------------------------
+cast = register(Primitive(
+    "cast", ELEMENTWISE, impl=lambda x, dtype: x.to(dtypes.as_dtype(dtype).torch), triton="{0}",
+    doc="Convert to `dtype`. Float to integer truncates toward zero; nonzero to bool is True.",
+))
+
+
+@cast.def_infer
+def _cast_infer(types, dtype):
+    return TensorType(types[0].shape, dtypes.as_dtype(dtype))
+
+
+@builder("cast")
+def _cast(g, x, dtype, name=None):
+    """`x` converted to `dtype` (a stitchml dtype, its name, or a torch/NumPy dtype)."""
+    x = g.as_tensor(x)
+    try:
+        dt = dtypes.as_dtype(dtype)
+    except TypeError as e:
+        raise g._error("cast", str(e), [x]) from None
+    return g._emit1("cast", [x], {"dtype": dt}, name)
+
+
+@cast.def_vjp
+def _cast_vjp(g, op, dy):
+    x = op.inputs[0]
+    return [g.cast(dy, x.dtype) if x.dtype.is_floating else None]
+
+
+__all__ = [n for n, v in dict(globals()).items() if isinstance(v, Primitive)]
+del Tensor

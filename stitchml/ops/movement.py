@@ -1,0 +1,809 @@
+"""Movement primitives: reshape, transpose, broadcast, concat/split, slice, pad,
+tile, reverse, gather/scatter and one_hot, plus `index` behind ``x[...]``.
+
+Where an op needs a shape that is only known at run time (undoing a
+broadcast, reshaping a gradient back), it takes a *like* tensor as an extra
+input and reads that tensor's shape when it runs: ``g.reshape(dy, x)``.
+"""
+from __future__ import annotations
+
+import builtins
+
+import torch
+
+from .. import dtypes
+from ..errors import ShapeError
+from ..ir import UNKNOWN, Tensor, TensorType, broadcast_shapes, normalize_axes, normalize_axis
+from ..registry import MOVEMENT, OPAQUE, Primitive, builder, register
+
+
+def _prim(name, doc, kind=MOVEMENT, **kw):
+    return register(Primitive(name, kind, doc=doc, **kw))
+
+
+def _ints(values, what):
+    try:
+        return tuple(int(v) for v in values)
+    except TypeError:
+        raise ShapeError(f"{what} must be a sequence of ints, got {values!r}") from None
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# -- reshape ------------------------------------------------------------------
+reshape = _prim("reshape", "The same elements in a new shape; one -1 extent is inferred (or: the shape of `like`).")
+
+
+@reshape.def_infer
+def _reshape_infer(types, shape=None):
+    x = types[0]
+    if shape is None:  # reshape like types[1]
+        return TensorType(types[1].shape, x.dtype)
+    if sum(d == -1 for d in shape) > 1:
+        raise ShapeError(f"target shape {shape} has more than one -1")
+    if x.is_static:
+        n = x.numel()
+        known = _numel(d for d in shape if d != -1)
+        if -1 in shape:
+            if known == 0 or n % known:
+                raise ShapeError(f"cannot reshape {x.shape} ({n} elements) to {shape}")
+            shape = tuple(n // known if d == -1 else d for d in shape)
+        elif known != n:
+            raise ShapeError(f"cannot reshape {x.shape} ({n} elements) to {shape} ({known} elements)")
+    return TensorType(shape, x.dtype)
+
+
+@reshape.def_impl
+def _reshape_impl(x, like=None, shape=None):
+    return x.reshape(like.shape if shape is None else shape)
+
+
+@reshape.def_vjp
+def _reshape_vjp(g, op, dy):
+    return [g.reshape(dy, op.inputs[0])] + [None] * (len(op.inputs) - 1)
+
+
+@builder("reshape")
+def _reshape(g, x, shape, name=None):
+    """`x` with a new shape: a tuple (one -1 inferred) or the shape of a tensor."""
+    x = g.as_tensor(x)
+    if isinstance(shape, Tensor):
+        return g._emit1("reshape", [x, shape], None, name)
+    return g._emit1("reshape", [x], {"shape": _ints(shape, "shape")}, name)
+
+
+# -- transpose ----------------------------------------------------------------
+transpose = _prim("transpose", "Permute the axes: output axis i is input axis permutation[i].")
+
+
+@transpose.def_infer
+def _transpose_infer(types, permutation):
+    x = types[0]
+    if x.shape is None:
+        return TensorType(None, x.dtype)
+    if sorted(permutation) != list(range(x.rank)):
+        raise ShapeError(f"permutation {permutation} is not a permutation of the {x.rank} axes")
+    return TensorType(tuple(x.shape[p] for p in permutation), x.dtype)
+
+
+transpose.def_impl(lambda x, permutation: x.permute(permutation))
+
+
+@transpose.def_vjp
+def _transpose_vjp(g, op, dy):
+    perm = op.attrs["permutation"]
+    inverse = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inverse[p] = i
+    return [g.transpose(dy, inverse)]
+
+
+@builder("transpose")
+def _transpose(g, x, permutation=None, with_dimension=None, name=None):
+    """Permute axes: ``transpose(x, (1, 0, 2))``, or swap two: ``transpose(x, 0, 1)`` (MPSGraph).
+
+    With no permutation the axes are reversed, as in NumPy.
+    """
+    x = g.as_tensor(x)
+    if x.rank is None:
+        raise g._error("transpose", "needs a tensor of known rank", [x])
+    if with_dimension is not None:
+        a, b = normalize_axis(permutation, x.rank), normalize_axis(with_dimension, x.rank)
+        perm = list(range(x.rank))
+        perm[a], perm[b] = perm[b], perm[a]
+    elif permutation is None:
+        perm = list(reversed(range(x.rank)))
+    else:
+        perm = [p % x.rank if x.rank else p for p in _ints(permutation, "permutation")]
+    return g._emit1("transpose", [x], {"permutation": tuple(perm)}, name)
+
+
+# -- expand_dims / squeeze ----------------------------------------------------------
+expand_dims = _prim("expand_dims", "Insert extent-1 axes at `axes` (positions in the output).")
+
+
+@expand_dims.def_infer
+def _expand_dims_infer(types, axes):
+    x = types[0]
+    if x.shape is None:
+        return TensorType(None, x.dtype)
+    shape = list(x.shape)
+    for a in normalize_axes(axes, x.rank + len(axes)):
+        shape.insert(a, 1)
+    return TensorType(tuple(shape), x.dtype)
+
+
+@expand_dims.def_impl
+def _expand_dims_impl(x, axes):
+    rank = x.dim() + len(axes)
+    for a in sorted(a % rank for a in axes):
+        x = x.unsqueeze(a)
+    return x
+
+
+@expand_dims.def_vjp
+def _expand_dims_vjp(g, op, dy):
+    return [g.reshape(dy, op.inputs[0])]
+
+
+@builder("expand_dims")
+def _expand_dims(g, x, axes, name=None):
+    """Add extent-1 axes; ``expand_dims(x, 0)`` makes a batch of one."""
+    x = g.as_tensor(x)
+    axes = (axes,) if isinstance(axes, int) else _ints(axes, "axes")
+    if x.rank is not None:
+        try:
+            axes = normalize_axes(axes, x.rank + len(axes))
+        except ShapeError as e:
+            raise g._error("expand_dims", str(e), [x]) from None
+    return g._emit1("expand_dims", [x], {"axes": axes}, name)
+
+
+squeeze = _prim("squeeze", "Remove extent-1 axes at `axes`.")
+
+
+@squeeze.def_infer
+def _squeeze_infer(types, axes):
+    x = types[0]
+    if x.shape is None:
+        return TensorType(None, x.dtype)
+    for a in axes:
+        if x.shape[a] not in (1, UNKNOWN):
+            raise ShapeError(f"axis {a} has extent {x.shape[a]}, not 1")
+    return TensorType(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)
+
+
+@squeeze.def_impl
+def _squeeze_impl(x, axes):
+    for a in axes:
+        if x.shape[a] != 1:
+            raise ValueError(f"squeeze: axis {a} has extent {x.shape[a]} at run time, not 1")
+    return x.reshape([d for i, d in enumerate(x.shape) if i not in axes])
+
+
+@squeeze.def_vjp
+def _squeeze_vjp(g, op, dy):
+    return [g.reshape(dy, op.inputs[0])]
+
+
+@builder("squeeze")
+def _squeeze(g, x, axes=None, name=None):
+    """Drop extent-1 axes (all known ones when `axes` is None)."""
+    x = g.as_tensor(x)
+    if x.rank is None:
+        raise g._error("squeeze", "needs a tensor of known rank", [x])
+    if axes is None:
+        if UNKNOWN in x.shape:
+            raise g._error("squeeze", "axes=None is ambiguous with unknown extents; name the axes", [x])
+        axes = tuple(i for i, d in enumerate(x.shape) if d == 1)
+    try:
+        axes = normalize_axes(axes, x.rank)
+    except ShapeError as e:
+        raise g._error("squeeze", str(e), [x]) from None
+    return g._emit1("squeeze", [x], {"axes": axes}, name)
+
+
+# -- broadcast_to -------------------------------------------------------------
+broadcast_to = _prim("broadcast_to", "Broadcast to `shape` (or to the shape of `like`), NumPy rules.")
+
+
+@broadcast_to.def_infer
+def _broadcast_to_infer(types, shape=None):
+    x = types[0]
+    target = types[1].shape if shape is None else shape
+    if x.shape is None or target is None:
+        return TensorType(target, x.dtype)
+    if len(x.shape) > len(target):
+        raise ShapeError(f"cannot broadcast rank {len(x.shape)} {x.shape} to lower rank {target}")
+    joined = broadcast_shapes(x.shape, target)
+    for j, t in zip(joined, target):
+        if t != UNKNOWN and j != t:
+            raise ShapeError(f"cannot broadcast {x.shape} to {target}")
+    return TensorType(tuple(target), x.dtype)
+
+
+@broadcast_to.def_impl
+def _broadcast_to_impl(x, like=None, shape=None):
+    return x.expand(like.shape if shape is None else shape)
+
+
+@broadcast_to.def_vjp
+def _broadcast_to_vjp(g, op, dy):
+    return [g.sum_to_shape(dy, op.inputs[0])] + [None] * (len(op.inputs) - 1)
+
+
+@builder("broadcast_to")
+def _broadcast_to(g, x, shape, name=None):
+    """Broadcast `x` to a static shape tuple, or to the run-time shape of a tensor."""
+    x = g.as_tensor(x)
+    if isinstance(shape, Tensor):
+        if shape.shape is not None and x.shape == shape.shape and x.type.is_static:
+            return x
+        return g._emit1("broadcast_to", [x, shape], None, name)
+    shape = _ints(shape, "shape")
+    if -1 in shape:
+        raise g._error("broadcast_to", f"shape {shape} has -1; pass a tensor to take a run-time shape", [x])
+    return g._emit1("broadcast_to", [x], {"shape": shape}, name)
+
+
+# -- concat / split -----------------------------------------------------------------
+concat = _prim("concat", "Join tensors along `axis`; other extents must agree.")
+
+
+@concat.def_infer
+def _concat_infer(types, axis):
+    ranked = [t for t in types if t.shape is not None]
+    dt = types[0].dtype
+    if any(t.dtype != dt for t in types):
+        raise ShapeError(f"dtypes differ: {', '.join(str(t.dtype) for t in types)}")
+    if not ranked:
+        return TensorType(None, dt)
+    rank = ranked[0].rank
+    if any(t.rank != rank for t in ranked):
+        raise ShapeError(f"ranks differ: {', '.join(str(t.shape) for t in ranked)}")
+    axis = normalize_axis(axis, rank)
+    out = []
+    for i in range(rank):
+        dims = [t.shape[i] for t in ranked]
+        if i == axis:
+            out.append(UNKNOWN if UNKNOWN in dims or len(ranked) < len(types) else sum(dims))
+        else:
+            known = {d for d in dims if d != UNKNOWN}
+            if len(known) > 1:
+                raise ShapeError(f"extents along axis {i} differ: {sorted(known)}")
+            out.append(known.pop() if known else UNKNOWN)
+    return TensorType(tuple(out), dt)
+
+
+concat.def_impl(lambda *xs, axis: torch.cat(xs, dim=axis))
+
+
+@concat.def_vjp
+def _concat_vjp(g, op, dy):
+    return list(g.split(dy, list(op.inputs), op.attrs["axis"]))
+
+
+@builder("concat")
+def _concat(g, tensors, axis=0, name=None):
+    """Concatenate a sequence of tensors along `axis` (MPSGraph concatTensors)."""
+    tensors = g.promote(*tensors) if len(tensors) > 1 else [g.as_tensor(t) for t in tensors]
+    if not tensors:
+        raise g._error("concat", "needs at least one tensor")
+    return g._emit1("concat", tensors, {"axis": int(axis)}, name)
+
+
+split = _prim("split", "Cut along `axis` into pieces of the given sizes (or the extents of `like` tensors).")
+
+
+@split.def_infer
+def _split_infer(types, axis, sizes=None):
+    x = types[0]
+    if x.shape is None:
+        return [TensorType(None, x.dtype) for _ in (sizes or types[1:])]
+    ax = normalize_axis(axis, x.rank)
+    if sizes is None:
+        extents = [t.shape[ax] if t.shape is not None else UNKNOWN for t in types[1:]]
+    else:
+        extents = list(sizes)
+        if x.shape[ax] != UNKNOWN and sum(extents) != x.shape[ax]:
+            raise ShapeError(f"sizes {sizes} do not add up to extent {x.shape[ax]} of axis {ax}")
+    return [TensorType(x.shape[:ax] + (e,) + x.shape[ax + 1:], x.dtype) for e in extents]
+
+
+@split.def_impl
+def _split_impl(x, *likes, axis, sizes=None):
+    if sizes is None:
+        sizes = [t.shape[axis] for t in likes]
+    return tuple(torch.split(x, list(sizes), dim=axis))
+
+
+@split.def_vjp
+def _split_vjp(g, op, *dys):
+    pieces = [dy if dy is not None else g.broadcast_to(g.constant(0, op.inputs[0].dtype), out)
+              for dy, out in zip(dys, op.outputs)]
+    return [g.concat(pieces, op.attrs["axis"])] + [None] * (len(op.inputs) - 1)
+
+
+@builder("split")
+def _split(g, x, sizes, axis=0, name=None):
+    """Split along `axis`: into `sizes` equal parts (an int), parts of the given sizes,
+    or parts as long as the given tensors are along `axis`. Returns a list."""
+    x = g.as_tensor(x)
+    if isinstance(sizes, int):
+        if x.rank is None or x.shape[normalize_axis(axis, x.rank)] == UNKNOWN:
+            raise g._error("split", "an equal split needs a known extent along the axis", [x])
+        extent = x.shape[normalize_axis(axis, x.rank)]
+        if sizes <= 0 or extent % sizes:
+            raise g._error("split", f"extent {extent} does not split into {sizes} equal parts", [x])
+        sizes = [extent // sizes] * sizes
+    if sizes and all(isinstance(s, Tensor) for s in sizes):
+        return list(g._emit("split", [x, *sizes], {"axis": int(axis)}, name).outputs)
+    return list(g._emit("split", [x], {"axis": int(axis), "sizes": _ints(sizes, "sizes")}, name).outputs)
+
+
+# -- slice -------------------------------------------------------------------------
+slice = _prim("slice", "Python-style slicing per axis: starts, ends (None: to the end) and nonzero strides.")
+
+
+def _slice_range(n, start, end, stride):
+    return range(*builtins.slice(start, end, stride).indices(n))
+
+
+@slice.def_infer
+def _slice_infer(types, starts, ends, strides):
+    x = types[0]
+    if x.shape is None:
+        return TensorType(None, x.dtype)
+    if not len(starts) == len(ends) == len(strides) == x.rank:
+        raise ShapeError(f"starts, ends and strides need {x.rank} entries each")
+    if 0 in strides:
+        raise ShapeError(f"strides {strides} must be nonzero")
+    shape = tuple(UNKNOWN if d == UNKNOWN else len(_slice_range(d, s, e, st))
+                  for d, s, e, st in zip(x.shape, starts, ends, strides))
+    return TensorType(shape, x.dtype)
+
+
+def _slice_index(x, starts, ends, strides):
+    """Per axis: a python slice (positive stride) or an index tensor (negative stride)."""
+    out = []
+    for n, s, e, st in zip(x.shape, starts, ends, strides):
+        if st > 0:
+            out.append(builtins.slice(s, e, st))
+        else:
+            out.append(torch.tensor(list(_slice_range(n, s, e, st)), dtype=torch.long, device=x.device))
+    return out
+
+
+@slice.def_impl
+def _slice_impl(x, starts, ends, strides):
+    for axis, ix in enumerate(_slice_index(x, starts, ends, strides)):
+        if isinstance(ix, torch.Tensor):
+            x = x.index_select(axis, ix)
+        elif ix != builtins.slice(None, None, 1):
+            x = x[(builtins.slice(None),) * axis + (ix,)]
+    return x
+
+
+@slice.def_vjp
+def _slice_vjp(g, op, dy):
+    return [g.slice_gradient(dy, op.inputs[0], **op.attrs)]
+
+
+@builder("slice")
+def _slice(g, x, starts, ends, strides=None, name=None):
+    """``x[starts[0]:ends[0]:strides[0], ...]`` (MPSGraph sliceTensor); None in starts or ends as in Python."""
+    x = g.as_tensor(x)
+    if x.rank is None:
+        raise g._error("slice", "needs a tensor of known rank", [x])
+    strides = (1,) * x.rank if strides is None else _ints(strides, "strides")
+    starts = tuple(None if v is None else int(v) for v in starts)
+    ends = tuple(None if v is None else int(v) for v in ends)
+    return g._emit1("slice", [x], {"starts": starts, "ends": ends, "strides": strides}, name)
+
+
+slice_gradient = _prim("slice_gradient", "Zeros shaped like `like`, with `dy` written where `slice` read.")
+
+
+@slice_gradient.def_infer
+def _slice_gradient_infer(types, starts, ends, strides):
+    return TensorType(types[1].shape, types[0].dtype)
+
+
+@slice_gradient.def_impl
+def _slice_gradient_impl(dy, like, starts, ends, strides):
+    out = torch.zeros(like.shape, dtype=dy.dtype, device=dy.device)
+    index = []
+    for axis, (n, s, e, st) in enumerate(zip(like.shape, starts, ends, strides)):
+        r = _slice_range(n, s, e, st)
+        if st < 0:  # the same elements, walked forwards
+            dy, r = dy.flip(axis), r[::-1]
+        index.append(builtins.slice(r.start, r.start + len(r) * r.step, r.step) if len(r) else builtins.slice(0, 0))
+    out[tuple(index)] = dy
+    return out
+
+
+@slice_gradient.def_vjp
+def _slice_gradient_vjp(g, op, ddy):
+    return [g.slice(ddy, **op.attrs), None]
+
+
+@builder("slice_gradient")
+def _slice_gradient(g, dy, like, starts, ends, strides, name=None):
+    """The adjoint of `slice`: scatter `dy` into zeros of like's shape."""
+    return g._emit1("slice_gradient", [dy, like],
+                    {"starts": tuple(starts), "ends": tuple(ends), "strides": tuple(strides)}, name)
+
+
+# -- pad ---------------------------------------------------------------------------
+pad = _prim("pad", "Pad with a constant: `left[i]` before and `right[i]` after axis i.")
+
+
+@pad.def_infer
+def _pad_infer(types, left, right, constant_value):
+    x = types[0]
+    if x.shape is None:
+        return TensorType(None, x.dtype)
+    if len(left) != x.rank or len(right) != x.rank:
+        raise ShapeError(f"left and right padding need {x.rank} entries each, got {left} and {right}")
+    if any(p < 0 for p in left + right):
+        raise ShapeError(f"padding must be >= 0, got {left} and {right}")
+    return TensorType(tuple(UNKNOWN if d == UNKNOWN else d + a + b for d, a, b in zip(x.shape, left, right)), x.dtype)
+
+
+@pad.def_impl
+def _pad_impl(x, left, right, constant_value):
+    spec = []
+    for a, b in zip(reversed(left), reversed(right)):
+        spec += [a, b]
+    return torch.nn.functional.pad(x, spec, value=constant_value)
+
+
+@pad.def_vjp
+def _pad_vjp(g, op, dy):
+    left, right = op.attrs["left"], op.attrs["right"]
+    return [g.slice(dy, left, [-r if r else None for r in right])]
+
+
+_PAD_MODES = ("constant", "reflect", "symmetric", "edge", "periodic")
+
+
+def _pad_indices(n, before, after, mode):
+    """Source index for each output position along one axis (non-constant modes)."""
+    out = []
+    for i in range(-before, n + after):
+        if mode == "edge":
+            j = min(max(i, 0), n - 1)
+        elif mode == "periodic":
+            j = i % n
+        else:
+            period, shift = (2 * n - 2, 0) if mode == "reflect" else (2 * n, 0)
+            j = (i + shift) % period if period else 0
+            if mode == "reflect" and j >= n:
+                j = period - j
+            if mode == "symmetric" and j >= n:
+                j = period - 1 - j
+        out.append(j)
+    return out
+
+
+@builder("pad")
+def _pad(g, x, left, right, mode="constant", constant_value=0.0, name=None):
+    """Pad each axis; modes: constant, reflect (mirror without the edge), symmetric
+    (mirror with the edge), edge (repeat the border), periodic (wrap)."""
+    x = g.as_tensor(x)
+    if mode not in _PAD_MODES:
+        raise g._error("pad", f"mode {mode!r} is not one of {_PAD_MODES}", [x])
+    left, right = _ints(left, "left"), _ints(right, "right")
+    if mode == "constant":
+        return g._emit1("pad", [x], {"left": left, "right": right, "constant_value": float(constant_value)}, name)
+    if x.rank is None or len(left) != x.rank or len(right) != x.rank:
+        raise g._error("pad", f"left and right padding need one entry per axis, got {left} and {right}", [x])
+    for axis, (a, b) in enumerate(zip(left, right)):
+        if a == b == 0:
+            continue
+        n = x.shape[axis]
+        if n == UNKNOWN or n == 0 or (mode == "reflect" and max(a, b) >= n):
+            raise g._error("pad", f"mode {mode!r} on axis {axis} needs a known extent > padding", [x])
+        index = g.constant(torch.tensor(_pad_indices(n, a, b, mode), dtype=torch.int64))
+        x = g.gather(x, index, axis)
+    return x
+
+
+# -- tile / reverse -----------------------------------------------------------------
+tile = _prim("tile", "Repeat the whole tensor `multiples[i]` times along axis i.")
+
+
+@tile.def_infer
+def _tile_infer(types, multiples):
+    x = types[0]
+    if x.shape is None:
+        return TensorType(None, x.dtype)
+    if len(multiples) != x.rank or any(m < 0 for m in multiples):
+        raise ShapeError(f"multiples {multiples} need {x.rank} entries >= 0")
+    return TensorType(tuple(UNKNOWN if d == UNKNOWN else d * m for d, m in zip(x.shape, multiples)), x.dtype)
+
+
+tile.def_impl(lambda x, multiples: x.repeat(multiples))
+
+
+@tile.def_vjp
+def _tile_vjp(g, op, dy):
+    x, multiples = op.inputs[0], op.attrs["multiples"]
+    if not x.type.is_static:
+        raise g._error("tile", "the gradient of tile needs a static input shape", [x])
+    split_shape = [v for m, d in zip(multiples, x.shape) for v in (m, d)]
+    summed = g.reduction_sum(g.reshape(dy, split_shape), tuple(range(0, 2 * x.rank, 2)))
+    return [summed]
+
+
+@builder("tile")
+def _tile(g, x, multiples, name=None):
+    """Repeat `x` (MPSGraph tileTensor, NumPy tile with one entry per axis)."""
+    return g._emit1("tile", [g.as_tensor(x)], {"multiples": _ints(multiples, "multiples")}, name)
+
+
+reverse = _prim("reverse", "Reverse the order of elements along `axes`.")
+reverse.def_infer(lambda types, axes: types[0])
+reverse.def_impl(lambda x, axes: x.flip(axes) if axes else x)
+reverse.def_vjp(lambda g, op, dy: [g.reverse(dy, op.attrs["axes"])])
+
+
+@builder("reverse")
+def _reverse(g, x, axes=None, name=None):
+    """Flip `x` along `axes` (all when None)."""
+    x = g.as_tensor(x)
+    try:
+        axes = normalize_axes(axes, x.rank)
+    except ShapeError as e:
+        raise g._error("reverse", str(e), [x]) from None
+    if axes is None:
+        raise g._error("reverse", "axes=None needs a tensor of known rank", [x])
+    return g._emit1("reverse", [x], {"axes": axes}, name)
+
+
+# -- gather / scatter ---------------------------------------------------------------
+def _check_indices(t: TensorType):
+    if not t.dtype.is_integer:
+        raise ShapeError(f"indices must be integers, got {t.dtype}")
+
+
+def _wrap(idx: torch.Tensor, n: int) -> torch.Tensor:
+    idx = idx.long()
+    return torch.where(idx < 0, idx + n, idx)
+
+
+gather = _prim("gather", "Take slices along `axis` at `indices` (NumPy take); negative indices count from the end.")
+
+
+@gather.def_infer
+def _gather_infer(types, axis):
+    x, idx = types
+    _check_indices(idx)
+    if x.shape is None or idx.shape is None:
+        return TensorType(None, x.dtype)
+    ax = normalize_axis(axis, x.rank)
+    return TensorType(x.shape[:ax] + idx.shape + x.shape[ax + 1:], x.dtype)
+
+
+@gather.def_impl
+def _gather_impl(x, indices, axis):
+    flat = _wrap(indices.reshape(-1), x.shape[axis])
+    out = x.index_select(axis, flat)
+    return out.reshape(x.shape[:axis] + indices.shape + x.shape[axis + 1:])
+
+
+@gather.def_vjp
+def _gather_vjp(g, op, dy):
+    x, idx = op.inputs
+    zeros = g.broadcast_to(g.constant(0, dy.dtype), x)
+    return [g.scatter_add(zeros, idx, dy, op.attrs["axis"]), None]
+
+
+@builder("gather")
+def _gather(g, x, indices, axis=0, name=None):
+    """``x.take(indices, axis)``: out shape = x[:axis] + indices + x[axis+1:]."""
+    x, indices = g.as_tensor(x), g.as_tensor(indices)
+    if x.rank is not None:
+        axis = normalize_axis(axis, x.rank)
+    return g._emit1("gather", [x, indices], {"axis": int(axis)}, name)
+
+
+scatter_add = _prim("scatter_add", "The adjoint of gather: add `updates` into `data` at `indices` along `axis`.")
+
+
+@scatter_add.def_infer
+def _scatter_add_infer(types, axis):
+    data, idx, upd = types
+    _check_indices(idx)
+    if upd.dtype != data.dtype:
+        raise ShapeError(f"updates dtype {upd.dtype} differs from data dtype {data.dtype}")
+    if data.shape is not None and idx.shape is not None and upd.shape is not None:
+        ax = normalize_axis(axis, data.rank)
+        want = data.shape[:ax] + idx.shape + data.shape[ax + 1:]
+        if len(want) != len(upd.shape) or any(a != b and UNKNOWN not in (a, b) for a, b in zip(want, upd.shape)):
+            raise ShapeError(f"updates must have shape {want}, got {upd.shape}")
+    return data
+
+
+@scatter_add.def_impl
+def _scatter_add_impl(data, indices, updates, axis):
+    flat = _wrap(indices.reshape(-1), data.shape[axis])
+    upd = updates.reshape(data.shape[:axis] + (flat.numel(),) + data.shape[axis + 1:])
+    return data.index_add(axis, flat, upd)
+
+
+@scatter_add.def_vjp
+def _scatter_add_vjp(g, op, dy):
+    return [dy, None, g.gather(dy, op.inputs[1], op.attrs["axis"])]
+
+
+@builder("scatter_add")
+def _scatter_add(g, data, indices, updates, axis=0, name=None):
+    """``out = data; out[..., indices[j], ...] += updates[..., j, ...]`` along `axis`."""
+    data, indices = g.as_tensor(data), g.as_tensor(indices)
+    updates = g.as_tensor(updates, data.dtype)
+    if data.rank is not None:
+        axis = normalize_axis(axis, data.rank)
+    return g._emit1("scatter_add", [data, indices, updates], {"axis": int(axis)}, name)
+
+
+gather_along_axis = _prim("gather_along_axis", "out[i][j] = x[i][indices[i][j]] along `axis` (torch.gather).")
+
+
+@gather_along_axis.def_infer
+def _gather_along_axis_infer(types, axis):
+    x, idx = types
+    _check_indices(idx)
+    if x.rank is not None and idx.rank is not None and x.rank != idx.rank:
+        raise ShapeError(f"indices need the rank of the input ({x.rank}), got {idx.rank}")
+    return TensorType(idx.shape, x.dtype)
+
+
+gather_along_axis.def_impl(lambda x, indices, axis: torch.gather(x, axis, _wrap(indices, x.shape[axis])))
+
+
+@gather_along_axis.def_vjp
+def _gather_along_axis_vjp(g, op, dy):
+    x, idx = op.inputs
+    zeros = g.broadcast_to(g.constant(0, dy.dtype), x)
+    return [g.scatter_add_along_axis(zeros, idx, dy, op.attrs["axis"]), None]
+
+
+@builder("gather_along_axis")
+def _gather_along_axis(g, x, indices, axis, name=None):
+    """Pick one element per index along `axis` (MPSGraph gatherAlongAxis)."""
+    x, indices = g.as_tensor(x), g.as_tensor(indices)
+    if x.rank is not None:
+        axis = normalize_axis(axis, x.rank)
+    return g._emit1("gather_along_axis", [x, indices], {"axis": int(axis)}, name)
+
+
+scatter_add_along_axis = _prim("scatter_add_along_axis", "The adjoint of gather_along_axis (torch.scatter_add).")
+
+
+@scatter_add_along_axis.def_infer
+def _scatter_add_along_axis_infer(types, axis):
+    data, idx, upd = types
+    _check_indices(idx)
+    if upd.dtype != data.dtype:
+        raise ShapeError(f"updates dtype {upd.dtype} differs from data dtype {data.dtype}")
+    return data
+
+
+scatter_add_along_axis.def_impl(
+    lambda data, indices, updates, axis: data.scatter_add(axis, _wrap(indices, data.shape[axis]), updates))
+
+
+@scatter_add_along_axis.def_vjp
+def _scatter_add_along_axis_vjp(g, op, dy):
+    return [dy, None, g.gather_along_axis(dy, op.inputs[1], op.attrs["axis"])]
+
+
+@builder("scatter_add_along_axis")
+def _scatter_add_along_axis(g, data, indices, updates, axis, name=None):
+    """``out = data; out[i][indices[i][j]] += updates[i][j]`` along `axis`."""
+    data, indices = g.as_tensor(data), g.as_tensor(indices)
+    updates = g.as_tensor(updates, data.dtype)
+    if data.rank is not None:
+        axis = normalize_axis(axis, data.rank)
+    return g._emit1("scatter_add_along_axis", [data, indices, updates], {"axis": int(axis)}, name)
+
+
+one_hot = _prim("one_hot", "on_value where the position along `axis` equals the index, else off_value.",
+                kind=OPAQUE, differentiable=False)
+
+
+@one_hot.def_infer
+def _one_hot_infer(types, depth, axis, dtype, on_value, off_value):
+    (idx,) = types
+    _check_indices(idx)
+    if idx.shape is None:
+        return TensorType(None, dtype)
+    shape = list(idx.shape)
+    shape.insert(normalize_axis(axis, idx.rank + 1), depth)
+    return TensorType(tuple(shape), dtype)
+
+
+@one_hot.def_impl
+def _one_hot_impl(indices, depth, axis, dtype, on_value, off_value):
+    hit = torch.nn.functional.one_hot(indices.long().clamp(min=0), depth).bool() & (indices >= 0).unsqueeze(-1)
+    dt = dtypes.as_dtype(dtype).torch
+    out = torch.where(hit, torch.tensor(on_value, dtype=dt, device=indices.device),
+                      torch.tensor(off_value, dtype=dt, device=indices.device))
+    return out.movedim(-1, axis % out.dim())
+
+
+@builder("one_hot")
+def _one_hot(g, indices, depth, axis=-1, dtype=dtypes.float32, on_value=1.0, off_value=0.0, name=None):
+    """One-hot encode integer `indices` into a new axis of extent `depth` (negative indices: all off)."""
+    indices = g.as_tensor(indices)
+    if depth < 0:
+        raise g._error("one_hot", f"depth must be >= 0, got {depth}", [indices])
+    attrs = {"depth": int(depth), "axis": int(axis), "dtype": dtypes.as_dtype(dtype),
+             "on_value": on_value, "off_value": off_value}
+    return g._emit1("one_hot", [indices], attrs, name)
+
+
+# -- x[...] ----------------------------------------------------------------------
+@builder("index")
+def _index(g, x, key, name=None):
+    """NumPy basic indexing: ints, slices (any step), None, Ellipsis, and one integer tensor."""
+    x = g.as_tensor(x)
+    key = key if isinstance(key, tuple) else (key,)
+    if x.rank is None:
+        raise g._error("index", "indexing needs a tensor of known rank", [x])
+    if sum(k is Ellipsis for k in key) > 1:
+        raise g._error("index", "an index can hold at most one Ellipsis", [x])
+    used = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if used > x.rank:
+        raise g._error("index", f"too many indices ({used}) for rank {x.rank}", [x])
+    if Ellipsis in key:
+        i = key.index(Ellipsis)
+        key = key[:i] + (builtins.slice(None),) * (x.rank - used) + key[i + 1:]
+    key = key + (builtins.slice(None),) * (x.rank - sum(1 for k in key if k is not None))
+    starts, ends, strides, drop, new_axes, tensor_axis = [], [], [], [], [], None
+    axis = 0
+    for out_pos, k in enumerate(key):
+        if k is None:
+            new_axes.append(out_pos)
+            continue
+        if isinstance(k, Tensor):
+            if tensor_axis is not None:
+                raise g._error("index", "only one tensor index is supported; use gather", [x])
+            tensor_axis = axis
+            k = builtins.slice(None)
+        if isinstance(k, int):
+            n = x.shape[axis]
+            if n != UNKNOWN and not -n <= k < n:
+                raise g._error("index", f"index {k} is out of range for axis {axis} of extent {n}", [x])
+            if k < 0 and n == UNKNOWN:
+                raise g._error("index", f"negative index {k} on axis {axis} of unknown extent", [x])
+            k = k % n if n != UNKNOWN else k
+            starts.append(k), ends.append(k + 1), strides.append(1), drop.append(axis)
+        elif isinstance(k, builtins.slice):
+            step = 1 if k.step is None else int(k.step)
+            if step == 0:
+                raise g._error("index", "slice step cannot be zero", [x])
+            starts.append(k.start)
+            ends.append(k.stop)
+            strides.append(step)
+        else:
+            raise g._error("index", f"unsupported index {k!r}", [x])
+        axis += 1
+    y = x
+    trivial = all(s in (0, None) and e is None and st == 1 for s, e, st in zip(starts, ends, strides))
+    if not trivial:
+        y = g.slice(y, starts, ends, strides)
+    if drop:
+        y = g.squeeze(y, drop)
+    if tensor_axis is not None:
+        t = next(k for k in key if isinstance(k, Tensor))
+        y = g.gather(y, t, tensor_axis - sum(1 for d in drop if d < tensor_axis))
+    if new_axes:
+        y = g.expand_dims(y, new_axes)
+    return y if y is not x else g.identity(x)

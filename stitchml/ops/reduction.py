@@ -1,0 +1,239 @@
+"""Reduction primitives: sum, mean, maximum, minimum, product, arg max/min.
+
+`axes=None` reduces every axis; negative axes count from the end; with
+`keep_dims=True` reduced axes stay as extent 1 (MPSGraph's behaviour), else
+they are dropped (NumPy's and PyTorch's default). Sums keep the input dtype
+(bool sums to int64); half-precision inputs accumulate in float32.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import dtypes
+from ..errors import ShapeError
+from ..ir import TensorType, normalize_axes, normalize_axis
+from ..registry import OPAQUE, REDUCTION, Primitive, builder, register
+
+
+def _reduced_shape(shape, axes, keep_dims):
+    if shape is None:
+        return None
+    if axes is None:
+        axes = tuple(range(len(shape)))
+    axes = {a % len(shape) for a in axes} if shape else set()
+    if keep_dims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def _runtime_axes(x: torch.Tensor, axes) -> tuple[int, ...]:
+    if axes is None:
+        return tuple(range(x.dim()))
+    return tuple(sorted({a % x.dim() for a in axes})) if x.dim() else ()
+
+
+def _reduction(name, fn, *, out_dtype=None, float_only=False, doc=""):
+    """Define a reduction primitive `g.<name>(x, axes=None, keep_dims=False)`."""
+
+    def infer(types, axes, keep_dims):
+        (t,) = types
+        if t.shape is not None and axes is not None:
+            normalize_axes(axes, t.rank)
+        dt = out_dtype(t.dtype) if out_dtype else t.dtype
+        return TensorType(_reduced_shape(t.shape, axes, keep_dims), dt)
+
+    def impl(x, axes, keep_dims):
+        axes = _runtime_axes(x, axes)
+        if not axes:
+            return x.clone() if out_dtype is None else x.to(out_dtype(dtypes.as_dtype(x.dtype)).torch)
+        return fn(x, axes, keep_dims)
+
+    prim = register(Primitive(name, REDUCTION, infer=infer, impl=impl, float_only=float_only, doc=doc))
+
+    def build(g, x, axes=None, keep_dims=False, name=None):
+        x = g.as_tensor(x)
+        if float_only and not x.dtype.is_floating:
+            x = g.cast(x, dtypes.default_float)
+        try:
+            axes = normalize_axes(axes, x.rank)
+        except ShapeError as e:
+            raise g._error(name_, str(e), [x]) from None
+        return g._emit1(name_, [x], {"axes": axes, "keep_dims": bool(keep_dims)}, name)
+
+    name_ = name
+    build.__name__ = name
+    build.__doc__ = doc
+    builder(name)(build)
+    return prim
+
+
+def _sum(x, axes, keep_dims):
+    if x.dtype == torch.bool:
+        x = x.to(torch.int64)
+    if x.dtype in (torch.float16, torch.bfloat16):
+        return torch.sum(x, dim=axes, keepdim=keep_dims, dtype=torch.float32).to(x.dtype)
+    return torch.sum(x, dim=axes, keepdim=keep_dims, dtype=x.dtype)
+
+
+def _mean(x, axes, keep_dims):
+    if x.dtype in (torch.float16, torch.bfloat16):
+        return torch.mean(x.float(), dim=axes, keepdim=keep_dims).to(x.dtype)
+    return torch.mean(x, dim=axes, keepdim=keep_dims)
+
+
+def _prod(x, axes, keep_dims):
+    for a in sorted(axes, reverse=True):
+        x = torch.prod(x, dim=a, keepdim=keep_dims)
+    return x
+
+
+reduction_sum = _reduction("reduction_sum", _sum, out_dtype=lambda d: dtypes.int64 if d.is_bool else d,
+                           doc="Sum over `axes` (None: all).")
+reduction_mean = _reduction("reduction_mean", _mean, float_only=True, doc="Mean over `axes` (None: all).")
+reduction_maximum = _reduction("reduction_maximum", lambda x, a, k: torch.amax(x, dim=a, keepdim=k),
+                               doc="Maximum over `axes`; NaN if any element is NaN.")
+reduction_minimum = _reduction("reduction_minimum", lambda x, a, k: torch.amin(x, dim=a, keepdim=k),
+                               doc="Minimum over `axes`; NaN if any element is NaN.")
+reduction_product = _reduction("reduction_product", _prod, out_dtype=lambda d: dtypes.int64 if d.is_bool else d,
+                               doc="Product over `axes`.")
+
+
+def _restore(g, op, y):
+    """Bring a reduced tensor back to broadcastable form against the input."""
+    x = op.inputs[0]
+    if not op.attrs["keep_dims"]:
+        axes = op.attrs["axes"]
+        y = g.expand_dims(y, tuple(range(x.rank)) if axes is None else axes)
+    return y
+
+
+@reduction_sum.def_vjp
+def _sum_vjp(g, op, dy):
+    return [g.broadcast_to(_restore(g, op, dy), op.inputs[0])]
+
+
+@reduction_mean.def_vjp
+def _mean_vjp(g, op, dy):
+    x = op.inputs[0]
+    count = g.element_count(x, op.attrs["axes"], dtype=dy.dtype)
+    return [g.broadcast_to(_restore(g, op, dy) / count, x)]
+
+
+def _extremum_vjp(g, op, dy):
+    # Ties share the gradient evenly, as in PyTorch.
+    x = op.inputs[0]
+    hit = g.cast(g.equal(x, _restore(g, op, op.outputs[0])), dy.dtype)
+    ties = g.reduction_sum(hit, op.attrs["axes"], keep_dims=True)
+    return [hit * (_restore(g, op, dy) / ties)]
+
+
+reduction_maximum.def_vjp(_extremum_vjp)
+reduction_minimum.def_vjp(_extremum_vjp)
+
+
+@reduction_product.def_vjp
+def _product_vjp(g, op, dy):
+    # prod / x: exact for nonzero inputs; zeros in the input give inf/NaN here (documented limitation).
+    x = op.inputs[0]
+    return [_restore(g, op, dy * op.outputs[0]) / x]
+
+
+def _arg_reduction(name, fn):
+    def infer(types, axis, keep_dims):
+        (t,) = types
+        if t.shape is None:
+            return TensorType(None, dtypes.int64)
+        ax = normalize_axis(axis, t.rank)
+        return TensorType(_reduced_shape(t.shape, (ax,), keep_dims), dtypes.int64)
+
+    prim = register(Primitive(name, REDUCTION, infer=infer, differentiable=False,
+                              impl=lambda x, axis, keep_dims: fn(x, dim=axis, keepdim=keep_dims),
+                              doc=f"Index of the {name.split('_')[-1]} along `axis` (first on ties), as int64."))
+
+    def build(g, x, axis=-1, keep_dims=False, name=None):
+        x = g.as_tensor(x)
+        if x.dtype.is_bool:
+            x = g.cast(x, dtypes.uint8)
+        if x.rank is not None:
+            try:
+                axis = normalize_axis(axis, x.rank)
+            except ShapeError as e:
+                raise g._error(name_, str(e), [x]) from None
+        return g._emit1(name_, [x], {"axis": int(axis), "keep_dims": bool(keep_dims)}, name)
+
+    name_ = name
+    build.__name__ = name
+    build.__doc__ = prim.doc
+    builder(name)(build)
+    return prim
+
+
+reduction_arg_maximum = _arg_reduction("reduction_arg_maximum", torch.argmax)
+reduction_arg_minimum = _arg_reduction("reduction_arg_minimum", torch.argmin)
+
+
+element_count = register(Primitive(
+    "element_count", OPAQUE, differentiable=False,
+    doc="The number of elements over `axes` (None: all) as a scalar; known at compile time for static shapes.",
+))
+
+
+@element_count.def_infer
+def _element_count_infer(types, axes, dtype):
+    return TensorType((), dtype)
+
+
+@element_count.def_impl
+def _element_count_impl(x, axes, dtype):
+    n = 1
+    for a in _runtime_axes(x, axes):
+        n *= x.shape[a]
+    return torch.tensor(n, dtype=dtypes.as_dtype(dtype).torch, device=x.device)
+
+
+@builder("element_count")
+def _element_count(g, x, axes=None, dtype=dtypes.float32, name=None):
+    """How many elements of `x` lie in `axes` (the divisor of a mean)."""
+    x = g.as_tensor(x)
+    try:
+        axes = normalize_axes(axes, x.rank)
+    except ShapeError as e:
+        raise g._error("element_count", str(e), [x]) from None
+    return g._emit1("element_count", [x], {"axes": axes, "dtype": dtypes.as_dtype(dtype)}, name)
+
+
+sum_to_shape = register(Primitive(
+    "sum_to_shape", REDUCTION,
+    doc="Sum `x` down to the shape of `like` (undoes broadcasting); the shape is read at run time.",
+))
+
+
+@sum_to_shape.def_infer
+def _sum_to_shape_infer(types):
+    x, like = types
+    return TensorType(like.shape, x.dtype)
+
+
+@sum_to_shape.def_impl
+def _sum_to_shape_impl(x, like):
+    shape = like.shape
+    lead = x.dim() - len(shape)
+    if lead < 0:
+        raise ValueError(f"sum_to_shape: cannot sum shape {tuple(x.shape)} to the larger rank of {tuple(shape)}")
+    axes = list(range(lead)) + [lead + i for i, d in enumerate(shape) if d == 1 and x.shape[lead + i] != 1]
+    y = x.sum(dim=axes, keepdim=True) if axes else x
+    return y.reshape(shape)
+
+
+@sum_to_shape.def_vjp
+def _sum_to_shape_vjp(g, op, dy):
+    return [g.broadcast_to(dy, op.inputs[0]), None]
+
+
+@builder("sum_to_shape")
+def _sum_to_shape(g, x, like, name=None):
+    """Sum `x` over the axes along which `like` was broadcast to reach x's shape."""
+    x, like = g.as_tensor(x), g.as_tensor(like)
+    if x.shape is not None and like.shape is not None and like.shape == x.shape and -1 not in x.shape:
+        return x
+    return g._emit1("sum_to_shape", [x, like], None, name)

@@ -1,0 +1,109 @@
+"""The op registry: every primitive is defined once, here-by-registration.
+
+A `Primitive` holds everything the rest of the system needs to know about an
+op: its kind, the shape-and-dtype rule, the reference implementation in torch
+(any device), its gradient rule (or a mark that it has none), and for
+elementwise ops the Triton expression the code generator stitches together.
+The builder method on `Graph` carries the same name as the primitive, so IR
+dumps, error messages and docs share one vocabulary.
+
+Op modules define a primitive in one block, JAX style::
+
+    exponent = unary("exponent", torch.exp, "tl.exp({0})", float_only=True)
+
+    @exponent.def_vjp
+    def _(g, op, dy):
+        return [dy * op.outputs[0]]
+
+Everything else (interpreter, autodiff, fuser, codegen, importers, tests)
+looks entries up here; nobody branches on op names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# Op kinds: what the compiler may do with an op.
+ELEMENTWISE = "elementwise"  # out[i] = f(in_1[i], ...) after broadcasting
+REDUCTION = "reduction"  # folds some axes of one input
+MOVEMENT = "movement"  # reorders or selects elements (views, gathers, pads)
+CONTRACTION = "contraction"  # matmul, convolution: vendor kernels
+OPAQUE = "opaque"  # anything else with a reference implementation
+RANDOM = "random"  # draws from a seeded generator
+STATE = "state"  # placeholders, constants, variables and their reads/writes
+KINDS = (ELEMENTWISE, REDUCTION, MOVEMENT, CONTRACTION, OPAQUE, RANDOM, STATE)
+
+
+@dataclass
+class Primitive:
+    """One operation. See the module docstring for how entries are written."""
+
+    name: str
+    kind: str
+    infer: Callable[..., Any] | None = None  # (in_types: list[TensorType], **attrs) -> TensorType | list
+    impl: Callable[..., Any] | None = None  # (*torch_inputs, **attrs) -> torch.Tensor | tuple
+    needs_context: bool = False  # impl takes a RunContext first (state, random)
+    vjp: Callable[..., Any] | None = None  # (graph, op, *cotangents) -> list[Tensor | None]
+    differentiable: bool = True  # False: no gradient flows through, on purpose
+    triton: str | None = None  # elementwise: expression over {0}, {1}, ... in float32 or the input type
+    float_only: bool = False  # elementwise: integer inputs are promoted to float32 first
+    doc: str = ""
+    extras: dict[str, Any] = field(default_factory=dict)  # per-backend hints (e.g. accumulate dtype)
+
+    def def_infer(self, fn):
+        self.infer = fn
+        return fn
+
+    def def_impl(self, fn=None, *, needs_context: bool = False):
+        def register(f):
+            self.impl = f
+            self.needs_context = needs_context
+            return f
+
+        return register(fn) if fn is not None else register
+
+    def def_vjp(self, fn):
+        self.vjp = fn
+        return fn
+
+    def __repr__(self) -> str:
+        return f"Primitive({self.name!r}, {self.kind})"
+
+
+REGISTRY: dict[str, Primitive] = {}
+
+
+def register(prim: Primitive) -> Primitive:
+    if prim.kind not in KINDS:
+        raise ValueError(f"primitive {prim.name!r}: unknown kind {prim.kind!r}; expected one of {KINDS}")
+    if prim.name in REGISTRY:
+        raise ValueError(f"primitive {prim.name!r} is defined twice")
+    REGISTRY[prim.name] = prim
+    return prim
+
+
+def lookup(name: str) -> Primitive:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}; it is not in the registry") from None
+
+
+# Builder methods (primitives and composites) are attached to Graph by name.
+BUILDERS: dict[str, Callable[..., Any]] = {}
+COMPOSITES: set[str] = set()
+
+
+def builder(name: str | None = None, *, composite: bool = False):
+    """Register `fn(graph, ...)` as the Graph method `name` (default: fn's name)."""
+
+    def register_builder(fn):
+        key = name or fn.__name__
+        if key in BUILDERS:
+            raise ValueError(f"builder {key!r} is defined twice")
+        BUILDERS[key] = fn
+        if composite:
+            COMPOSITES.add(key)
+        return fn
+
+    return register_builder

@@ -1,0 +1,1 @@
+"""Runtimes: the eager interpreter and the asynchronous run queue."""

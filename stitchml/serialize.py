@@ -1,0 +1,214 @@
+"""Graphs to text and JSON, and back.
+
+JSON holds the IR exactly: operations in program order with their ids,
+names, attributes, output types, control dependencies, scopes and source
+locations. Tensor-valued attributes (constants, initial values) live in a
+safetensors file beside it, referenced by key. Loading checks the format and
+version, every reference and every output type (re-inferred through the
+registry), so a damaged file fails with SerializationError, never later.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+import torch
+
+from . import dtypes
+from .errors import SerializationError, ShapeError
+from .ir import Operation, Tensor, TensorType
+from .registry import REGISTRY
+
+FORMAT = "stitchml.graph"
+VERSION = 1
+
+
+# -- text -------------------------------------------------------------------------
+def _attr_text(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        if v.numel() <= 8:
+            vals = v.flatten().tolist()
+            body = str(vals[0]) if v.dim() == 0 else str(vals)
+            return f"{body}:{dtypes.as_dtype(v.dtype)}{list(v.shape) if v.dim() > 1 else ''}"
+        return f"<{dtypes.as_dtype(v.dtype)}{list(v.shape)}>"
+    if isinstance(v, dtypes.DType):
+        return v.name
+    return repr(v)
+
+
+def dump_text(graph, locations: bool = False) -> str:
+    """One line per operation: ``%out: type = op(%in, ...) {attrs}  # scope``."""
+    lines = [f'graph "{graph.name}" {{']
+    for op in graph.operations:
+        outs = ", ".join(f"%{t.name}: {t.type}" for t in op.outputs) or op.name
+        args = ", ".join(f"%{t.name}" for t in op.inputs)
+        attrs = ", ".join(f"{k}={_attr_text(v)}" for k, v in op.attrs.items())
+        line = f"  {outs} = {op.op}({args})"
+        if attrs:
+            line += f" {{{attrs}}}"
+        if op.control_deps:
+            line += " after(" + ", ".join(d.name for d in op.control_deps) + ")"
+        notes = [n for n in (op.scope, op.location if locations else "") if n]
+        if notes:
+            line += "  # " + " ".join(notes)
+        lines.append(line)
+    lines.append("}")
+    return "\n".join(lines)
+
+
+# -- JSON -------------------------------------------------------------------------
+def _encode(v: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(v, torch.Tensor):
+        tensors[key] = v.contiguous()
+        return {"$tensor": key}
+    if isinstance(v, dtypes.DType):
+        return {"$dtype": v.name}
+    if isinstance(v, float) and not math.isfinite(v):
+        return {"$float": repr(v)}
+    if isinstance(v, (list, tuple)):
+        return [_encode(x, f"{key}.{i}", tensors) for i, x in enumerate(v)]
+    if isinstance(v, dict):
+        return {"$dict": {k: _encode(x, f"{key}.{k}", tensors) for k, x in v.items()}}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise SerializationError(f"attribute {key} holds a {type(v).__name__}, which has no JSON form")
+
+
+def _decode(v: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
+    if isinstance(v, list):
+        return tuple(_decode(x, tensors, where) for x in v)
+    if isinstance(v, dict):
+        if "$tensor" in v:
+            if v["$tensor"] not in tensors:
+                raise SerializationError(f"{where}: tensor {v['$tensor']!r} is missing from the weights file")
+            return tensors[v["$tensor"]]
+        if "$dtype" in v:
+            try:
+                return dtypes.as_dtype(v["$dtype"])
+            except TypeError as e:
+                raise SerializationError(f"{where}: {e}") from None
+        if "$float" in v:
+            return float(v["$float"])
+        if "$dict" in v:
+            return {k: _decode(x, tensors, where) for k, x in v["$dict"].items()}
+        raise SerializationError(f"{where}: unknown attribute encoding {sorted(v)}")
+    return v
+
+
+def to_dict(graph) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The graph as a JSON-able dict and the tensors its attributes reference."""
+    tensors: dict[str, torch.Tensor] = {}
+    ops = []
+    for op in graph.operations:
+        ops.append({
+            "id": op.id,
+            "op": op.op,
+            "name": op.name,
+            "inputs": [t.id for t in op.inputs],
+            "attrs": {k: _encode(v, f"op{op.id}.{k}", tensors) for k, v in op.attrs.items()},
+            "outputs": [{"id": t.id, "name": t.name, "shape": None if t.shape is None else list(t.shape),
+                         "dtype": t.dtype.name} for t in op.outputs],
+            "control_deps": [d.id for d in op.control_deps],
+            "scope": op.scope,
+            "location": op.location,
+        })
+    doc = {"format": FORMAT, "version": VERSION, "name": graph.name, "operations": ops,
+           "next_op": graph._next_op, "next_tensor": graph._next_tensor}
+    return doc, tensors
+
+
+def _require(cond: bool, message: str):
+    if not cond:
+        raise SerializationError(message)
+
+
+def from_dict(doc: dict, tensors: dict[str, torch.Tensor]):
+    """Rebuild a graph from `to_dict`'s output, checking every part of it."""
+    from .graph import Graph
+
+    _require(isinstance(doc, dict) and doc.get("format") == FORMAT, f"not a {FORMAT} document")
+    _require(doc.get("version") == VERSION, f"graph format version {doc.get('version')!r} is not supported "
+                                            f"(this build reads version {VERSION})")
+    _require(isinstance(doc.get("operations"), list), "the document has no operation list")
+    g = Graph(str(doc.get("name", "graph")))
+    tensor_by_id: dict[int, Tensor] = {}
+    op_by_id: dict[int, Operation] = {}
+    for i, rec in enumerate(doc["operations"]):
+        where = f"operation #{i}"
+        try:
+            opname, op_id, inputs = rec["op"], int(rec["id"]), rec["inputs"]
+            out_recs, deps = rec["outputs"], rec["control_deps"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise SerializationError(f"{where}: malformed record ({e})") from None
+        _require(opname in REGISTRY, f"{where}: unknown op {opname!r}")
+        _require(op_id not in op_by_id, f"{where}: duplicate op id {op_id}")
+        for t in inputs:
+            _require(t in tensor_by_id, f"{where} ({opname}): input tensor {t} is not defined before it")
+        for d in deps:
+            _require(d in op_by_id, f"{where} ({opname}): control dependency {d} is not defined before it")
+        attrs = {k: _decode(v, tensors, f"{where} ({opname}) attribute {k}") for k, v in rec.get("attrs", {}).items()}
+        try:
+            types = [TensorType(None if o["shape"] is None else tuple(o["shape"]), dtypes.as_dtype(o["dtype"]))
+                     for o in out_recs]
+        except (KeyError, TypeError, ShapeError) as e:
+            raise SerializationError(f"{where} ({opname}): bad output type ({e})") from None
+        in_tensors = [tensor_by_id[t] for t in inputs]
+        try:
+            inferred = REGISTRY[opname].infer([t.type for t in in_tensors], **attrs)
+        except (ShapeError, TypeError, KeyError, ValueError) as e:
+            raise SerializationError(f"{where} ({opname}): attributes or inputs do not fit the op ({e})") from None
+        inferred = [inferred] if isinstance(inferred, TensorType) else list(inferred)
+        _require(inferred == types, f"{where} ({opname}): stored output types {[str(t) for t in types]} differ "
+                                    f"from the op's rule {[str(t) for t in inferred]}")
+        op = Operation(g, op_id, opname, tuple(in_tensors), attrs, tuple(op_by_id[d] for d in deps),
+                       str(rec.get("name", f"{opname}_{op_id}")), str(rec.get("location", "")), str(rec.get("scope", "")))
+        outs = []
+        for j, (o, tt) in enumerate(zip(out_recs, types)):
+            tid = int(o["id"])
+            _require(tid not in tensor_by_id, f"{where}: duplicate tensor id {tid}")
+            t = Tensor(g, op, j, tt, str(o.get("name", f"{op.name}:{j}")), tid)
+            tensor_by_id[tid] = t
+            outs.append(t)
+        op.outputs = tuple(outs)
+        op_by_id[op_id] = op
+        g.operations.append(op)
+    g._next_op = max([int(doc.get("next_op", 0))] + [i + 1 for i in op_by_id])
+    g._next_tensor = max([int(doc.get("next_tensor", 0))] + [i + 1 for i in tensor_by_id])
+    return g
+
+
+def save(graph, path: str | os.PathLike) -> None:
+    from safetensors.torch import save_file
+
+    doc, tensors = to_dict(graph)
+    path = os.fspath(path)
+    weights = path + ".safetensors"
+    doc["weights"] = os.path.basename(weights)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    save_file({k: v.cpu() for k, v in tensors.items()}, weights)
+
+
+def load(path: str | os.PathLike):
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = os.fspath(path)
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SerializationError(f"{path}: cannot read the graph ({e})") from None
+    _require(isinstance(doc, dict), f"{path}: not a {FORMAT} document")
+    weights = doc.get("weights")
+    tensors = {}
+    if weights:
+        _require(isinstance(weights, str) and os.path.basename(weights) == weights,
+                 f"{path}: weights file name {weights!r} must be a plain file name beside the graph")
+        try:
+            tensors = load_file(os.path.join(os.path.dirname(path), weights))
+        except (OSError, SafetensorError) as e:
+            raise SerializationError(f"{path}: cannot read weights {weights} ({e})") from None
+    return from_dict(doc, tensors)
