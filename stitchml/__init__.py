@@ -15,8 +15,8 @@ from . import composites as _composites  # registers the composites
 from .dtypes import (DType, bfloat16, float16, float32, float64, int8, int16, int32, int64, uint8,
                      as_dtype, promote)
 from .dtypes import bool_ as bool  # noqa: A001  (stitchml.bool, like torch.bool)
-from .errors import (ExecutionError, FeedError, GraphError, LayoutError, SerializationError, ShapeError,
-                     StitchError)
+from .errors import (ExecutionError, FeedError, GraphError, LayoutError, PackageError, PipelineError,
+                     SerializationError, ShapeError, StitchError)
 from .graph import Graph
 from .ir import Operation, Tensor, TensorType
 from .ops import Convolution2DDescriptor, Pooling2DDescriptor
@@ -30,10 +30,14 @@ for _name, _fn in _BUILDERS.items():
 
 __version__ = "0.1.0"
 
+from . import package  # noqa: E402  (network packages need the builders attached above)
+from .package import load_package  # noqa: E402
+
 __all__ = [
     "Graph", "Tensor", "TensorType", "Operation", "TensorData", "DType", "REGISTRY",
     "Convolution2DDescriptor", "Pooling2DDescriptor",
     "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
     "as_dtype", "promote",
     "StitchError", "ShapeError", "FeedError", "GraphError", "ExecutionError", "LayoutError", "SerializationError",
+    "PackageError", "PipelineError", "package", "load_package",
 ]

@@ -32,3 +32,11 @@ class LayoutError(StitchError, ValueError):
 
 class SerializationError(StitchError, ValueError):
     """A serialized graph is malformed, truncated or of an unknown version."""
+
+
+class PackageError(StitchError, ValueError):
+    """A network package is malformed, corrupted, hostile or cannot be built or used as asked."""
+
+
+class PipelineError(StitchError, RuntimeError):
+    """A command buffer, encoder, argument table or event is used wrongly (raised before device work)."""

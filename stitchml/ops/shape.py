@@ -1,0 +1,114 @@
+"""Shape primitives that importers need for models with symbolic extents.
+
+`reshape_with_dims` is `reshape` whose target shape may copy extents of other
+tensors at run time: what ONNX's ``Reshape(x, Concat(Shape(x)[0], -1))`` and
+torch.export's ``view(x, [s0, -1])`` mean when the batch extent is symbolic.
+"""
+from __future__ import annotations
+
+from ..errors import ShapeError
+from ..ir import UNKNOWN, TensorType
+from ..registry import MOVEMENT, Primitive, builder, register
+
+reshape_with_dims = register(Primitive(
+    "reshape_with_dims", MOVEMENT,
+    doc=("Reshape input 0 to `shape` (one -1 inferred), where each (out_axis, input, axis) in `copies` sets "
+         "out_axis to the run-time extent of that axis of that input."),
+))
+
+
+def _resolve(shapes, shape, copies):
+    out = list(shape)
+    for o, i, a in copies:
+        if not (0 <= o < len(out)) or not (0 <= i < len(shapes)) or shapes[i] is None or not -len(shapes[i]) <= a < len(shapes[i]):
+            raise ShapeError(f"copy ({o}, {i}, {a}) names an axis that does not exist")
+        out[o] = shapes[i][a]
+    return out
+
+
+@reshape_with_dims.def_infer
+def _reshape_with_dims_infer(types, shape, copies):
+    x = types[0]
+    if sum(d == -1 for d in shape) > 1:
+        raise ShapeError(f"target shape {shape} has more than one -1")
+    out = _resolve([t.shape for t in types], shape, copies)
+    inferred = [i for i, d in enumerate(shape) if d == -1]
+    if inferred and x.shape is not None:
+        # Unknown extents of x that the output copies cancel out of the element count.
+        cancelled = {a % len(x.shape) for o, i, a in copies if i == 0 and x.shape[a] == UNKNOWN}
+        x_known = [d for a, d in enumerate(x.shape) if a not in cancelled]
+        rest = [d for j, d in enumerate(out) if j != inferred[0]
+                and not any(o == j and i == 0 and a % len(x.shape) in cancelled for o, i, a in copies)]
+        if UNKNOWN not in x_known and UNKNOWN not in rest:
+            num, den = 1, 1
+            for d in x_known:
+                num *= d
+            for d in rest:
+                den *= d
+            if den == 0 or num % den:
+                raise ShapeError(f"cannot reshape {x.shape} to {out}")
+            out[inferred[0]] = num // den
+    return TensorType(tuple(out), x.dtype)
+
+
+@reshape_with_dims.def_impl
+def _reshape_with_dims_impl(x, *others, shape, copies):
+    return x.reshape(_resolve([tuple(x.shape)] + [tuple(o.shape) for o in others], shape, copies))
+
+
+reshape_with_dims.def_vjp(lambda g, op, dy: [g.reshape(dy, op.inputs[0])] + [None] * (len(op.inputs) - 1))
+
+
+@builder("reshape_with_dims")
+def _reshape_with_dims(g, x, shape, copies=(), sources=(), name=None):
+    """Reshape `x` to `shape`, taking extent ``out_axis`` from ``sources[input - 1]`` (input 0: `x`) at run time.
+
+    >>> import stitchml as sm; g = sm.Graph()
+    >>> x = g.placeholder((-1, 4, 5), sm.float32)
+    >>> g.reshape_with_dims(x, (0, -1), copies=[(0, 0, 0)]).type.shape
+    (-1, 20)
+    """
+    return _emit_with_dims(g, "reshape_with_dims", x, shape, copies, sources, name)
+
+
+def _emit_with_dims(g, op, x, shape, copies, sources, name):
+    x = g.as_tensor(x)
+    sources = [g.as_tensor(s) for s in sources]
+    attrs = {"shape": tuple(int(d) for d in shape), "copies": tuple(tuple(int(v) for v in c) for c in copies)}
+    return g._emit1(op, [x, *sources], attrs, name)
+
+
+broadcast_with_dims = register(Primitive(
+    "broadcast_with_dims", MOVEMENT,
+    doc=("Broadcast input 0 to `shape`, where each (out_axis, input, axis) in `copies` sets out_axis to the "
+         "run-time extent of that axis of that input (input 0 is the broadcast tensor itself)."),
+))
+
+
+@broadcast_with_dims.def_infer
+def _broadcast_with_dims_infer(types, shape, copies):
+    x = types[0]
+    out = _resolve([t.shape for t in types], shape, copies)
+    if x.shape is not None and len(x.shape) > len(out):
+        raise ShapeError(f"cannot broadcast rank {len(x.shape)} {x.shape} to lower rank {tuple(out)}")
+    return TensorType(tuple(out), x.dtype)
+
+
+@broadcast_with_dims.def_impl
+def _broadcast_with_dims_impl(x, *others, shape, copies):
+    return x.expand(_resolve([tuple(x.shape)] + [tuple(o.shape) for o in others], shape, copies))
+
+
+broadcast_with_dims.def_vjp(lambda g, op, dy: [g.sum_to_shape(dy, op.inputs[0])] + [None] * (len(op.inputs) - 1))
+
+
+@builder("broadcast_with_dims")
+def _broadcast_with_dims(g, x, shape, copies=(), sources=(), name=None):
+    """Broadcast `x` to `shape`, taking extent ``out_axis`` from ``sources[input - 1]`` at run time.
+
+    >>> import stitchml as sm; g = sm.Graph()
+    >>> x = g.placeholder((-1, 4), sm.float32)
+    >>> g.broadcast_with_dims(g.constant(0.0), (2, 0, 4), copies=[(1, 1, 0)], sources=[x]).type.shape
+    (2, -1, 4)
+    """
+    return _emit_with_dims(g, "broadcast_with_dims", x, shape, copies, sources, name)

@@ -1,0 +1,26 @@
+"""Network packages: build them offline from ONNX or torch.export, save, load, inspect and run.
+
+    >>> import stitchml as sm                                        # doctest: +SKIP
+    >>> pkg = sm.package.from_onnx("model.onnx"); pkg.save("model.smpkg")
+    >>> out = sm.load_package("model.smpkg").function("main")(x=images)
+
+See docs/packages.md for the format and the importers' coverage.
+"""
+from .package import Function, KernelEntry, Package, Port, current_target, load_package
+
+
+def from_onnx(model, name: str = "main") -> Package:
+    """A package from an ONNX model (a path, bytes or a ModelProto); see onnx_import.py."""
+    from .onnx_import import from_onnx as build
+
+    return build(model, name=name)
+
+
+def from_torch(module, example_inputs, dynamic_shapes=None, name: str = "main") -> Package:
+    """A package from a torch module through torch.export; see torch_import.py."""
+    from .torch_import import from_torch as build
+
+    return build(module, example_inputs, dynamic_shapes=dynamic_shapes, name=name)
+
+
+__all__ = ["Package", "Function", "Port", "KernelEntry", "load_package", "from_onnx", "from_torch", "current_target"]

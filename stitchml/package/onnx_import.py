@@ -1,0 +1,256 @@
+"""ONNX to package: walk the model's nodes and build the same graph with StitchML builders.
+
+Each ONNX value becomes a graph `Tensor`, or stays a *known* value while it
+is computable at import time: initializers, Constant nodes and whatever is
+folded from them (the builder folds ops of small constants). Shape arithmetic
+on symbolic extents (``Shape(x)`` where x has a ``dim_param``) is tracked as
+`Dims`: a vector whose entries are ints or "extent `axis` of tensor t", so
+``Reshape(x, Concat(Shape(x)[0:1], [-1]))`` becomes a reshape that copies the
+batch extent at run time. The op handlers live in onnx_ops.py, one per ONNX
+operator, in a table keyed by op type.
+
+    >>> import stitchml as sm                                          # doctest: +SKIP
+    >>> pkg = sm.package.from_onnx("resnet18.onnx")
+    >>> pkg.function("main").inputs
+    [Port(name='input', type=TensorType(shape=(-1, 3, 224, 224), dtype=stitchml.float32), ...)]
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import dtypes
+from ..errors import PackageError, StitchError
+from ..graph import Graph
+from ..ir import UNKNOWN, Tensor
+from .package import Package
+
+MIN_OPSET = 7  # older models fail on removed attributes; 13+ is what docs/packages.md promises
+
+# ONNX TensorProto element types we have a dtype for.
+_ONNX_DTYPES = {1: dtypes.float32, 2: dtypes.uint8, 3: dtypes.int8, 5: dtypes.int16, 6: dtypes.int32,
+                7: dtypes.int64, 9: dtypes.bool_, 10: dtypes.float16, 11: dtypes.float64, 16: dtypes.bfloat16}
+
+
+def onnx_dtype(code: int, where: str) -> dtypes.DType:
+    if code not in _ONNX_DTYPES:
+        import onnx
+
+        name = onnx.TensorProto.DataType.Name(code) if code in onnx.TensorProto.DataType.values() else str(code)
+        raise PackageError(f"{where}: element type {name} is not supported "
+                           f"(supported: {', '.join(d.name for d in _ONNX_DTYPES.values())})")
+    return _ONNX_DTYPES[code]
+
+
+@dataclass
+class Dims:
+    """A shape vector under construction: ints, or (tensor, axis) for an extent known at run time."""
+
+    entries: list
+    scalar: bool = False
+
+    def known(self) -> np.ndarray | None:
+        if any(isinstance(e, tuple) for e in self.entries):
+            return None
+        a = np.array(self.entries, dtype=np.int64)
+        return a.reshape(()) if self.scalar else a
+
+
+class Importer:
+    """The state of one import: the graph, the ONNX value table and the opset."""
+
+    def __init__(self, model, name: str):
+        self.model = model
+        self.g = Graph(model.graph.name or name)
+        self.values: dict[str, Any] = {}  # ONNX name -> Tensor | Dims
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        self.node = None
+
+    # -- values ---------------------------------------------------------------
+    def where(self) -> str:
+        n = self.node
+        return f"node {n.name or '?'!r} ({n.op_type})" if n is not None else "graph"
+
+    def fail(self, message: str) -> PackageError:
+        return PackageError(f"{self.where()}: {message}")
+
+    def constant(self, array: np.ndarray) -> Tensor:
+        array = np.asarray(array)
+        dt = dtypes.as_dtype(array.dtype) if array.dtype.name in {d.name for d in dtypes.ALL} else None
+        if dt is None:
+            raise self.fail(f"constant of NumPy type {array.dtype} has no StitchML dtype")
+        return self.g.constant(np.array(array, order="C", copy=True), dt)
+
+    def tensor(self, value: Any) -> Tensor:
+        """A graph tensor for a value (known Dims become constants)."""
+        if isinstance(value, Tensor):
+            return value
+        if isinstance(value, Dims):
+            known = value.known()
+            if known is None:
+                raise self.fail("this computes with symbolic extents in a way the importer cannot follow; "
+                                "export with static shapes or a simpler shape computation")
+            return self.constant(known)
+        return self.constant(value)
+
+    def static(self, value: Any, what: str) -> np.ndarray:
+        """The value as a NumPy array; PackageError when it is only known at run time."""
+        if isinstance(value, Dims):
+            known = value.known()
+            if known is not None:
+                return known
+        elif isinstance(value, Tensor) and value.op.op == "constant":
+            return value.op.attrs["value"].numpy()
+        elif isinstance(value, np.ndarray):
+            return value
+        raise self.fail(f"{what} must be known when the model is imported (a constant or an initializer)")
+
+    def dims(self, value: Any, what: str) -> list:
+        """A shape vector as entries: ints and (tensor, axis) pairs."""
+        if isinstance(value, Dims):
+            return list(value.entries)
+        return [int(v) for v in self.static(value, what).reshape(-1)]
+
+    # -- the walk ---------------------------------------------------------------
+    def run(self) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, list]]:
+        from .onnx_ops import HANDLERS
+
+        graph = self.model.graph
+        initializers = {init.name for init in graph.initializer}
+        for init in graph.initializer:
+            self.values[init.name] = self.tensor(_array(init, f"initializer {init.name!r}"))
+        inputs, dim_names = {}, {}
+        for vi in graph.input:
+            if vi.name in initializers:
+                continue
+            dt, shape, names = value_type(vi)
+            inputs[vi.name] = self.g.placeholder(shape, dt, name=vi.name)
+            self.values[vi.name] = inputs[vi.name]
+            dim_names[vi.name] = names
+        self.g._fold_constants = True
+        for node in graph.node:
+            self.node = node
+            if node.domain not in ("", "ai.onnx"):
+                raise self.fail(f"operators of domain {node.domain!r} are not supported")
+            handler = HANDLERS.get(node.op_type)
+            if handler is None:
+                raise self.fail("this operator is not supported by the importer (docs/packages.md lists those that are)")
+            args = [self.values[n] if n else None for n in node.input]
+            missing = [n for n in node.input if n and n not in self.values]
+            if missing:
+                raise self.fail(f"inputs {missing} are not defined before the node")
+            try:
+                results = handler(self, node, args, attributes(node))
+            except PackageError:
+                raise
+            except StitchError as e:
+                raise self.fail(str(e)) from None
+            for out_name, value in zip(node.output, results):
+                if out_name:
+                    self.values[out_name] = value
+        self.node = None
+        self.g._fold_constants = False
+        outputs = {}
+        for vi in graph.output:
+            value = self.tensor(self.values[vi.name])
+            outputs[vi.name] = self.g.identity(value, name=vi.name) if value.op.op == "placeholder" else value
+            dim_names[vi.name] = value_type(vi)[2] if vi.type.tensor_type.HasField("shape") else None
+        _prune(self.g, list(outputs.values()))
+        return inputs, outputs, {k: v for k, v in dim_names.items() if v is not None}
+
+
+def value_type(vi) -> tuple[dtypes.DType, tuple[int, ...] | None, list | None]:
+    """dtype, shape (-1 for dim_param and unknown extents) and extent names of a graph input/output."""
+    where = f"graph value {vi.name!r}"
+    if not vi.type.HasField("tensor_type"):
+        raise PackageError(f"{where}: only tensor values are supported, got {vi.type.WhichOneof('value')}")
+    tt = vi.type.tensor_type
+    dt = onnx_dtype(tt.elem_type, where)
+    if not tt.HasField("shape"):
+        return dt, None, None
+    shape = tuple(d.dim_value if d.HasField("dim_value") else UNKNOWN for d in tt.shape.dim)
+    names = [d.dim_param if d.HasField("dim_param") and d.dim_param else None for d in tt.shape.dim]
+    return dt, shape, names
+
+
+def _array(proto, where: str) -> np.ndarray:
+    from onnx import numpy_helper
+
+    if proto.data_location == proto.EXTERNAL:
+        raise PackageError(f"{where}: external tensor data is not supported; save the model with its weights inline")
+    onnx_dtype(proto.data_type, where)
+    try:
+        return numpy_helper.to_array(proto)
+    except (ValueError, TypeError) as e:
+        raise PackageError(f"{where}: unreadable tensor ({e})") from None
+
+
+def attributes(node) -> dict[str, Any]:
+    """Node attributes as Python values (tensors as NumPy arrays)."""
+    from onnx import AttributeProto, helper
+
+    out = {}
+    for a in node.attribute:
+        if a.type == AttributeProto.TENSOR:
+            out[a.name] = _array(a.t, f"attribute {a.name!r} of node {node.name!r}")
+        elif a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
+            raise PackageError(f"node {node.name!r} ({node.op_type}): control flow subgraphs are not supported")
+        else:
+            v = helper.get_attribute_value(a)
+            out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out
+
+
+def _prune(graph: Graph, outputs: Sequence[Tensor]) -> None:
+    """Drop operations the outputs do not need (left behind by folding); placeholders stay."""
+    from ..runtime.eager import prune
+
+    needed = {op.id for op in prune(graph, outputs, [])}
+    graph.operations = [op for op in graph.operations if op.id in needed or op.op == "placeholder"]
+
+
+def load_model(model: Any):
+    """A ModelProto from a path, bytes or a ModelProto."""
+    import onnx
+
+    if isinstance(model, onnx.ModelProto):
+        return model
+    try:
+        if isinstance(model, (bytes, bytearray)):
+            return onnx.load_model_from_string(bytes(model))
+        path = os.fspath(model)
+        with open(path, "rb") as f:
+            return onnx.load_model_from_string(f.read())
+    except (OSError, TypeError) as e:
+        raise PackageError(f"cannot read the ONNX model {model!r} ({e})") from None
+    except Exception as e:  # protobuf's DecodeError has no stable import path
+        raise PackageError(f"{model!r} is not a valid ONNX model ({type(e).__name__}: {e})") from None
+
+
+def from_onnx(model: Any, name: str = "main") -> Package:
+    """Import an ONNX model into a one-function package; PackageError names the node that failed.
+
+    >>> import onnx, numpy as np, stitchml as sm
+    >>> from onnx import helper, TensorProto as T
+    >>> node = helper.make_node("Relu", ["x"], ["y"])
+    >>> graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", T.FLOAT, ["n", 2])],
+    ...                           [helper.make_tensor_value_info("y", T.FLOAT, ["n", 2])])
+    >>> pkg = sm.package.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    >>> pkg.function()(x=np.array([[-1.0, 2.0]], np.float32))["y"].numpy().tolist()
+    [[0.0, 2.0]]
+    """
+    from .. import __version__
+
+    proto = load_model(model)
+    importer = Importer(proto, name)
+    if importer.opset < MIN_OPSET:
+        raise PackageError(f"the model uses opset {importer.opset}; the importer reads opset {MIN_OPSET} and later "
+                           "(13 and later fully); convert it with onnx.version_converter")
+    inputs, outputs, dim_names = importer.run()
+    producer = {"name": "stitchml.onnx", "version": __version__,
+                "source": f"ONNX opset {importer.opset}, from {proto.producer_name or 'unknown'} "
+                          f"{proto.producer_version}".rstrip()}
+    return Package.from_graph(importer.g, inputs, outputs, name=name, producer=producer, dim_names=dim_names)

@@ -1,0 +1,806 @@
+"""ONNX operators as StitchML builder calls: one handler per op type, in the table `HANDLERS`.
+
+A handler is ``handler(cx, node, args, attrs) -> list of values``: `cx` is the
+`Importer` (onnx_import.py), `args` the node's inputs (Tensor, Dims, or None
+for an omitted optional input), `attrs` its attributes as Python values. The
+semantics follow the ONNX operator documentation at the latest opset; where
+an earlier opset passed an operand as an attribute instead (axes, split,
+pads, min/max) both forms are read.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import dtypes
+from ..ir import UNKNOWN, Tensor, broadcast_shapes
+from ..ops import Convolution2DDescriptor, Pooling2DDescriptor
+from .onnx_import import Dims, onnx_dtype
+
+HANDLERS: dict[str, Callable] = {}
+
+
+def handles(*op_types: str):
+    def register(fn):
+        for t in op_types:
+            HANDLERS[t] = fn
+        return fn
+
+    return register
+
+
+def _t(cx, v) -> Tensor:
+    return cx.tensor(v)
+
+
+def _axes_operand(cx, args, attrs, index: int = 1):
+    """axes from the input at `index` (newer opsets) or the `axes` attribute (older ones)."""
+    if len(args) > index and args[index] is not None:
+        return [int(a) for a in cx.static(args[index], "axes").reshape(-1)]
+    return list(attrs["axes"]) if "axes" in attrs else None
+
+
+def _rank(cx, x: Tensor) -> int:
+    if x.rank is None:
+        raise cx.fail(f"input {x.name} needs a known rank")
+    return x.rank
+
+
+# -- elementwise ------------------------------------------------------------------------
+_UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exponent", "Log": "logarithm",
+          "Sqrt": "square_root", "Neg": "negative", "Abs": "absolute", "Reciprocal": "reciprocal",
+          "Floor": "floor", "Ceil": "ceil", "Round": "round", "Sign": "sign", "Erf": "erf", "Sin": "sin",
+          "Cos": "cos", "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh",
+          "Cosh": "cosh", "IsNaN": "is_nan", "Not": "logical_not"}
+_BINARY = {"Add": "addition", "Sub": "subtraction", "Mul": "multiplication", "Equal": "equal",
+           "Less": "less_than", "LessOrEqual": "less_than_or_equal_to", "Greater": "greater_than",
+           "GreaterOrEqual": "greater_than_or_equal_to", "And": "logical_and", "Or": "logical_or",
+           "Xor": "logical_xor"}
+
+
+def _unary(name):
+    return lambda cx, node, args, attrs: [getattr(cx.g, name)(_t(cx, args[0]))]
+
+
+def _binary(name):
+    return lambda cx, node, args, attrs: [getattr(cx.g, name)(_t(cx, args[0]), _t(cx, args[1]))]
+
+
+for _op, _name in _UNARY.items():
+    HANDLERS[_op] = _unary(_name)
+for _op, _name in _BINARY.items():
+    HANDLERS[_op] = _binary(_name)
+
+
+@handles("Identity")
+def _identity(cx, node, args, attrs):
+    return [args[0] if isinstance(args[0], Dims) else cx.g.identity(_t(cx, args[0]))]
+
+
+@handles("Div")
+def _div(cx, node, args, attrs):
+    a, b = _t(cx, args[0]), _t(cx, args[1])
+    q = cx.g.division(a, b)
+    # Integer division truncates toward zero, as C does.
+    return [q if a.dtype.is_floating else cx.g.cast(cx.g.truncate(q), a.dtype)]
+
+
+@handles("Mod")
+def _mod(cx, node, args, attrs):
+    g = cx.g
+    a, b = _t(cx, args[0]), _t(cx, args[1])
+    r = g.modulo(a, b)
+    if not attrs.get("fmod", 0):
+        return [r]
+    # fmod takes the sign of the dividend; remainder takes the divisor's.
+    wrong_sign = g.logical_and(g.not_equal(r, 0), g.not_equal(g.less_than(r, 0), g.less_than(a, 0)))
+    return [g.select(wrong_sign, r - b, r)]
+
+
+@handles("Pow")
+def _pow(cx, node, args, attrs):
+    g = cx.g
+    a, b = _t(cx, args[0]), _t(cx, args[1])
+    if a.dtype.is_floating:
+        return [g.power(a, g.cast(b, a.dtype))]
+    y = g.power(g.cast(a, dtypes.float64), g.cast(b, dtypes.float64))
+    return [g.cast(y, a.dtype)]
+
+
+@handles("Softsign")
+def _softsign(cx, node, args, attrs):
+    x = _t(cx, args[0])
+    return [x / (1.0 + cx.g.absolute(x))]
+
+
+@handles("Asinh", "Acosh", "Atanh")
+def _inverse_hyperbolic(cx, node, args, attrs):
+    g, x = cx.g, _t(cx, args[0])
+    if node.op_type == "Asinh":
+        return [g.logarithm(x + g.square_root(x * x + 1.0))]
+    if node.op_type == "Acosh":
+        return [g.logarithm(x + g.square_root(x * x - 1.0))]
+    return [0.5 * g.logarithm((1.0 + x) / (1.0 - x))]
+
+
+@handles("IsInf")
+def _isinf(cx, node, args, attrs):
+    g, x = cx.g, _t(cx, args[0])
+    pos, neg = attrs.get("detect_positive", 1), attrs.get("detect_negative", 1)
+    inf = g.is_infinite(x)
+    if pos and neg:
+        return [inf]
+    if not pos and not neg:
+        return [g.logical_and(inf, False)]
+    return [g.logical_and(inf, g.greater_than(x, 0) if pos else g.less_than(x, 0))]
+
+
+@handles("LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "HardSigmoid", "HardSwish", "Mish", "Swish",
+         "Gelu", "Softplus", "Shrink")
+def _activation(cx, node, args, attrs):
+    g, x = cx.g, _t(cx, args[0])
+    op = node.op_type
+    if op == "LeakyRelu":
+        return [g.leaky_relu(x, attrs.get("alpha", 0.01))]
+    if op in ("Elu", "Selu", "Celu"):
+        alpha = attrs.get("alpha", {"Elu": 1.0, "Celu": 1.0, "Selu": 1.6732632423543772}[op])
+        neg = alpha * (g.exponent(x / alpha) - 1.0) if op == "Celu" else alpha * (g.exponent(x) - 1.0)
+        y = g.select(x > 0, x, neg)
+        return [y * attrs.get("gamma", 1.0507009873554805) if op == "Selu" else y]
+    if op == "ThresholdedRelu":
+        return [g.select(x > attrs.get("alpha", 1.0), x, 0.0)]
+    if op in ("HardSigmoid", "HardSwish"):
+        alpha, beta = (attrs.get("alpha", 0.2), attrs.get("beta", 0.5)) if op == "HardSigmoid" else (1 / 6, 0.5)
+        hs = g.maximum(g.minimum(x * alpha + beta, 1.0), 0.0)
+        return [hs if op == "HardSigmoid" else x * hs]
+    if op == "Mish":
+        return [x * g.tanh(g.softplus(x))]
+    if op == "Swish":
+        return [x * g.sigmoid(x * attrs.get("alpha", 1.0))]
+    if op == "Gelu":
+        return [g.gelu(x, attrs.get("approximate", "none"))]
+    if op == "Softplus":
+        return [g.logarithm(g.exponent(x) + 1.0)]
+    lambd, bias = attrs.get("lambd", 0.5), attrs.get("bias", 0.0)
+    return [g.cast(g.select(x < -lambd, x + bias, g.select(x > lambd, x - bias, 0.0)), x.dtype)]
+
+
+@handles("PRelu")
+def _prelu(cx, node, args, attrs):
+    x, slope = _t(cx, args[0]), _t(cx, args[1])
+    return [cx.g.select(x < 0, x * slope, x)]
+
+
+@handles("Where")
+def _where(cx, node, args, attrs):
+    return [cx.g.select(_t(cx, args[0]), _t(cx, args[1]), _t(cx, args[2]))]
+
+
+@handles("Max", "Min", "Sum", "Mean")
+def _variadic(cx, node, args, attrs):
+    g = cx.g
+    fn = {"Max": g.maximum, "Min": g.minimum, "Sum": g.addition, "Mean": g.addition}[node.op_type]
+    xs = [_t(cx, a) for a in args if a is not None]
+    y = xs[0] if len(xs) > 1 else g.identity(xs[0])
+    for x in xs[1:]:
+        y = fn(y, x)
+    return [y / float(len(xs)) if node.op_type == "Mean" else y]
+
+
+@handles("Clip")
+def _clip(cx, node, args, attrs):
+    g, x = cx.g, _t(cx, args[0])
+    lo = args[1] if len(args) > 1 and args[1] is not None else attrs.get("min")
+    hi = args[2] if len(args) > 2 and args[2] is not None else attrs.get("max")
+    y = x
+    if lo is not None:
+        y = g.maximum(y, g.cast(_t(cx, np.asarray(lo, x.dtype.numpy) if isinstance(lo, float) else lo), x.dtype))
+    if hi is not None:
+        y = g.minimum(y, g.cast(_t(cx, np.asarray(hi, x.dtype.numpy) if isinstance(hi, float) else hi), x.dtype))
+    return [y if y is not x else g.identity(x)]
+
+
+@handles("Cast", "CastLike")
+def _cast(cx, node, args, attrs):
+    if node.op_type == "Cast":
+        dt = onnx_dtype(attrs["to"], cx.where())
+    else:
+        dt = _t(cx, args[1]).dtype
+    if isinstance(args[0], Dims) and dt in (dtypes.int64, dtypes.int32):
+        return [args[0]]
+    return [cx.g.cast(_t(cx, args[0]), dt)]
+
+
+@handles("Constant")
+def _constant(cx, node, args, attrs):
+    if "value" in attrs:
+        return [cx.tensor(attrs["value"])]
+    for key, dt in (("value_float", np.float32), ("value_int", np.int64), ("value_floats", np.float32),
+                    ("value_ints", np.int64)):
+        if key in attrs:
+            return [cx.tensor(np.array(attrs[key], dt))]
+    raise cx.fail(f"Constant with attributes {sorted(attrs)} is not supported")
+
+
+# -- shape computations -------------------------------------------------------------------
+@handles("Shape")
+def _shape(cx, node, args, attrs):
+    x = _t(cx, args[0]) if not isinstance(args[0], Dims) else cx.tensor(args[0])
+    rank = _rank(cx, x)
+    start, end = attrs.get("start", 0), attrs.get("end", rank)
+    axes = range(rank)[slice(start, end)]
+    return [Dims([x.shape[a] if x.shape[a] != UNKNOWN else (x, a) for a in axes])]
+
+
+@handles("Size")
+def _size(cx, node, args, attrs):
+    x = _t(cx, args[0])
+    if x.type.is_static:
+        return [cx.tensor(np.array(x.type.numel(), np.int64))]
+    return [cx.g.cast(cx.g.element_count(x, None, dtypes.int64), dtypes.int64)]
+
+
+def _dims_entries(cx, v) -> list:
+    return v.entries if isinstance(v, Dims) else [int(e) for e in cx.static(v, "a shape").reshape(-1)]
+
+
+@handles("Reshape")
+def _reshape(cx, node, args, attrs):
+    x = _t(cx, args[0])
+    entries = _dims_entries(cx, args[1])
+    if not attrs.get("allowzero", 0):
+        entries = [(x.shape[i] if x.shape[i] != UNKNOWN else (x, i)) if e == 0 else e for i, e in enumerate(entries)]
+    return [_reshape_to(cx, x, entries)]
+
+
+def _with_dims(cx, builder: str, x: Tensor, entries: list) -> Tensor:
+    """reshape_with_dims / broadcast_with_dims for entries of ints and (tensor, axis) pairs."""
+    sources: list[Tensor] = []
+    shape, copies = [], []
+    for i, e in enumerate(entries):
+        if isinstance(e, tuple):
+            t, axis = e
+            if t is not x and t not in sources:
+                sources.append(t)
+            copies.append((i, 0 if t is x else 1 + sources.index(t), axis))
+            shape.append(0)
+        else:
+            shape.append(e)
+    return getattr(cx.g, builder)(x, shape, copies, sources)
+
+
+def _reshape_to(cx, x: Tensor, entries: list) -> Tensor:
+    """Reshape to entries of ints (one may be -1) and (tensor, axis) pairs read at run time."""
+    if not any(isinstance(e, tuple) for e in entries):
+        return cx.g.reshape(x, entries)
+    return _with_dims(cx, "reshape_with_dims", x, entries)
+
+
+@handles("Flatten")
+def _flatten(cx, node, args, attrs):
+    x = _t(cx, args[0])
+    rank = _rank(cx, x)
+    axis = attrs.get("axis", 1) % (rank + 1) if rank else 0
+    left, right = x.shape[:axis], x.shape[axis:]
+    if UNKNOWN not in left:
+        return [cx.g.reshape(x, (int(np.prod(left, dtype=np.int64)), -1))]
+    if UNKNOWN not in right:
+        return [cx.g.reshape(x, (-1, int(np.prod(right, dtype=np.int64))))]
+    if axis == 1:
+        return [_reshape_to(cx, x, [(x, 0), -1])]
+    raise cx.fail(f"Flatten at axis {axis} of {x.type} has unknown extents on both sides")
+
+
+def _dims_or_tensor(fn_dims, fn_tensor):
+    def handler(cx, node, args, attrs):
+        if isinstance(args[0], Dims):
+            return fn_dims(cx, node, args, attrs)
+        return fn_tensor(cx, node, args, attrs)
+
+    return handler
+
+
+def _gather_dims(cx, node, args, attrs):
+    idx = cx.static(args[1], "Gather indices on a shape")
+    entries = args[0].entries
+    picked = [entries[int(i)] for i in idx.reshape(-1)]
+    return [Dims(picked, scalar=idx.ndim == 0)]
+
+
+def _gather_tensor(cx, node, args, attrs):
+    x, idx = _t(cx, args[0]), _t(cx, args[1])
+    return [cx.g.gather(x, idx, attrs.get("axis", 0))]
+
+
+HANDLERS["Gather"] = _dims_or_tensor(_gather_dims, _gather_tensor)
+
+
+def _slice_params(cx, args, attrs, rank):
+    if len(args) > 1:
+        starts = cx.static(args[1], "Slice starts").reshape(-1).tolist()
+        ends = cx.static(args[2], "Slice ends").reshape(-1).tolist()
+        axes = _axes_operand(cx, args, {}, 3) or list(range(len(starts)))
+        steps = cx.static(args[4], "Slice steps").reshape(-1).tolist() if len(args) > 4 and args[4] is not None \
+            else [1] * len(starts)
+    else:
+        starts, ends = list(attrs["starts"]), list(attrs["ends"])
+        axes, steps = list(attrs.get("axes", range(len(starts)))), [1] * len(starts)
+    s, e, st = [None] * rank, [None] * rank, [1] * rank
+    for a, b, c, d in zip(axes, starts, ends, steps):
+        a = a % rank
+        s[a], e[a], st[a] = int(b), int(c), int(d)
+    return s, e, st
+
+
+def _slice_dims(cx, node, args, attrs):
+    s, e, st = _slice_params(cx, args, attrs, 1)
+    return [Dims(args[0].entries[slice(s[0], e[0], st[0])])]
+
+
+def _slice_tensor(cx, node, args, attrs):
+    x = _t(cx, args[0])
+    s, e, st = _slice_params(cx, args, attrs, _rank(cx, x))
+    return [cx.g.slice(x, s, e, st)]
+
+
+HANDLERS["Slice"] = _dims_or_tensor(_slice_dims, _slice_tensor)
+
+
+def _concat_dims(cx, node, args, attrs):
+    return [Dims([e for a in args for e in _dims_entries(cx, a)])]
+
+
+@handles("Concat")
+def _concat(cx, node, args, attrs):
+    if any(isinstance(a, Dims) for a in args):
+        return _concat_dims(cx, node, args, attrs)
+    return [cx.g.concat([_t(cx, a) for a in args], attrs["axis"])]
+
+
+@handles("Unsqueeze")
+def _unsqueeze(cx, node, args, attrs):
+    axes = _axes_operand(cx, args, attrs)
+    if isinstance(args[0], Dims) and args[0].scalar and axes in ([0], [-1]):
+        return [Dims(args[0].entries)]
+    return [cx.g.expand_dims(_t(cx, args[0]), axes)]
+
+
+@handles("Squeeze")
+def _squeeze(cx, node, args, attrs):
+    axes = _axes_operand(cx, args, attrs)
+    if isinstance(args[0], Dims) and len(args[0].entries) == 1 and axes in (None, [0], [-1]):
+        return [Dims(args[0].entries, scalar=True)]
+    return [cx.g.squeeze(_t(cx, args[0]), axes)]
+
+
+@handles("Transpose")
+def _transpose(cx, node, args, attrs):
+    x = _t(cx, args[0])
+    perm = attrs.get("perm")
+    return [cx.g.transpose(x, list(perm) if perm is not None else None)]
+
+
+@handles("Expand")
+def _expand(cx, node, args, attrs):
+    x = _t(cx, args[0])
+    entries = _dims_entries(cx, args[1])
+    rank = max(len(entries), _rank(cx, x))
+    entries = [1] * (rank - len(entries)) + entries
+    xs = (1,) * (rank - x.rank) + x.shape
+    # Bidirectional broadcast: an entry of 1 keeps x's extent, symbolic or not.
+    target = [(x, a - (rank - x.rank)) if e == 1 and d == UNKNOWN else (d if e == 1 else e)
+              for a, (e, d) in enumerate(zip(entries, xs))]
+    if not any(isinstance(e, tuple) for e in target):
+        return [cx.g.broadcast_to(x, target)]
+    return [_with_dims(cx, "broadcast_with_dims", x, target)]
+
+
+@handles("Tile")
+def _tile(cx, node, args, attrs):
+    return [cx.g.tile(_t(cx, args[0]), cx.static(args[1], "Tile repeats").reshape(-1).tolist())]
+
+
+@handles("ConstantOfShape")
+def _constant_of_shape(cx, node, args, attrs):
+    entries = _dims_entries(cx, args[0])
+    value = cx.tensor(attrs.get("value", np.zeros(1, np.float32)).reshape(()))
+    if any(isinstance(e, tuple) for e in entries):
+        return [_with_dims(cx, "broadcast_with_dims", value, entries)]
+    return [cx.g.broadcast_to(value, entries)]
+
+
+@handles("Range")
+def _range(cx, node, args, attrs):
+    start, limit, delta = (cx.static(a, "Range operands") for a in args)
+    return [cx.tensor(np.arange(start, limit, delta).astype(start.dtype))]
+
+
+@handles("Split")
+def _split(cx, node, args, attrs):
+    x = _t(cx, args[0])
+    axis = attrs.get("axis", 0)
+    if len(args) > 1 and args[1] is not None:
+        sizes = cx.static(args[1], "Split sizes").reshape(-1).tolist()
+    elif "split" in attrs:
+        sizes = list(attrs["split"])
+    else:
+        n = x.shape[axis]
+        parts = attrs.get("num_outputs", len(node.output))
+        if n == UNKNOWN:
+            raise cx.fail("an equal Split needs a known extent")
+        chunk = -(-n // parts)
+        sizes = [chunk] * (n // chunk) + ([n % chunk] if n % chunk else [])
+    return cx.g.split(x, sizes, axis)
+
+
+@handles("Pad")
+def _pad(cx, node, args, attrs):
+    g, x = cx.g, _t(cx, args[0])
+    rank = _rank(cx, x)
+    pads = cx.static(args[1], "Pad pads").reshape(-1).tolist() if len(args) > 1 else list(attrs["pads"])
+    value = 0.0
+    if len(args) > 2 and args[2] is not None:
+        value = cx.static(args[2], "Pad constant_value").reshape(-1)
+        value = value[0].item() if value.size else 0.0
+    elif "value" in attrs:
+        value = attrs["value"]
+    axes = _axes_operand(cx, args, {}, 3) or list(range(rank))
+    left, right = [0] * rank, [0] * rank
+    for i, a in enumerate(axes):
+        left[a % rank], right[a % rank] = int(pads[i]), int(pads[i + len(axes)])
+    if min(left + right) < 0:  # negative pads crop
+        x = g.slice(x, [-min(p, 0) for p in left], [min(p, 0) or None for p in right])
+        left, right = [max(p, 0) for p in left], [max(p, 0) for p in right]
+    mode = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "periodic"}[attrs.get("mode", "constant")]
+    return [g.pad(x, left, right, mode, value)]
+
+
+# -- reductions ---------------------------------------------------------------------------
+def _reduce_axes(cx, node, args, attrs, x):
+    axes = _axes_operand(cx, args, attrs)
+    if not axes:
+        return "noop" if attrs.get("noop_with_empty_axes", 0) else None
+    return [a % _rank(cx, x) for a in axes]
+
+
+@handles("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+         "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
+def _reduce(cx, node, args, attrs):
+    g, x = cx.g, _t(cx, args[0])
+    axes = _reduce_axes(cx, node, args, attrs, x)
+    keep = bool(attrs.get("keepdims", 1))
+    op = node.op_type
+    if axes == "noop":
+        return [g.identity(x)]
+    if op == "ReduceLogSumExp":
+        return [g.cast(g.log_sum_exp(x, axes if axes is not None else tuple(range(_rank(cx, x))), keep), x.dtype)]
+    pre = {"ReduceL1": g.absolute, "ReduceL2": g.square, "ReduceSumSquare": g.square}.get(op)
+    base = {"ReduceMean": g.reduction_mean, "ReduceMax": g.reduction_maximum, "ReduceMin": g.reduction_minimum,
+            "ReduceProd": g.reduction_product}.get(op, g.reduction_sum)
+    y = base(pre(x) if pre else x, axes, keep)
+    if op == "ReduceL2":
+        y = g.cast(g.square_root(y), x.dtype)
+    elif op == "ReduceLogSum":
+        y = g.logarithm(y)
+    return [y]
+
+
+@handles("ArgMax", "ArgMin")
+def _arg(cx, node, args, attrs):
+    g, x = cx.g, _t(cx, args[0])
+    axis, keep = attrs.get("axis", 0) % _rank(cx, x), bool(attrs.get("keepdims", 1))
+    fn = g.reduction_arg_maximum if node.op_type == "ArgMax" else g.reduction_arg_minimum
+    if not attrs.get("select_last_index", 0):
+        return [fn(x, axis, keep)]
+    n = x.shape[axis]
+    if n == UNKNOWN:
+        raise cx.fail("select_last_index needs a known extent along the axis")
+    return [(n - 1) - fn(g.reverse(x, axis), axis, keep)]
+
+
+# -- softmax family -------------------------------------------------------------------------
+@handles("Softmax", "LogSoftmax", "Hardmax")
+def _softmax(cx, node, args, attrs):
+    g, x = cx.g, _t(cx, args[0])
+    rank = _rank(cx, x)
+    legacy = cx.opset < 13
+    axis = attrs.get("axis", 1 if legacy else -1) % rank
+    shape = x.shape
+    if legacy:  # before opset 13 the input is coerced to 2-D around `axis`
+        x = _flatten(cx, node, [x], {"axis": axis})[0]
+        axis = 1
+    if node.op_type == "Softmax":
+        y = g.softmax(x, axis)
+    elif node.op_type == "LogSoftmax":
+        y = g.log_softmax(x, axis)
+    else:
+        if x.shape[axis] == UNKNOWN:
+            raise cx.fail("Hardmax needs a known extent along the axis")
+        y = g.one_hot(g.reduction_arg_maximum(x, axis), x.shape[axis], axis=axis, dtype=x.dtype)
+    return [g.reshape(y, shape) if legacy and -1 not in shape else y]
+
+
+@handles("OneHot")
+def _one_hot(cx, node, args, attrs):
+    g = cx.g
+    idx = _t(cx, args[0])
+    depth = int(cx.static(args[1], "OneHot depth").reshape(-1)[0])
+    values = cx.static(args[2], "OneHot values").reshape(-1)
+    if not idx.dtype.is_integer:
+        idx = g.cast(idx, dtypes.int64)
+    idx = g.select(idx < 0, idx + depth, idx)  # ONNX counts negative indices from the end
+    return [g.one_hot(idx, depth, attrs.get("axis", -1), dtypes.as_dtype(values.dtype),
+                      values[1].item(), values[0].item())]
+
+
+@handles("Trilu")
+def _trilu(cx, node, args, attrs):
+    x = _t(cx, args[0])
+    k = int(cx.static(args[1], "Trilu k").reshape(-1)[0]) if len(args) > 1 and args[1] is not None else 0
+    if x.rank is None or x.rank < 2 or UNKNOWN in x.shape[-2:]:
+        raise cx.fail("Trilu needs known extents of the last two axes")
+    n, m = x.shape[-2:]
+    mask = np.triu(np.ones((n, m), bool), k) if attrs.get("upper", 1) else np.tril(np.ones((n, m), bool), k)
+    return [cx.g.select(cx.tensor(mask), x, cx.g.cast(cx.tensor(np.zeros((), np.int64)), x.dtype))]
+
+
+@handles("DepthToSpace", "SpaceToDepth")
+def _depth_space(cx, node, args, attrs):
+    g, x = cx.g, _t(cx, args[0])
+    b = attrs["blocksize"]
+    if x.rank != 4 or UNKNOWN in x.shape[1:]:
+        raise cx.fail(f"{node.op_type} needs an NCHW input with known C, H, W")
+    n, c, h, w = x.shape
+    if node.op_type == "SpaceToDepth":
+        y = g.reshape(x, (-1, c, h // b, b, w // b, b))
+        y = g.transpose(y, (0, 3, 5, 1, 2, 4))
+        return [g.reshape(y, (-1, c * b * b, h // b, w // b))]
+    if attrs.get("mode", "DCR") == "DCR":
+        y = g.transpose(g.reshape(x, (-1, b, b, c // (b * b), h, w)), (0, 3, 4, 1, 5, 2))
+    else:
+        y = g.transpose(g.reshape(x, (-1, c // (b * b), b, b, h, w)), (0, 1, 4, 2, 5, 3))
+    return [g.reshape(y, (-1, c // (b * b), h * b, w * b))]
+
+
+# -- linear algebra -------------------------------------------------------------------------
+@handles("MatMul")
+def _matmul(cx, node, args, attrs):
+    return [cx.g.matrix_multiplication(_t(cx, args[0]), _t(cx, args[1]))]
+
+
+@handles("Gemm")
+def _gemm(cx, node, args, attrs):
+    g = cx.g
+    a, b = _t(cx, args[0]), _t(cx, args[1])
+    if attrs.get("transA", 0):
+        a = g.transpose(a)
+    if attrs.get("transB", 0):
+        b = g.transpose(b)
+    y = g.matrix_multiplication(a, b)
+    alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
+    if alpha != 1.0:
+        y = y * alpha
+    if len(args) > 2 and args[2] is not None:
+        c = _t(cx, args[2])
+        y = y + (c * beta if beta != 1.0 else c)
+    return [y]
+
+
+@handles("Dropout")
+def _dropout(cx, node, args, attrs):
+    x = _t(cx, args[0])
+    if len(args) > 2 and args[2] is not None and bool(cx.static(args[2], "training_mode").reshape(-1)[0]):
+        raise cx.fail("Dropout in training mode is not supported in packages (they run inference)")
+    out = [cx.g.identity(x)]
+    if len(node.output) > 1:
+        out.append(cx.g.broadcast_to(cx.tensor(np.array(True)), x))
+    return out
+
+
+def _conv_descriptor_pads(cx, attrs, spatial, kernel, strides, dilations):
+    """Our padding value (tuple or 'same') for ONNX auto_pad / pads."""
+    auto = attrs.get("auto_pad", "NOTSET")
+    if auto == "VALID":
+        return (0, 0, 0, 0)
+    if auto == "SAME_UPPER":
+        return "same"
+    if auto == "SAME_LOWER":
+        if UNKNOWN in spatial:
+            raise cx.fail("auto_pad SAME_LOWER needs known spatial extents")
+        out = []
+        for n, k, s, d in zip(spatial, kernel, strides, dilations):
+            total = max((-(-n // s) - 1) * s + (k - 1) * d + 1 - n, 0)
+            out.append((total - total // 2, total // 2))
+        return (out[0][0], out[0][1], out[1][0], out[1][1])
+    p = list(attrs.get("pads", [0] * 2 * len(kernel)))
+    return (p[0], p[2], p[1], p[3])
+
+
+def _as_2d(cx, x: Tensor, spatial_rank: int, what: str) -> tuple[Tensor, bool]:
+    if spatial_rank == 2:
+        return x, False
+    if spatial_rank == 1:
+        return cx.g.expand_dims(x, [2]), True
+    raise cx.fail(f"{what} over {spatial_rank} spatial axes is not supported (1-D and 2-D are)")
+
+
+def _pair_of(attrs, key, default, one_d):
+    v = list(attrs.get(key, default))
+    return [1] + v if one_d else v
+
+
+def _conv_operands(cx, node, args, attrs):
+    """Source and weights as 2-D (a 1-D convolution gets an extent-1 H axis), kernel, strides, dilations."""
+    x, w = _t(cx, args[0]), _t(cx, args[1])
+    x2, one_d = _as_2d(cx, x, _rank(cx, x) - 2, node.op_type)
+    w2 = cx.g.expand_dims(w, [2]) if one_d else w
+    strides = _pair_of(attrs, "strides", [1] * (2 - one_d), one_d)
+    dil = _pair_of(attrs, "dilations", [1] * (2 - one_d), one_d)
+    return x2, w2, one_d, list(w2.shape[2:]), strides, dil
+
+
+def _conv_result(cx, y, args, one_d):
+    if len(args) > 2 and args[2] is not None:
+        y = y + cx.g.reshape(_t(cx, args[2]), (-1, 1, 1))
+    return [cx.g.squeeze(y, [2]) if one_d else y]
+
+
+@handles("Conv")
+def _conv(cx, node, args, attrs):
+    x2, w2, one_d, kernel, strides, dil = _conv_operands(cx, node, args, attrs)
+    pattrs = dict(attrs)
+    if one_d and "pads" in attrs:
+        pattrs["pads"] = [0, attrs["pads"][0], 0, attrs["pads"][1]]
+    pad = _conv_descriptor_pads(cx, pattrs, x2.shape[2:], kernel, strides, dil)
+    desc = Convolution2DDescriptor(stride=tuple(strides), dilation=tuple(dil), padding=pad, groups=attrs.get("group", 1))
+    return _conv_result(cx, cx.g.convolution2d(x2, w2, desc), args, one_d)
+
+
+@handles("ConvTranspose")
+def _conv_transpose(cx, node, args, attrs):
+    x2, w2, one_d, kernel, strides, dil = _conv_operands(cx, node, args, attrs)
+    out_pad = _pair_of(attrs, "output_padding", [0] * (2 - one_d), one_d)
+    auto = attrs.get("auto_pad", "NOTSET")
+    if "output_shape" in attrs or auto in ("SAME_UPPER", "SAME_LOWER"):
+        spatial = x2.shape[2:]
+        if UNKNOWN in spatial:
+            raise cx.fail("output_shape / SAME padding needs known spatial extents")
+        target = _pair_of(attrs, "output_shape", [n * s for n, s in zip(spatial, strides)], one_d) \
+            if "output_shape" in attrs else [n * s for n, s in zip(spatial, strides)]
+        target = target[-2:]
+        pads = []
+        for i, (n, k, s, d, op_) in enumerate(zip(spatial, kernel, strides, dil, out_pad)):
+            total = s * (n - 1) + op_ + (k - 1) * d + 1 - target[i]
+            if total < 0:
+                out_pad[i] -= total
+                total = 0
+            begin = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            pads.append((begin, total - begin))
+        pad = (pads[0][0], pads[0][1], pads[1][0], pads[1][1])
+    else:
+        p = list(attrs.get("pads", [0] * 2 * len(kernel)))
+        if one_d:
+            p = [0, p[0], 0, p[1]]
+        pad = "valid" if auto == "VALID" else (p[0], p[2], p[1], p[3])
+    desc = Convolution2DDescriptor(stride=tuple(strides), dilation=tuple(dil), padding=pad, groups=attrs.get("group", 1))
+    y = cx.g.convolution_transpose2d(x2, w2, desc, output_padding=tuple(out_pad))
+    return _conv_result(cx, y, args, one_d)
+
+
+@handles("MaxPool", "AveragePool")
+def _pool(cx, node, args, attrs):
+    g, x = cx.g, _t(cx, args[0])
+    if len([o for o in node.output if o]) > 1:
+        raise cx.fail("MaxPool's Indices output is not supported")
+    x2, one_d = _as_2d(cx, x, _rank(cx, x) - 2, node.op_type)
+    kernel = _pair_of(attrs, "kernel_shape", [], one_d)
+    strides = _pair_of(attrs, "strides", [1] * len(attrs["kernel_shape"]), one_d)
+    dil = _pair_of(attrs, "dilations", [1] * len(attrs["kernel_shape"]), one_d)
+    pattrs = dict(attrs)
+    if one_d and "pads" in attrs:
+        pattrs["pads"] = [0, attrs["pads"][0], 0, attrs["pads"][1]]
+    pad = _conv_descriptor_pads(cx, pattrs, x2.shape[2:], kernel, strides, dil)
+    desc = Pooling2DDescriptor(kernel_size=tuple(kernel), stride=tuple(strides), dilation=tuple(dil), padding=pad,
+                               ceil_mode=bool(attrs.get("ceil_mode", 0)),
+                               include_zero_padding=bool(attrs.get("count_include_pad", 0)))
+    y = g.max_pooling2d(x2, desc) if node.op_type == "MaxPool" else g.avg_pooling2d(x2, desc)
+    return [g.squeeze(y, [2]) if one_d else y]
+
+
+@handles("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(cx, node, args, attrs):
+    x = _t(cx, args[0])
+    axes = tuple(range(2, _rank(cx, x)))
+    fn = cx.g.reduction_mean if node.op_type == "GlobalAveragePool" else cx.g.reduction_maximum
+    return [fn(x, axes, keep_dims=True)]
+
+
+# -- normalization ----------------------------------------------------------------------------
+def _per_channel(cx, v, rank: int) -> Tensor:
+    """A (C,) parameter shaped to broadcast over (N, C, ...)."""
+    return cx.g.reshape(_t(cx, v), (-1,) + (1,) * (rank - 2))
+
+
+@handles("BatchNormalization")
+def _batch_norm(cx, node, args, attrs):
+    x = _t(cx, args[0])
+    if attrs.get("training_mode", 0) or len([o for o in node.output if o]) > 1:
+        raise cx.fail("BatchNormalization in training mode is not supported in packages (they run inference)")
+    r = _rank(cx, x)
+    scale, bias, mean, var = (_per_channel(cx, a, r) for a in args[1:5])
+    return [cx.g.normalization(x, mean, var, scale, bias, attrs.get("epsilon", 1e-5))]
+
+
+@handles("InstanceNormalization")
+def _instance_norm(cx, node, args, attrs):
+    x = _t(cx, args[0])
+    r = _rank(cx, x)
+    axes = tuple(range(2, r))
+    return [cx.g.layer_normalization(x, axes, _per_channel(cx, args[1], r), _per_channel(cx, args[2], r),
+                                     attrs.get("epsilon", 1e-5))]
+
+
+@handles("LayerNormalization")
+def _layer_norm(cx, node, args, attrs):
+    g, x = cx.g, _t(cx, args[0])
+    r = _rank(cx, x)
+    axis = attrs.get("axis", -1) % r
+    axes = tuple(range(axis, r))
+    eps = attrs.get("epsilon", 1e-5)
+    xf = g.cast(x, dtypes.float32) if attrs.get("stash_type", 1) == 1 and x.dtype != dtypes.float64 else x
+    mean = g.reduction_mean(xf, axes, keep_dims=True)
+    d = xf - mean
+    inv = g.reverse_square_root(g.reduction_mean(d * d, axes, keep_dims=True) + eps)
+    y = g.cast(d * inv, x.dtype) * _t(cx, args[1])
+    if len(args) > 2 and args[2] is not None:
+        y = y + _t(cx, args[2])
+    return [y, mean, inv]
+
+
+@handles("RMSNormalization")
+def _rms_norm(cx, node, args, attrs):
+    g, x = cx.g, _t(cx, args[0])
+    r = _rank(cx, x)
+    axes = tuple(range(attrs.get("axis", -1) % r, r))
+    xf = g.cast(x, dtypes.float32) if x.dtype != dtypes.float64 else x
+    inv = g.reverse_square_root(g.reduction_mean(xf * xf, axes, keep_dims=True) + attrs.get("epsilon", 1e-5))
+    return [g.cast(xf * inv, x.dtype) * _t(cx, args[1])]
+
+
+@handles("GroupNormalization")
+def _group_norm(cx, node, args, attrs):
+    g, x = cx.g, _t(cx, args[0])
+    groups, eps = attrs["num_groups"], attrs.get("epsilon", 1e-5)
+    r = _rank(cx, x)
+    c = x.shape[1]
+    if c == UNKNOWN or UNKNOWN in x.shape[2:]:
+        raise cx.fail("GroupNormalization needs known channel and spatial extents")
+    grouped = _reshape_to(cx, x, [(x, 0) if x.shape[0] == UNKNOWN else x.shape[0], groups, -1])
+    y = g.reshape(g.layer_normalization(grouped, (2,), None, None, eps), x)
+    scale, bias = _t(cx, args[1]), _t(cx, args[2])
+    if scale.shape[0] != c:  # opset 18 gave one scale per group
+        scale = g.reshape(g.tile(g.expand_dims(scale, [1]), (1, c // groups)), (c,))
+        bias = g.reshape(g.tile(g.expand_dims(bias, [1]), (1, c // groups)), (c,))
+    return [y * _per_channel(cx, scale, r) + _per_channel(cx, bias, r)]
+
+
+@handles("LpNormalization")
+def _lp_norm(cx, node, args, attrs):
+    g, x = cx.g, _t(cx, args[0])
+    axis, p = attrs.get("axis", -1), attrs.get("p", 2)
+    norm = g.reduction_sum(g.absolute(x), axis, True) if p == 1 else g.square_root(g.reduction_sum(x * x, axis, True))
+    return [x / norm]
+
+
+@handles("MeanVarianceNormalization")
+def _mvn(cx, node, args, attrs):
+    g, x = cx.g, _t(cx, args[0])
+    axes = tuple(attrs.get("axes", (0, 2, 3)))
+    mean = g.reduction_mean(x, axes, keep_dims=True)
+    var = g.reduction_mean(x * x, axes, keep_dims=True) - mean * mean
+    return [(x - mean) / (g.square_root(var) + 1e-9)]
+
+
+from . import onnx_rnn  # noqa: E402,F401  (registers LSTM, GRU, RNN)
+

@@ -1,0 +1,385 @@
+"""Network packages: functions (IR graphs with named inputs and outputs), weights, optional kernels.
+
+A package holds one or more *functions*. Each is a StitchML graph whose
+inputs are placeholders and whose outputs are named tensors, with a signature
+(names, dtypes, shapes with -1 for symbolic extents and the names of those
+extents). On disk (container.py) a package is::
+
+    manifest.json                     format, version, producer, functions, kernels, parts table
+    functions/<name>.json             the function's IR (serialize.py's graph format)
+    functions/<name>.safetensors      its weights and other tensor attributes
+    kernels/<...>                     optional precompiled kernels, per target
+
+docs/packages.md describes every field. Loading checks every part (hashes,
+sizes, paths), the IR (known ops, types re-inferred) and that the signature
+agrees with the graph; nothing in a package is ever executed as code.
+
+    >>> import numpy as np, stitchml as sm
+    >>> g = sm.Graph(); x = g.placeholder((-1, 3), sm.float32, name="x")
+    >>> pkg = sm.package.Package.from_graph(g, inputs={"x": x}, outputs={"y": g.tanh(x)})
+    >>> pkg.function("main")(x=np.zeros((2, 3), np.float32))["y"].shape
+    (2, 3)
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .. import dtypes
+from ..errors import PackageError, SerializationError
+from ..ir import UNKNOWN, Tensor, TensorType
+from ..serialize import from_dict, to_dict
+from ..tensor_data import TensorData
+from . import container
+
+FORMAT = "stitchml.package"
+VERSION = 1
+log = logging.getLogger("stitchml.package")
+
+
+@dataclass(frozen=True)
+class Port:
+    """One input or output of a function: name, type and the names of its symbolic extents."""
+
+    name: str
+    type: TensorType
+    dim_names: tuple[str | None, ...] | None = None
+
+    def record(self, tensor_id: int) -> dict:
+        return {"name": self.name, "dtype": self.type.dtype.name,
+                "shape": None if self.type.shape is None else list(self.type.shape),
+                "dim_names": None if self.dim_names is None else list(self.dim_names), "tensor": tensor_id}
+
+    def __str__(self) -> str:
+        if self.type.shape is None:
+            return f"{self.name}: {self.type}"
+        names = self.dim_names or (None,) * len(self.type.shape)
+        dims = [n if d == UNKNOWN and n else ("?" if d == UNKNOWN else str(d)) for d, n in zip(self.type.shape, names)]
+        return f"{self.name}: {self.type.dtype}[{', '.join(dims)}]"
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    """Precompiled kernels for one function, input dimensions and target (GPU arch, Triton version)."""
+
+    function: str
+    input_dimensions: dict[str, tuple[int, ...]]
+    target: dict[str, str]
+    part: str
+    compiler: str = ""
+
+
+def current_target(device: Any = "cpu") -> dict[str, str]:
+    """What compiled kernels must have been built for to run here."""
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(dev)
+        return {"arch": f"sm_{major}{minor}", "triton": triton_version}
+    return {"arch": "cpu", "triton": triton_version}
+
+
+class Function:
+    """A function of a package: its graph, input and output ports; call it to run it.
+
+    ``fn(**inputs)`` returns ``{output name: TensorData}``; it compiles one
+    executable per input signature (through the stitching compiler when
+    present, eagerly on the CPU otherwise) on the inputs' device.
+    """
+
+    def __init__(self, name: str, graph, inputs: dict[str, tuple[Tensor, Port]], outputs: dict[str, tuple[Tensor, Port]]):
+        self.name = name
+        self.graph = graph
+        self._inputs = inputs
+        self._outputs = outputs
+        self._executables: dict[tuple, Any] = {}
+
+    @property
+    def inputs(self) -> list[Port]:
+        return [p for _, p in self._inputs.values()]
+
+    @property
+    def outputs(self) -> list[Port]:
+        return [p for _, p in self._outputs.values()]
+
+    def input_tensor(self, name: str) -> Tensor:
+        return self._port(self._inputs, name, "input")[0]
+
+    def output_tensor(self, name: str) -> Tensor:
+        return self._port(self._outputs, name, "output")[0]
+
+    def _port(self, table, name, what):
+        if name not in table:
+            raise PackageError(f"function {self.name!r} has no {what} named {name!r}; it has {list(table)}")
+        return table[name]
+
+    def op_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for op in self.graph.operations:
+            counts[op.op] = counts.get(op.op, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def weight_bytes(self) -> int:
+        return sum(op.attrs["value"].numel() * op.attrs["value"].element_size()
+                   for op in self.graph.operations if op.op == "constant")
+
+    def executable(self, input_types: dict[str, TensorType], device: Any = None):
+        """The executable for these concrete input types (cached per signature)."""
+        from ..pipeline.executable import compile_graph
+        from ..tensor_data import resolve_device
+
+        device = resolve_device(device)
+        key = (str(device),) + tuple(sorted((n, t.shape, t.dtype.name) for n, t in input_types.items()))
+        if key not in self._executables:
+            feeds = {self.input_tensor(n): t for n, t in input_types.items()}
+            targets = [t for t, _ in self._outputs.values()]
+            self._executables[key] = compile_graph(self.graph, feeds, targets, device=device)
+        return self._executables[key]
+
+    def check_inputs(self, values: dict[str, Any]) -> dict[str, TensorData]:
+        """TensorData for each input, checked against the signature (FeedError says which and why)."""
+        from ..errors import FeedError
+
+        unknown = set(values) - set(self._inputs)
+        if unknown:
+            raise FeedError(f"function {self.name!r} has no inputs named {sorted(unknown)}; it takes "
+                            f"{', '.join(str(p) for p in self.inputs)}")
+        out = {}
+        for name, (_, port) in self._inputs.items():
+            if name not in values:
+                raise FeedError(f"function {self.name!r}: input {port} is missing")
+            data = values[name] if isinstance(values[name], TensorData) else TensorData(values[name])
+            if data.dtype != port.type.dtype or not port.type.accepts(data.shape):
+                raise FeedError(f"function {self.name!r}: input {port} got {data.dtype}{list(data.shape)}")
+            out[name] = data
+        return out
+
+    def __call__(self, **inputs: Any) -> dict[str, TensorData]:
+        data = self.check_inputs(inputs)
+        device = next(iter(data.values())).device if data else None
+        exe = self.executable({n: TensorType(d.shape, d.dtype) for n, d in data.items()}, device)
+        results = exe.run({self.input_tensor(n): d for n, d in data.items()})
+        return {name: results[t] for name, (t, _) in self._outputs.items()}
+
+    def __repr__(self) -> str:
+        return (f"Function({self.name!r}, ({', '.join(str(p) for p in self.inputs)}) -> "
+                f"({', '.join(str(p) for p in self.outputs)}), {len(self.graph.operations)} ops)")
+
+
+def _ports_of(tensors: dict[str, Tensor], dim_names: dict[str, Sequence[str | None]] | None) -> dict:
+    out = {}
+    for name, t in tensors.items():
+        names = None if dim_names is None or name not in dim_names else tuple(dim_names[name])
+        out[name] = (t, Port(name, t.type, names))
+    return out
+
+
+class Package:
+    """A loaded or freshly built network package; see the module docstring."""
+
+    def __init__(self, functions: dict[str, Function], producer: dict | None = None,
+                 kernels: Sequence[KernelEntry] = (), kernel_parts: dict[str, bytes] | None = None):
+        self.functions = functions
+        from .. import __version__
+
+        self.producer = dict(producer or {"name": "stitchml", "version": __version__})
+        self.kernels = list(kernels)
+        self._kernel_parts = dict(kernel_parts or {})
+
+    @classmethod
+    def from_graph(cls, graph, inputs: dict[str, Tensor], outputs: dict[str, Tensor], name: str = "main",
+                   producer: dict | None = None, dim_names: dict[str, Sequence[str | None]] | None = None) -> "Package":
+        """A one-function package from a graph, its input placeholders and output tensors."""
+        for n, t in inputs.items():
+            if t.op.op != "placeholder" or t.graph is not graph:
+                raise PackageError(f"input {n!r} must be a placeholder of the graph, got {t!r}")
+        fn = Function(name, graph, _ports_of(inputs, dim_names), _ports_of(outputs, dim_names))
+        return cls({name: fn}, producer)
+
+    def function(self, name: str = "main") -> Function:
+        """The function called `name`."""
+        if name not in self.functions:
+            raise PackageError(f"the package has no function {name!r}; it has {sorted(self.functions)}")
+        return self.functions[name]
+
+    # -- compiled kernels ---------------------------------------------------------
+    def add_kernels(self, function: str, input_dimensions: dict[str, Sequence[int]], target: dict[str, str],
+                    blob: bytes, compiler: str = "") -> KernelEntry:
+        """Attach a compiled-kernel cache (the compiler's format) built for `target`."""
+        self.function(function)
+        part = f"kernels/{function}-{len(self.kernels)}.bin"
+        entry = KernelEntry(function, {k: tuple(v) for k, v in input_dimensions.items()}, dict(target), part, compiler)
+        self.kernels.append(entry)
+        self._kernel_parts[part] = bytes(blob)
+        return entry
+
+    def find_kernels(self, function: str, input_dimensions: dict[str, Sequence[int]],
+                     target: dict[str, str]) -> tuple[bytes | None, str]:
+        """The kernel cache matching function, dimensions and target, or None and the reason none fits."""
+        dims = {k: tuple(v) for k, v in input_dimensions.items()}
+        candidates = [k for k in self.kernels if k.function == function and k.input_dimensions == dims]
+        for k in candidates:
+            if k.target == target:
+                return self._kernel_parts[k.part], f"using kernels built for {k.target}"
+        if not candidates:
+            return None, f"the package has no compiled kernels for {function!r} with these input dimensions"
+        built = ", ".join(f"{k.target.get('arch')}/triton {k.target.get('triton')}" for k in candidates)
+        return None, f"the package's kernels target {built}, this machine is {target['arch']}/triton {target['triton']}"
+
+    # -- saving -----------------------------------------------------------------------
+    def manifest_and_parts(self) -> tuple[dict, dict[str, bytes]]:
+        from safetensors.torch import save as save_tensors
+
+        parts: dict[str, bytes] = dict(self._kernel_parts)
+        functions = {}
+        for name, fn in self.functions.items():
+            container.check_part_name(f"functions/{name}.json", f"function {name!r}")
+            doc, tensors = to_dict(fn.graph)
+            parts[f"functions/{name}.json"] = json.dumps(doc, separators=(",", ":")).encode()
+            parts[f"functions/{name}.safetensors"] = save_tensors({k: v.cpu().contiguous() for k, v in tensors.items()})
+            functions[name] = {
+                "graph": f"functions/{name}.json", "weights": f"functions/{name}.safetensors",
+                "inputs": [p.record(t.id) for t, p in fn._inputs.values()],
+                "outputs": [p.record(t.id) for t, p in fn._outputs.values()],
+            }
+        kernels = [{"function": k.function, "input_dimensions": {n: list(d) for n, d in k.input_dimensions.items()},
+                    "target": k.target, "part": k.part, "compiler": k.compiler} for k in self.kernels]
+        manifest = {"format": FORMAT, "version": VERSION, "producer": self.producer, "functions": functions,
+                    "kernels": kernels}
+        return manifest, parts
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the package: one zip file, or a directory when `path` ends with a separator or is one."""
+        manifest, parts = self.manifest_and_parts()
+        container.write(path, manifest, parts)
+
+    def summary(self) -> str:
+        from .inspect import summary
+
+        return summary(self)
+
+    def __repr__(self) -> str:
+        return f"Package({sorted(self.functions)}, producer={self.producer.get('name')})"
+
+
+# -- loading -------------------------------------------------------------------------
+def _need(cond: bool, where: str, message: str) -> None:
+    if not cond:
+        raise PackageError(f"{where}: {message}")
+
+
+def _port(rec: Any, where: str) -> tuple[int, Port]:
+    _need(isinstance(rec, dict), where, f"expected an object, got {type(rec).__name__}")
+    name, shape, tid = rec.get("name"), rec.get("shape"), rec.get("tensor")
+    _need(isinstance(name, str) and name != "", where, f"name must be a non-empty string, got {name!r}")
+    _need(isinstance(tid, int), where, f"tensor must be an int id, got {tid!r}")
+    _need(shape is None or (isinstance(shape, list) and all(isinstance(d, int) and d >= -1 for d in shape)),
+          where, f"shape must be a list of ints >= -1 (or null), got {shape!r}")
+    try:
+        dt = dtypes.as_dtype(rec.get("dtype"))
+    except TypeError as e:
+        raise PackageError(f"{where}: {e}") from None
+    names = rec.get("dim_names")
+    _need(names is None or (isinstance(names, list) and shape is not None and len(names) == len(shape)
+                            and all(n is None or isinstance(n, str) for n in names)),
+          where, f"dim_names must be null or one string/null per extent, got {names!r}")
+    return tid, Port(name, TensorType(None if shape is None else tuple(shape), dt), None if names is None else tuple(names))
+
+
+def _load_function(name: str, rec: Any, parts: dict[str, bytes], where: str) -> Function:
+    from safetensors import SafetensorError
+    from safetensors.torch import load as load_tensors
+
+    _need(isinstance(rec, dict), where, "expected an object")
+    for key in ("graph", "weights"):
+        _need(rec.get(key) in parts, where, f"{key} part {rec.get(key)!r} is not in the package")
+    doc = container.parse_json(parts[rec["graph"]], f"{where} graph")
+    try:
+        tensors = load_tensors(parts[rec["weights"]])
+    except (SafetensorError, ValueError, RuntimeError, OverflowError) as e:
+        raise PackageError(f"{where}: weights {rec['weights']} are not valid safetensors ({e})") from None
+    try:
+        graph = from_dict(doc, tensors)
+    except SerializationError as e:
+        raise PackageError(f"{where}: invalid IR: {e}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
+        raise PackageError(f"{where}: malformed IR ({type(e).__name__}: {e})") from None
+    by_id = {t.id: t for op in graph.operations for t in op.outputs}
+    ports = {}
+    for kind in ("inputs", "outputs"):
+        recs = rec.get(kind)
+        _need(isinstance(recs, list), where, f"{kind} must be a list")
+        table = {}
+        for i, r in enumerate(recs):
+            pw = f"{where} {kind}[{i}]"
+            tid, port = _port(r, pw)
+            _need(port.name not in table, pw, f"name {port.name!r} is used twice")
+            _need(tid in by_id, pw, f"tensor id {tid} is not in the graph")
+            t = by_id[tid]
+            if kind == "inputs":
+                _need(t.op.op == "placeholder", pw, f"tensor {t.name} is made by {t.op.op}, not a placeholder")
+                _need(t.type == port.type, pw, f"the graph's placeholder is {t.type}, the signature says {port.type}")
+            else:
+                _need(t.dtype == port.type.dtype, pw, f"the graph's tensor is {t.type}, the signature says {port.type}")
+            table[port.name] = (t, port)
+        ports[kind] = table
+    return Function(name, graph, ports["inputs"], ports["outputs"])
+
+
+def _load_kernels(manifest: dict, functions: dict, parts: dict[str, bytes]) -> tuple[list[KernelEntry], dict]:
+    entries, blobs = [], {}
+    recs = manifest.get("kernels", [])
+    _need(isinstance(recs, list), "manifest", "kernels must be a list")
+    for i, r in enumerate(recs):
+        where = f"manifest kernels[{i}]"
+        _need(isinstance(r, dict), where, "expected an object")
+        _need(r.get("function") in functions, where, f"function {r.get('function')!r} is not in the package")
+        _need(r.get("part") in parts, where, f"part {r.get('part')!r} is not in the package")
+        dims, target = r.get("input_dimensions"), r.get("target")
+        _need(isinstance(dims, dict) and all(isinstance(v, list) and all(isinstance(d, int) and d >= 0 for d in v)
+                                             for v in dims.values()), where, "input_dimensions must map names to extents")
+        _need(isinstance(target, dict) and all(isinstance(v, str) for v in target.values()), where,
+              "target must map strings to strings")
+        entries.append(KernelEntry(r["function"], {k: tuple(v) for k, v in dims.items()}, target, r["part"],
+                                   str(r.get("compiler", ""))))
+        blobs[r["part"]] = parts[r["part"]]
+    return entries, blobs
+
+
+def load_package(path: str | os.PathLike) -> Package:
+    """Read and validate a package file or directory; PackageError says what is wrong and where.
+
+    >>> import stitchml as sm
+    >>> sm.load_package("/nonexistent.smpkg")
+    Traceback (most recent call last):
+    ...
+    stitchml.errors.PackageError: /nonexistent.smpkg: no such package
+    """
+    manifest, parts = container.read(path)
+    where = f"{os.fspath(path)}: manifest"
+    _need(manifest.get("format") == FORMAT, where, f"format is {manifest.get('format')!r}, expected {FORMAT!r}")
+    _need(manifest.get("version") == VERSION, where,
+          f"format version {manifest.get('version')!r} is not supported (this build reads version {VERSION})")
+    producer = manifest.get("producer", {})
+    _need(isinstance(producer, dict), where, "producer must be an object")
+    funcs = manifest.get("functions")
+    _need(isinstance(funcs, dict) and funcs, where, "functions must be a non-empty object")
+    functions = {}
+    for name, rec in funcs.items():
+        _need(isinstance(name, str) and name.isidentifier(), where, f"function name {name!r} must be an identifier")
+        functions[name] = _load_function(name, rec, parts, f"{where} functions[{name!r}]")
+    used = {r[k] for r in funcs.values() for k in ("graph", "weights")}
+    kernels, blobs = _load_kernels(manifest, functions, parts)
+    unused = set(parts) - used - set(blobs)
+    _need(not unused, where, f"parts {sorted(unused)[:5]} are listed but belong to nothing")
+    return Package(functions, producer, kernels, blobs)
