@@ -9,11 +9,11 @@ See docs/packages.md for the format and the importers' coverage.
 from .package import Function, KernelEntry, Package, Port, current_target, load_package
 
 
-def from_onnx(model, name: str = "main") -> Package:
+def from_onnx(model, name: str = "main", bind=None) -> Package:
     """A package from an ONNX model (a path, bytes or a ModelProto); see onnx_import.py."""
     from .onnx_import import from_onnx as build
 
-    return build(model, name=name)
+    return build(model, name=name, bind=bind)
 
 
 def from_torch(module, example_inputs, dynamic_shapes=None, name: str = "main") -> Package:

@@ -28,7 +28,7 @@ from ..graph import Graph
 from ..ir import UNKNOWN, Tensor
 from .package import Package
 
-MIN_OPSET = 7  # older models fail on removed attributes; 13+ is what docs/packages.md promises
+MIN_OPSET = 1  # handlers read both the attribute and the operand forms; 13+ is what docs/packages.md promises
 
 # ONNX TensorProto element types we have a dtype for.
 _ONNX_DTYPES = {1: dtypes.float32, 2: dtypes.uint8, 3: dtypes.int8, 5: dtypes.int16, 6: dtypes.int32,
@@ -43,6 +43,17 @@ def onnx_dtype(code: int, where: str) -> dtypes.DType:
         raise PackageError(f"{where}: element type {name} is not supported "
                            f"(supported: {', '.join(d.name for d in _ONNX_DTYPES.values())})")
     return _ONNX_DTYPES[code]
+
+
+class ImportTimeValueError(PackageError):
+    """An operand the importer needs at import time (axes, a shape, pads) is only known at run time.
+
+    `input_name` names the graph input to bind (``from_onnx(bind=...)``) when that is where it comes from.
+    """
+
+    def __init__(self, message: str, input_name: str | None = None):
+        super().__init__(message)
+        self.input_name = input_name
 
 
 @dataclass
@@ -62,8 +73,9 @@ class Dims:
 class Importer:
     """The state of one import: the graph, the ONNX value table and the opset."""
 
-    def __init__(self, model, name: str):
+    def __init__(self, model, name: str, bind: dict[str, Any] | None = None):
         self.model = model
+        self.bind = dict(bind or {})
         self.g = Graph(model.graph.name or name)
         self.values: dict[str, Any] = {}  # ONNX name -> Tensor | Dims
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
@@ -106,7 +118,9 @@ class Importer:
             return value.op.attrs["value"].numpy()
         elif isinstance(value, np.ndarray):
             return value
-        raise self.fail(f"{what} must be known when the model is imported (a constant or an initializer)")
+        name = value.name if isinstance(value, Tensor) and value.op.op == "placeholder" else None
+        raise ImportTimeValueError(f"{self.where()}: {what} must be known when the model is imported "
+                                   "(a constant or an initializer; or bind the input with from_onnx(bind=...))", name)
 
     def dims(self, value: Any, what: str) -> list:
         """A shape vector as entries: ints and (tensor, axis) pairs."""
@@ -125,6 +139,9 @@ class Importer:
         inputs, dim_names = {}, {}
         for vi in graph.input:
             if vi.name in initializers:
+                continue
+            if vi.name in self.bind:
+                self.values[vi.name] = self.tensor(np.asarray(self.bind[vi.name]))
                 continue
             dt, shape, names = value_type(vi)
             inputs[vi.name] = self.g.placeholder(shape, dt, name=vi.name)
@@ -230,8 +247,12 @@ def load_model(model: Any):
         raise PackageError(f"{model!r} is not a valid ONNX model ({type(e).__name__}: {e})") from None
 
 
-def from_onnx(model: Any, name: str = "main") -> Package:
+def from_onnx(model: Any, name: str = "main", bind: dict[str, Any] | None = None) -> Package:
     """Import an ONNX model into a one-function package; PackageError names the node that failed.
+
+    `bind` fixes graph inputs to values (arrays) at import time; operands the
+    importer must know (axes, shapes, pads, repeats) can be given this way
+    when the model takes them as inputs.
 
     >>> import onnx, numpy as np, stitchml as sm
     >>> from onnx import helper, TensorProto as T
@@ -245,7 +266,7 @@ def from_onnx(model: Any, name: str = "main") -> Package:
     from .. import __version__
 
     proto = load_model(model)
-    importer = Importer(proto, name)
+    importer = Importer(proto, name, bind)
     if importer.opset < MIN_OPSET:
         raise PackageError(f"the model uses opset {importer.opset}; the importer reads opset {MIN_OPSET} and later "
                            "(13 and later fully); convert it with onnx.version_converter")

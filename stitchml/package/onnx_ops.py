@@ -9,6 +9,7 @@ pads, min/max) both forms are read.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -281,7 +282,8 @@ def _reshape_to(cx, x: Tensor, entries: list) -> Tensor:
 def _flatten(cx, node, args, attrs):
     x = _t(cx, args[0])
     rank = _rank(cx, x)
-    axis = attrs.get("axis", 1) % (rank + 1) if rank else 0
+    axis = attrs.get("axis", 1)
+    axis = axis + rank if axis < 0 else axis
     left, right = x.shape[:axis], x.shape[axis:]
     if UNKNOWN not in left:
         return [cx.g.reshape(x, (int(np.prod(left, dtype=np.int64)), -1))]
@@ -625,9 +627,9 @@ def _as_2d(cx, x: Tensor, spatial_rank: int, what: str) -> tuple[Tensor, bool]:
     raise cx.fail(f"{what} over {spatial_rank} spatial axes is not supported (1-D and 2-D are)")
 
 
-def _pair_of(attrs, key, default, one_d):
+def _pair_of(attrs, key, default, one_d, fill=1):
     v = list(attrs.get(key, default))
-    return [1] + v if one_d else v
+    return [fill] + v if one_d else v
 
 
 def _conv_operands(cx, node, args, attrs):
@@ -660,13 +662,13 @@ def _conv(cx, node, args, attrs):
 @handles("ConvTranspose")
 def _conv_transpose(cx, node, args, attrs):
     x2, w2, one_d, kernel, strides, dil = _conv_operands(cx, node, args, attrs)
-    out_pad = _pair_of(attrs, "output_padding", [0] * (2 - one_d), one_d)
+    out_pad = _pair_of(attrs, "output_padding", [0] * (2 - one_d), one_d, fill=0)
     auto = attrs.get("auto_pad", "NOTSET")
     if "output_shape" in attrs or auto in ("SAME_UPPER", "SAME_LOWER"):
         spatial = x2.shape[2:]
         if UNKNOWN in spatial:
             raise cx.fail("output_shape / SAME padding needs known spatial extents")
-        target = _pair_of(attrs, "output_shape", [n * s for n, s in zip(spatial, strides)], one_d) \
+        target = _pair_of(attrs, "output_shape", [n * s for n, s in zip(spatial, strides)], one_d, fill=1) \
             if "output_shape" in attrs else [n * s for n, s in zip(spatial, strides)]
         target = target[-2:]
         pads = []
@@ -804,3 +806,66 @@ def _mvn(cx, node, args, attrs):
 
 from . import onnx_rnn  # noqa: E402,F401  (registers LSTM, GRU, RNN)
 
+
+
+# -- indexing, scans, resampling ---------------------------------------------------------------
+@handles("GatherElements")
+def _gather_elements(cx, node, args, attrs):
+    return [cx.g.gather_along_axis(_t(cx, args[0]), _t(cx, args[1]), attrs.get("axis", 0))]
+
+
+@handles("CumSum")
+def _cumsum(cx, node, args, attrs):
+    axis = int(cx.static(args[1], "CumSum axis").reshape(-1)[0])
+    return [cx.g.cumulative_sum(_t(cx, args[0]), axis, bool(attrs.get("exclusive", 0)), bool(attrs.get("reverse", 0)))]
+
+
+@handles("TopK")
+def _topk(cx, node, args, attrs):
+    k = int(cx.static(args[1], "TopK k").reshape(-1)[0])
+    if not attrs.get("sorted", 1):
+        raise cx.fail("TopK with sorted=0 is not supported")
+    return list(cx.g.top_k(_t(cx, args[0]), k, attrs.get("axis", -1), bool(attrs.get("largest", 1))))
+
+
+@handles("Einsum")
+def _einsum(cx, node, args, attrs):
+    return [cx.g.einsum(attrs["equation"], *[_t(cx, a) for a in args])]
+
+
+@handles("Resize")
+def _resize(cx, node, args, attrs):
+    x = _t(cx, args[0])
+    rank = _rank(cx, x)
+    if UNKNOWN in x.shape:
+        raise cx.fail("Resize needs known input extents")
+    if attrs.get("antialias", 0):
+        raise cx.fail("Resize with antialias is not supported")
+    axes = [a % rank for a in attrs.get("axes", range(rank))]
+    args = list(args) + [None] * (4 - len(args))
+    roi = cx.static(args[1], "Resize roi").reshape(-1).tolist() if args[1] is not None else []
+    scales = [1.0] * rank
+    sizes = list(x.shape)
+    given_scales = cx.static(args[2], "Resize scales").reshape(-1) if args[2] is not None else np.zeros(0)
+    if given_scales.size:
+        for a, s in zip(axes, given_scales.tolist()):
+            scales[a], sizes[a] = s, int(math.floor(x.shape[a] * s))
+    else:
+        wanted = cx.static(args[3], "Resize sizes").reshape(-1).tolist()
+        policy = attrs.get("keep_aspect_ratio_policy", "stretch")
+        ratios = [w / x.shape[a] for a, w in zip(axes, wanted)]
+        for a, w, r in zip(axes, wanted, ratios):
+            if policy != "stretch":
+                r = min(ratios) if policy == "not_larger" else max(ratios)
+                w = int(math.floor(r * x.shape[a] + 0.5))
+            scales[a], sizes[a] = r, int(w)
+    if roi and len(roi) == 2 * len(axes) and len(axes) != rank:
+        full = [0.0] * rank + [1.0] * rank
+        for i, a in enumerate(axes):
+            full[a], full[a + rank] = roi[i], roi[i + len(axes)]
+        roi = full
+    transform = attrs.get("coordinate_transformation_mode", "half_pixel")
+    return [cx.g.resize(x, sizes, attrs.get("mode", "nearest"), scales, transform,
+                        attrs.get("nearest_mode", "round_prefer_floor"),
+                        roi if transform == "tf_crop_and_resize" else None, attrs.get("cubic_coeff_a", -0.75),
+                        bool(attrs.get("exclude_outside", 0)), attrs.get("extrapolation_value", 0.0))]

@@ -55,7 +55,7 @@ def _step(cx, op, attrs, acts, xw, h, c, r, rb, p):
 
     if op == "GRU":
         xz, xr, xh = _split(g, xw, 3)
-        rz, rr, rh = _split(g, r, 3)
+        rz, rr, rh = g.split(r, 3, axis=0)
         rbz, rbr, rbh = _split(g, rb, 3) if rb is not None else (None, None, None)
 
         def rec(w, b, state):

@@ -1,0 +1,136 @@
+"""Image primitives: `resize` (nearest, linear, cubic), separable over any set of axes.
+
+The sampling follows the ONNX Resize definition, which covers PyTorch's
+``interpolate`` and TensorFlow's resize modes: each output index i along an
+axis maps to a source coordinate by the coordinate transformation mode
+(half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners,
+asymmetric, tf_crop_and_resize), and the output is a weighted sum of source
+elements at integer taps around it (edge elements repeat outside the input).
+"""
+from __future__ import annotations
+
+
+import numpy as np
+import torch
+
+from ..errors import ShapeError
+from ..ir import TensorType
+from ..registry import OPAQUE, Primitive, builder, register
+
+MODES = ("nearest", "linear", "cubic")
+TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
+              "tf_crop_and_resize")
+NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+resize = register(Primitive("resize", OPAQUE, doc="Resample to `sizes` by nearest, linear or cubic interpolation."))
+
+
+@resize.def_infer
+def _resize_infer(types, sizes, scales, roi, mode, transform, nearest_mode, cubic_coeff_a, exclude_outside,
+                  extrapolation_value):
+    x = types[0]
+    if x.rank is not None and len(sizes) != x.rank:
+        raise ShapeError(f"sizes {sizes} need one extent per axis of {x}")
+    if mode not in MODES or transform not in TRANSFORMS or nearest_mode not in NEAREST:
+        raise ShapeError(f"mode {mode!r}, transformation {transform!r} or nearest mode {nearest_mode!r} is unknown")
+    return TensorType(tuple(sizes), x.dtype)
+
+
+def _source_coordinates(n_in, n_out, scale, transform, roi):
+    i = np.arange(n_out, dtype=np.float64)
+    if transform == "half_pixel":
+        return (i + 0.5) / scale - 0.5
+    if transform == "half_pixel_symmetric":
+        adjustment = n_out / (scale * n_in)
+        return n_in / 2 * (1 - adjustment) + (i + 0.5) / scale - 0.5
+    if transform == "pytorch_half_pixel":
+        return (i + 0.5) / scale - 0.5 if n_out > 1 else np.zeros(n_out)
+    if transform == "align_corners":  # the resized length is n_in * scale, before rounding (ONNX)
+        return i * (n_in - 1) / (n_in * scale - 1) if n_out > 1 else np.zeros(n_out)
+    if transform == "asymmetric":
+        return i / scale
+    start, end = roi
+    if n_out > 1:
+        return start * (n_in - 1) + i * (end - start) * (n_in - 1) / (n_out - 1)
+    return np.full(n_out, 0.5 * (start + end) * (n_in - 1))
+
+
+def _cubic_weights(t, a):
+    s = np.stack([t + 1, t, 1 - t, 2 - t], axis=-1)
+    near = ((a + 2) * s - (a + 3)) * s * s + 1
+    far = ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
+    return np.where(np.abs(s) <= 1, near, far)
+
+
+def _taps(n_in, x, mode, nearest_mode, a, exclude_outside):
+    """Per output index: source indices (taps, n_out) and weights (taps, n_out)."""
+    if mode == "nearest":
+        fl = np.floor(x)
+        frac = x - fl
+        rounded = {"round_prefer_floor": np.where(frac <= 0.5, fl, fl + 1),
+                   "round_prefer_ceil": np.where(frac < 0.5, fl, fl + 1),
+                   "floor": fl, "ceil": np.ceil(x)}[nearest_mode]
+        return np.clip(rounded, 0, n_in - 1)[None].astype(np.int64), np.ones((1, len(x)))
+    base = np.floor(x)
+    t = x - base
+    if mode == "linear":
+        offsets, weights = np.array([0, 1]), np.stack([1 - t, t])
+    else:
+        offsets, weights = np.array([-1, 0, 1, 2]), _cubic_weights(t, a).T
+    idx = base[None] + offsets[:, None]
+    if mode == "cubic" and exclude_outside:
+        weights = np.where((idx >= 0) & (idx <= n_in - 1), weights, 0.0)
+        weights = weights / weights.sum(axis=0, keepdims=True)
+    return np.clip(idx, 0, n_in - 1).astype(np.int64), weights
+
+
+@resize.def_impl
+def _resize_impl(x, sizes, scales, roi, mode, transform, nearest_mode, cubic_coeff_a, exclude_outside,
+                 extrapolation_value):
+    out_dtype = x.dtype
+    y = x if mode == "nearest" else x.to(torch.float64)
+    outside = None
+    for axis, (n_in, n_out) in enumerate(zip(x.shape, sizes)):
+        box = (roi[axis], roi[axis + x.dim()]) if roi else (0.0, 1.0)
+        if n_in == n_out and scales[axis] == 1.0 and transform != "tf_crop_and_resize":
+            continue
+        coords = _source_coordinates(n_in, n_out, scales[axis], transform, box)
+        idx, w = _taps(n_in, coords, mode, nearest_mode, cubic_coeff_a, exclude_outside)
+        shape = [1] * x.dim()
+        shape[axis] = n_out
+        acc = None
+        for k in range(idx.shape[0]):
+            part = y.index_select(axis, torch.from_numpy(idx[k]).to(x.device))
+            if mode != "nearest":
+                part = part * torch.from_numpy(w[k]).to(x.device).reshape(shape)
+            acc = part if acc is None else acc + part
+        y = acc
+        if transform == "tf_crop_and_resize":
+            bad = torch.from_numpy((coords < 0) | (coords > n_in - 1)).to(x.device).reshape(shape)
+            outside = bad if outside is None else outside | bad
+    if outside is not None:
+        y = torch.where(outside, torch.tensor(extrapolation_value, dtype=y.dtype, device=y.device), y)
+    if not out_dtype.is_floating_point and mode != "nearest":
+        y = torch.round(y)
+    return y.to(out_dtype)
+
+
+@builder("resize")
+def _resize(g, x, sizes, mode="nearest", scales=None, transform="half_pixel", nearest_mode="round_prefer_floor",
+            roi=None, cubic_coeff_a=-0.75, exclude_outside=False, extrapolation_value=0.0, name=None):
+    """Resample `x` to `sizes` (one extent per axis); `scales` default to sizes / input extents.
+
+    >>> import stitchml as sm; g = sm.Graph()
+    >>> g.resize(g.placeholder((1, 3, 8, 8)), (1, 3, 16, 16), mode="linear").type.shape
+    (1, 3, 16, 16)
+    """
+    x = g.as_tensor(x)
+    sizes = tuple(int(s) for s in sizes)
+    if scales is None:
+        if x.rank is None or any(d < 0 for d in x.shape):
+            raise g._error("resize", "scales are needed when input extents are unknown", [x])
+        scales = tuple(o / i if i else 1.0 for o, i in zip(sizes, x.shape))
+    attrs = {"sizes": sizes, "scales": tuple(float(s) for s in scales), "roi": tuple(float(r) for r in roi or ()),
+             "mode": mode, "transform": transform, "nearest_mode": nearest_mode, "cubic_coeff_a": float(cubic_coeff_a),
+             "exclude_outside": bool(exclude_outside), "extrapolation_value": float(extrapolation_value)}
+    return g._emit1("resize", [x], attrs, name)

@@ -1,0 +1,135 @@
+"""Scans, sorting and Einstein summation: `cumulative_sum`, `top_k`, `einsum`."""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from .. import dtypes
+from ..errors import ShapeError
+from ..ir import UNKNOWN, TensorType, broadcast_shapes, normalize_axis
+from ..registry import CONTRACTION, OPAQUE, Primitive, builder, register
+
+# -- cumulative_sum -------------------------------------------------------------------
+cumulative_sum = register(Primitive(
+    "cumulative_sum", OPAQUE,
+    doc="Running sum along `axis`; `exclusive` leaves each element out of its own sum, `reverse` runs from the end.",
+))
+cumulative_sum.def_infer(lambda types, axis, exclusive, reverse: types[0])
+
+
+@cumulative_sum.def_impl
+def _cumulative_sum_impl(x, axis, exclusive, reverse):
+    y = x.flip(axis) if reverse else x
+    s = torch.cumsum(y, dim=axis).to(x.dtype)
+    if exclusive:
+        s = s - y
+    return s.flip(axis) if reverse else s
+
+
+cumulative_sum.def_vjp(lambda g, op, dy: [g.cumulative_sum(dy, op.attrs["axis"], op.attrs["exclusive"],
+                                                           not op.attrs["reverse"])])
+
+
+@builder("cumulative_sum")
+def _cumulative_sum(g, x, axis=0, exclusive=False, reverse=False, name=None):
+    """``cumsum(x, axis)`` (MPSGraph cumulativeSum).
+
+    >>> import numpy as np, stitchml as sm; g = sm.Graph(); x = g.constant([1.0, 2.0, 3.0])
+    >>> g.run({}, [y := g.cumulative_sum(x)], device="cpu")[y].numpy().tolist()
+    [1.0, 3.0, 6.0]
+    """
+    x = g.as_tensor(x)
+    if x.rank is not None:
+        axis = normalize_axis(axis, x.rank)
+    return g._emit1("cumulative_sum", [x], {"axis": int(axis), "exclusive": bool(exclusive), "reverse": bool(reverse)},
+                    name)
+
+
+# -- top_k ------------------------------------------------------------------------------
+top_k = register(Primitive(
+    "top_k", OPAQUE, differentiable=False,
+    doc="The k largest (or smallest) values along `axis` and their int64 indices; ties keep the lower index first.",
+))
+
+
+@top_k.def_infer
+def _top_k_infer(types, k, axis, largest):
+    x = types[0]
+    if x.shape is None:
+        return [TensorType(None, x.dtype), TensorType(None, dtypes.int64)]
+    if x.shape[axis] != UNKNOWN and not 0 <= k <= x.shape[axis]:
+        raise ShapeError(f"k={k} is outside [0, {x.shape[axis]}] for axis {axis}")
+    shape = x.shape[:axis] + (k,) + x.shape[axis + 1:]
+    return [TensorType(shape, x.dtype), TensorType(shape, dtypes.int64)]
+
+
+@top_k.def_impl
+def _top_k_impl(x, k, axis, largest):
+    values, indices = torch.sort(x, dim=axis, descending=largest, stable=True)
+    return values.narrow(axis, 0, k).contiguous(), indices.narrow(axis, 0, k).contiguous()
+
+
+@builder("top_k")
+def _top_k(g, x, k, axis=-1, largest=True, name=None):
+    """(values, indices) of the `k` largest (smallest with largest=False) elements along `axis`, sorted."""
+    x = g.as_tensor(x)
+    if x.rank is None:
+        raise g._error("top_k", "needs a tensor of known rank", [x])
+    axis = normalize_axis(axis, x.rank)
+    return tuple(g._emit("top_k", [x], {"k": int(k), "axis": axis, "largest": bool(largest)}, name).outputs)
+
+
+# -- einsum -------------------------------------------------------------------------------
+einsum = register(Primitive("einsum", CONTRACTION, doc="Einstein summation over the operands (NumPy's equation syntax)."))
+
+
+def _parse(equation: str, ranks: list[int]):
+    eq = equation.replace(" ", "")
+    lhs, _, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks) or not re.fullmatch(r"[a-zA-Z.,>\-]*", eq):
+        raise ShapeError(f"equation {equation!r} does not fit {len(ranks)} operands")
+    ell = 0
+    for t, r in zip(terms, ranks):
+        if "..." in t:
+            ell = max(ell, r - len(t.replace("...", "")))
+    if "->" not in eq:
+        counts = {c: lhs.count(c) for c in lhs if c.isalpha()}
+        rhs = ("..." if ell or "..." in lhs else "") + "".join(sorted(c for c, n in counts.items() if n == 1))
+    return terms, rhs, ell
+
+
+@einsum.def_infer
+def _einsum_infer(types, equation):
+    if any(t.shape is None for t in types):
+        return TensorType(None, types[0].dtype)
+    if any(t.dtype != types[0].dtype for t in types):
+        raise ShapeError(f"operand dtypes differ: {', '.join(str(t.dtype) for t in types)}")
+    terms, rhs, ell = _parse(equation, [t.rank for t in types])
+    extent, ell_shapes = {}, []
+    for term, t in zip(terms, types):
+        head, dots, tail = term.partition("...")
+        labels = list(head) + (["."] * (t.rank - len(head) - len(tail)) if dots else []) + list(tail)
+        if len(labels) != t.rank:
+            raise ShapeError(f"term {term!r} does not fit rank {t.rank}")
+        ell_shapes.append(tuple(d for c, d in zip(labels, t.shape) if c == "."))
+        for c, d in zip(labels, t.shape):
+            if c != "." and d != UNKNOWN:
+                if extent.get(c, d) not in (d, 1) and d != 1:
+                    raise ShapeError(f"label {c!r} has extents {extent[c]} and {d}")
+                extent[c] = max(extent.get(c, d), d)
+    ell_shape = broadcast_shapes(*ell_shapes) if ell_shapes else ()
+    head, dots, tail = rhs.partition("...")
+    out = [extent.get(c, UNKNOWN) for c in head] + (list(ell_shape) if dots else []) + [extent.get(c, UNKNOWN) for c in tail]
+    return TensorType(tuple(out), types[0].dtype)
+
+
+einsum.def_impl(lambda *xs, equation: torch.einsum(equation, *xs))
+
+
+@builder("einsum")
+def _einsum(g, equation, *operands, name=None):
+    """``np.einsum(equation, *operands)``, e.g. ``g.einsum("bij,bjk->bik", a, b)``."""
+    xs = g.promote(*operands) if len(operands) > 1 else [g.as_tensor(operands[0])]
+    return g._emit1("einsum", xs, {"equation": str(equation)}, name)

@@ -1,0 +1,281 @@
+"""Run the ONNX backend node tests through the ONNX importer and the eager executor.
+
+The node tests are written by the ONNX project: one model of one operator,
+inputs, and the outputs its authors computed. They are read from
+``onnx/backend/test/data/node`` when the installed onnx package ships that
+folder, and otherwise generated from the test-case definitions it does ship
+(``onnx.backend.test.case.node``), which hold the same models and data.
+Outputs are compared as ONNX's own backend runner does: same dtype, then
+``assert_allclose(rtol=1e-3, atol=1e-7)``.
+
+    $ python -m stitchml.package.conformance            # writes docs/onnx_conformance.md
+    $ python -m stitchml.package.conformance --op Conv   # one operator, failures printed
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+# The operators of common CNN, RNN/LSTM and transformer models (the importer's promise).
+IN_SCOPE = frozenset("""
+Abs Acos Acosh Add And ArgMax ArgMin Asin Asinh Atan Atanh AveragePool BatchNormalization Cast CastLike Ceil Celu
+Clip Concat Constant ConstantOfShape Conv ConvTranspose Cos Cosh CumSum DepthToSpace Div Dropout Einsum Elu Equal
+Erf Exp Expand Flatten Floor GRU Gather GatherElements Gelu Gemm GlobalAveragePool GlobalMaxPool Greater
+GreaterOrEqual GroupNormalization HardSigmoid HardSwish Hardmax Identity InstanceNormalization IsInf IsNaN LSTM
+LayerNormalization LeakyRelu Less LessOrEqual Log LogSoftmax LpNormalization MatMul Max MaxPool Mean
+MeanVarianceNormalization Min Mish Mod Mul Neg Not OneHot Or PRelu Pad Pow RMSNormalization RNN Range Reciprocal
+ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum ReduceSumSquare
+Relu Reshape Resize Round Selu Shape Shrink Sigmoid Sign Sin Sinh Size Slice Softmax Softplus Softsign
+SpaceToDepth Split Sqrt Squeeze Sub Sum Swish Tan Tanh ThresholdedRelu Tile TopK Transpose Trilu Unsqueeze
+Where Xor
+""".split())
+
+# Known failures among the in-scope node tests, with the reason; tests expect them to fail.
+KNOWN_FAILURES: dict[str, str] = {}
+BOUND: set[str] = set()  # cases that ran with integer operand inputs bound at import time
+
+
+@dataclass
+class Case:
+    name: str
+    op: str
+    model: Any  # onnx.ModelProto
+    data_sets: list  # [(inputs, outputs)], NumPy arrays (or other ONNX values, which we do not support)
+    rtol: float = 1e-3
+    atol: float = 1e-7
+
+    @property
+    def types_supported(self) -> bool:
+        """Whether every graph input and output has an element type StitchML has."""
+        from .onnx_import import _ONNX_DTYPES
+
+        values = list(self.model.graph.input) + list(self.model.graph.output)
+        return all(v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in _ONNX_DTYPES for v in values)
+
+    @property
+    def in_scope(self) -> bool:
+        return self.op in IN_SCOPE and self.types_supported
+
+
+def _op_of(model, name: str, ops_by_name: dict[str, str]) -> str:
+    if "_expanded" in name:
+        base = name.split("_expanded")[0]
+        if base in ops_by_name:
+            return ops_by_name[base]
+    nodes = [n.op_type for n in model.graph.node if n.op_type != "Constant"] or [n.op_type for n in model.graph.node]
+    return nodes[0] if nodes else "?"
+
+
+def _attribute(cases: list[tuple[str, Any, list]]) -> list[Case]:
+    single = {name: m.graph.node[0].op_type for name, m, _ in cases if len(m.graph.node) == 1}
+    return [Case(name, _op_of(m, name, single), m, data) for name, m, data in sorted(cases, key=lambda c: c[0])]
+
+
+def _from_folder(root: str) -> list[Case]:
+    import onnx
+    from onnx import numpy_helper
+
+    cases = []
+    for d in sorted(glob.glob(os.path.join(root, "test_*"))):
+        model = onnx.load(os.path.join(d, "model.onnx"))
+        data = []
+        for ds in sorted(glob.glob(os.path.join(d, "test_data_set_*"))):
+            def read(kind):
+                out = []
+                for f in sorted(glob.glob(os.path.join(ds, f"{kind}_*.pb")), key=lambda p: int(p.split("_")[-1][:-3])):
+                    t = onnx.TensorProto()
+                    with open(f, "rb") as fh:
+                        t.ParseFromString(fh.read())
+                    out.append(numpy_helper.to_array(t))
+                return out
+
+            data.append((read("input"), read("output")))
+        cases.append((os.path.basename(d), model, data))
+    return _attribute(cases)
+
+
+def _generated() -> list[Case]:
+    import warnings
+
+    import onnx
+    from onnx import numpy_helper
+    from onnx.backend.test.case import node
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        raw = node.collect_testcases()
+    def arrays(values):
+        return [numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v for v in values]
+
+    return _attribute([(c.name, c.model, [(arrays(i), arrays(o)) for i, o in c.data_sets]) for c in raw])
+
+
+_CACHE: list[Case] | None = None
+
+
+def node_cases() -> list[Case]:
+    """Every ONNX backend node test (read from the shipped folder, else generated)."""
+    global _CACHE
+    if _CACHE is None:
+        import onnx
+
+        root = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "node")
+        _CACHE = _from_folder(root) if os.path.isdir(root) else _generated()
+    return _CACHE
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text}"[:220]
+
+
+def check(case: Case) -> str | None:
+    """None when the case passes, else why it failed (one line)."""
+    from ..errors import PackageError
+    from .onnx_import import ImportTimeValueError, from_onnx
+
+    given = dict(zip([v.name for v in case.model.graph.input], case.data_sets[0][0]))
+    bind: dict[str, np.ndarray] = {}
+    try:
+        while True:
+            try:
+                fn = from_onnx(case.model, bind=bind).function()
+                break
+            except ImportTimeValueError as e:
+                # An operand the importer needs at import time (axes, a shape) is bound from the data set.
+                if e.input_name not in given or e.input_name in bind:
+                    raise
+                bind[e.input_name] = np.asarray(given[e.input_name])
+                BOUND.add(case.name)
+    except PackageError as e:
+        return f"import: {str(e)[:200]}"
+    except Exception as e:  # an importer bug is a failure to report, not a crash of the run
+        return f"import crashed: {_first_line(e)}"
+    names = [p.name for p in fn.inputs]
+    all_names = [v.name for v in case.model.graph.input]
+    for inputs, expected in case.data_sets:
+        inputs = [np.asarray(v) if isinstance(v, np.generic) else v for v in inputs]
+        expected = [np.asarray(v) if isinstance(v, np.generic) else v for v in expected]
+        inputs = [v for n, v in zip(all_names, inputs) if n in names]
+        if not all(isinstance(v, np.ndarray) for v in list(inputs) + list(expected)):
+            return "data: sequence, optional or map values are not tensors"
+        if len(inputs) != len(names):
+            return f"inputs: the model takes {len(names)} inputs, the data set has {len(inputs)}"
+        try:
+            with np.errstate(all="ignore"):
+                got = fn(**dict(zip(names, inputs)))
+        except Exception as e:
+            return f"run: {_first_line(e)}"
+        for port, want in zip(fn.outputs, expected):
+            out = got[port.name].numpy()
+            if out.dtype != want.dtype:
+                return f"output {port.name}: dtype {out.dtype}, expected {want.dtype}"
+            if out.shape != want.shape:
+                return f"output {port.name}: shape {out.shape}, expected {want.shape}"
+            try:
+                np.testing.assert_allclose(out, want, rtol=case.rtol, atol=case.atol)
+            except AssertionError:
+                with np.errstate(all="ignore"):
+                    err = np.nanmax(np.abs(out.astype(np.float64) - want.astype(np.float64))) if out.size else 0
+                return f"output {port.name}: values differ (max abs error {err:.3g})"
+    return None
+
+
+def run(cases: list[Case]) -> dict[str, str | None]:
+    return {c.name: check(c) for c in cases}
+
+
+def report(cases: list[Case], results: dict[str, str | None], seconds: float) -> str:
+    """The Markdown written to docs/onnx_conformance.md."""
+    import onnx
+
+    def rate(sel):
+        n = len(sel)
+        p = sum(results[c.name] is None for c in sel)
+        return p, n, (100.0 * p / n if n else 0.0)
+
+    scope = [c for c in cases if c.in_scope]
+    p_all, n_all, r_all = rate(cases)
+    p_in, n_in, r_in = rate(scope)
+    lines = [
+        "# ONNX backend node tests",
+        "",
+        "Generated by `python -m stitchml.package.conformance`; do not edit by hand.",
+        f"onnx {onnx.__version__}, {n_all} node tests, run in {seconds:.0f} s on the CPU through the ONNX "
+        "importer and the eager executor, compared as ONNX's backend runner compares (dtype, then "
+        "`assert_allclose(rtol=1e-3, atol=1e-7)`).",
+        "",
+        "| selection | passed | total | rate |",
+        "| --- | --- | --- | --- |",
+        f"| all node tests | {p_all} | {n_all} | {r_all:.1f}% |",
+        f"| in scope (operators of CNN, RNN/LSTM and transformer models) | {p_in} | {n_in} | {r_in:.1f}% |",
+        "",
+        f"In scope means an in-scope operator on element types StitchML has; "
+        f"{sum(c.op in IN_SCOPE and not c.types_supported for c in cases)} tests of in-scope operators use "
+        "others (float8, int4, uint16/32/64, strings) and count only in the overall rate. "
+        f"{len(BOUND & {c.name for c in cases})} tests take an operand the importer needs at import time "
+        "(axes, a shape, pads, repeats) as a graph input; they ran with that input bound to the data set's "
+        "value (`from_onnx(model, bind=...)`).",
+        "",
+        "## In-scope operators",
+        "",
+        "| operator | passed | total |",
+        "| --- | --- | --- |",
+    ]
+    by_op = defaultdict(list)
+    for c in cases:
+        by_op[c.op].append(c)
+    for op in sorted(IN_SCOPE):
+        p, n, _ = rate(by_op.get(op, []))
+        lines.append(f"| {op} | {p} | {n} |")
+    lines += ["", "## In-scope failures and their causes", ""]
+    for c in scope:
+        if results[c.name] is not None:
+            lines.append(f"- `{c.name}` ({c.op}): {results[c.name]}")
+    lines += ["", "## Out-of-scope operators", "",
+              "Not promised by the importer (quantization, sequences, control flow, strings, training, signal "
+              "processing, classical ML, newer fused operators); counted in the overall rate above.", "",
+              "| operator | passed | total | typical cause |", "| --- | --- | --- | --- |"]
+    for op in sorted(set(by_op) - IN_SCOPE):
+        p, n, _ = rate(by_op[op])
+        causes = Counter((results[c.name] or "").split(":")[0] for c in by_op[op] if results[c.name])
+        lines.append(f"| {op} | {p} | {n} | {causes.most_common(1)[0][0] if causes else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def cases_for(op: str | None = None, in_scope_only: bool = False) -> Iterator[Case]:
+    for c in node_cases():
+        if (op is None or c.op == op) and (not in_scope_only or c.in_scope):
+            yield c
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stitchml.package.conformance", description=__doc__.splitlines()[0])
+    parser.add_argument("--op", help="only this ONNX operator; prints its failures")
+    parser.add_argument("--out", default=os.path.join("docs", "onnx_conformance.md"), help="where to write the report")
+    args = parser.parse_args(argv)
+    start = time.time()
+    cases = list(cases_for(args.op))
+    results = run(cases)
+    if args.op:
+        for c in cases:
+            print(f"{'PASS' if results[c.name] is None else 'FAIL'} {c.name}  {results[c.name] or ''}")
+        return 0
+    text = report(cases, results, time.time() - start)
+    with open(args.out, "w") as f:
+        f.write(text)
+    print("\n".join(text.splitlines()[5:10]))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
