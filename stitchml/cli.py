@@ -1,7 +1,9 @@
-"""The `stitchml` command: `doctor` reports the machine, `demo NAME` runs a demo.
+"""The `stitchml` command: `doctor` reports the machine, `demo NAME` runs a demo, `package` builds and inspects packages.
 
     $ stitchml doctor
     $ stitchml demo gelu --device cpu
+    $ stitchml package build model.onnx -o model.smpkg
+    $ stitchml package inspect model.smpkg
 """
 from __future__ import annotations
 
@@ -48,6 +50,35 @@ def demo(args) -> int:
     return demos.run(args.name, args.rest)
 
 
+def package_build(args) -> int:
+    """Build a package from an ONNX model."""
+    from .errors import PackageError
+    from .package import from_onnx
+
+    try:
+        pkg = from_onnx(args.model, name=args.function)
+        pkg.save(args.output)
+    except PackageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.output}")
+    print(pkg.summary())
+    return 0
+
+
+def package_inspect(args) -> int:
+    """Print a package's functions, signatures, op counts and weight sizes."""
+    from .errors import PackageError
+    from .package import load_package
+
+    try:
+        print(load_package(args.package).summary())
+    except PackageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="stitchml", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -56,6 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name", help="which demo (stitchml demo list shows them)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the demo's own options")
     p.set_defaults(fn=demo)
+    pkg = sub.add_parser("package", help="build and inspect network packages").add_subparsers(dest="action", required=True)
+    p = pkg.add_parser("build", help=package_build.__doc__)
+    p.add_argument("model", help="an ONNX model file (opset 13 or later)")
+    p.add_argument("-o", "--output", required=True, help="the package to write (a directory when it ends with /)")
+    p.add_argument("--function", default="main", help="the function's name in the package (default: main)")
+    p.set_defaults(fn=package_build)
+    p = pkg.add_parser("inspect", help=package_inspect.__doc__)
+    p.add_argument("package", help="a package file or directory")
+    p.set_defaults(fn=package_inspect)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -91,6 +91,7 @@ def _resize_impl(x, sizes, scales, roi, mode, transform, nearest_mode, cubic_coe
     y = x if mode == "nearest" else x.to(torch.float64)
     outside = None
     for axis, (n_in, n_out) in enumerate(zip(x.shape, sizes)):
+        n_out = n_in if n_out == -1 else n_out
         box = (roi[axis], roi[axis + x.dim()]) if roi else (0.0, 1.0)
         if n_in == n_out and scales[axis] == 1.0 and transform != "tf_crop_and_resize":
             continue
@@ -118,7 +119,7 @@ def _resize_impl(x, sizes, scales, roi, mode, transform, nearest_mode, cubic_coe
 @builder("resize")
 def _resize(g, x, sizes, mode="nearest", scales=None, transform="half_pixel", nearest_mode="round_prefer_floor",
             roi=None, cubic_coeff_a=-0.75, exclude_outside=False, extrapolation_value=0.0, name=None):
-    """Resample `x` to `sizes` (one extent per axis); `scales` default to sizes / input extents.
+    """Resample `x` to `sizes` (one extent per axis, -1 keeps an axis); `scales` default to sizes / input extents.
 
     >>> import stitchml as sm; g = sm.Graph()
     >>> g.resize(g.placeholder((1, 3, 8, 8)), (1, 3, 16, 16), mode="linear").type.shape
@@ -127,9 +128,9 @@ def _resize(g, x, sizes, mode="nearest", scales=None, transform="half_pixel", ne
     x = g.as_tensor(x)
     sizes = tuple(int(s) for s in sizes)
     if scales is None:
-        if x.rank is None or any(d < 0 for d in x.shape):
-            raise g._error("resize", "scales are needed when input extents are unknown", [x])
-        scales = tuple(o / i if i else 1.0 for o, i in zip(sizes, x.shape))
+        if x.rank is None or any(i < 0 and o != i for o, i in zip(sizes, x.shape)):
+            raise g._error("resize", "scales are needed when resized input extents are unknown", [x])
+        scales = tuple(o / i if i > 0 else 1.0 for o, i in zip(sizes, x.shape))
     attrs = {"sizes": sizes, "scales": tuple(float(s) for s in scales), "roi": tuple(float(r) for r in roi or ()),
              "mode": mode, "transform": transform, "nearest_mode": nearest_mode, "cubic_coeff_a": float(cubic_coeff_a),
              "exclude_outside": bool(exclude_outside), "extrapolation_value": float(extrapolation_value)}

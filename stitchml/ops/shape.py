@@ -6,23 +6,29 @@ torch.export's ``view(x, [s0, -1])`` mean when the batch extent is symbolic.
 """
 from __future__ import annotations
 
+import math
+from collections import Counter
+
 from ..errors import ShapeError
 from ..ir import UNKNOWN, TensorType
 from ..registry import MOVEMENT, Primitive, builder, register
 
 reshape_with_dims = register(Primitive(
     "reshape_with_dims", MOVEMENT,
-    doc=("Reshape input 0 to `shape` (one -1 inferred), where each (out_axis, input, axis) in `copies` sets "
-         "out_axis to the run-time extent of that axis of that input."),
+    doc=("Reshape input 0 to `shape` (one -1 inferred), where each (out_axis, input, axis) in `copies` "
+         "multiplies out_axis by the run-time extent of that axis of that input."),
 ))
 
 
 def _resolve(shapes, shape, copies):
+    """Each copied extent multiplies its output entry (which starts as the int in `shape`)."""
     out = list(shape)
     for o, i, a in copies:
-        if not (0 <= o < len(out)) or not (0 <= i < len(shapes)) or shapes[i] is None or not -len(shapes[i]) <= a < len(shapes[i]):
+        if not (0 <= o < len(out)) or not (0 <= i < len(shapes)) or shapes[i] is None \
+                or not -len(shapes[i]) <= a < len(shapes[i]):
             raise ShapeError(f"copy ({o}, {i}, {a}) names an axis that does not exist")
-        out[o] = shapes[i][a]
+        d = shapes[i][a]
+        out[o] = UNKNOWN if UNKNOWN in (d, out[o]) else out[o] * d
     return out
 
 
@@ -31,23 +37,30 @@ def _reshape_with_dims_infer(types, shape, copies):
     x = types[0]
     if sum(d == -1 for d in shape) > 1:
         raise ShapeError(f"target shape {shape} has more than one -1")
+    if any(shape[o] == -1 for o, _, _ in copies):
+        raise ShapeError("the inferred (-1) extent cannot also copy extents")
     out = _resolve([t.shape for t in types], shape, copies)
     inferred = [i for i, d in enumerate(shape) if d == -1]
     if inferred and x.shape is not None:
-        # Unknown extents of x that the output copies cancel out of the element count.
-        cancelled = {a % len(x.shape) for o, i, a in copies if i == 0 and x.shape[a] == UNKNOWN}
-        x_known = [d for a, d in enumerate(x.shape) if a not in cancelled]
-        rest = [d for j, d in enumerate(out) if j != inferred[0]
-                and not any(o == j and i == 0 and a % len(x.shape) in cancelled for o, i, a in copies)]
-        if UNKNOWN not in x_known and UNKNOWN not in rest:
-            num, den = 1, 1
-            for d in x_known:
-                num *= d
-            for d in rest:
-                den *= d
-            if den == 0 or num % den:
+        # Element count of x over the product of the other output extents, where unknown extents
+        # of x that the output copies cancel out.
+        num, den = Counter(), Counter()
+        for a, d in enumerate(x.shape):
+            num[("x", a) if d == UNKNOWN else d] += 1
+        for j, d in enumerate(shape):
+            if j != inferred[0]:
+                den[d] += 1
+        for o, i, a in copies:
+            d = types[i].shape[a]
+            den[("x", a % len(x.shape)) if i == 0 and d == UNKNOWN else d] += 1
+        common = num & den
+        num, den = num - common, den - common
+        if not any(isinstance(k, tuple) or k == UNKNOWN for k in list(num) + list(den)):
+            n = math.prod(k ** c for k, c in num.items())
+            m = math.prod(k ** c for k, c in den.items())
+            if m == 0 or n % m:
                 raise ShapeError(f"cannot reshape {x.shape} to {out}")
-            out[inferred[0]] = num // den
+            out[inferred[0]] = n // m
     return TensorType(tuple(out), x.dtype)
 
 
@@ -61,11 +74,12 @@ reshape_with_dims.def_vjp(lambda g, op, dy: [g.reshape(dy, op.inputs[0])] + [Non
 
 @builder("reshape_with_dims")
 def _reshape_with_dims(g, x, shape, copies=(), sources=(), name=None):
-    """Reshape `x` to `shape`, taking extent ``out_axis`` from ``sources[input - 1]`` (input 0: `x`) at run time.
+    """Reshape `x` to `shape`, multiplying extent ``out_axis`` by an extent of ``sources[input - 1]``
+    (input 0: `x`) at run time: ``(1, -1)`` with copies ``[(0, 0, 0)]`` keeps the batch and flattens the rest.
 
     >>> import stitchml as sm; g = sm.Graph()
     >>> x = g.placeholder((-1, 4, 5), sm.float32)
-    >>> g.reshape_with_dims(x, (0, -1), copies=[(0, 0, 0)]).type.shape
+    >>> g.reshape_with_dims(x, (1, -1), copies=[(0, 0, 0)]).type.shape
     (-1, 20)
     """
     return _emit_with_dims(g, "reshape_with_dims", x, shape, copies, sources, name)
@@ -80,8 +94,8 @@ def _emit_with_dims(g, op, x, shape, copies, sources, name):
 
 broadcast_with_dims = register(Primitive(
     "broadcast_with_dims", MOVEMENT,
-    doc=("Broadcast input 0 to `shape`, where each (out_axis, input, axis) in `copies` sets out_axis to the "
-         "run-time extent of that axis of that input (input 0 is the broadcast tensor itself)."),
+    doc=("Broadcast input 0 to `shape`, where each (out_axis, input, axis) in `copies` multiplies out_axis by "
+         "the run-time extent of that axis of that input (input 0 is the broadcast tensor itself)."),
 ))
 
 
@@ -104,11 +118,11 @@ broadcast_with_dims.def_vjp(lambda g, op, dy: [g.sum_to_shape(dy, op.inputs[0])]
 
 @builder("broadcast_with_dims")
 def _broadcast_with_dims(g, x, shape, copies=(), sources=(), name=None):
-    """Broadcast `x` to `shape`, taking extent ``out_axis`` from ``sources[input - 1]`` at run time.
+    """Broadcast `x` to `shape`, multiplying extent ``out_axis`` by an extent of ``sources[input - 1]`` at run time.
 
     >>> import stitchml as sm; g = sm.Graph()
     >>> x = g.placeholder((-1, 4), sm.float32)
-    >>> g.broadcast_with_dims(g.constant(0.0), (2, 0, 4), copies=[(1, 1, 0)], sources=[x]).type.shape
+    >>> g.broadcast_with_dims(g.constant(0.0), (2, 1, 4), copies=[(1, 1, 0)], sources=[x]).type.shape
     (2, -1, 4)
     """
     return _emit_with_dims(g, "broadcast_with_dims", x, shape, copies, sources, name)

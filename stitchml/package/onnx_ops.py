@@ -17,6 +17,7 @@ import numpy as np
 from .. import dtypes
 from ..ir import UNKNOWN, Tensor, broadcast_shapes
 from ..ops import Convolution2DDescriptor, Pooling2DDescriptor
+from . import shapes
 from .onnx_import import Dims, onnx_dtype
 
 HANDLERS: dict[str, Callable] = {}
@@ -255,27 +256,8 @@ def _reshape(cx, node, args, attrs):
     return [_reshape_to(cx, x, entries)]
 
 
-def _with_dims(cx, builder: str, x: Tensor, entries: list) -> Tensor:
-    """reshape_with_dims / broadcast_with_dims for entries of ints and (tensor, axis) pairs."""
-    sources: list[Tensor] = []
-    shape, copies = [], []
-    for i, e in enumerate(entries):
-        if isinstance(e, tuple):
-            t, axis = e
-            if t is not x and t not in sources:
-                sources.append(t)
-            copies.append((i, 0 if t is x else 1 + sources.index(t), axis))
-            shape.append(0)
-        else:
-            shape.append(e)
-    return getattr(cx.g, builder)(x, shape, copies, sources)
-
-
 def _reshape_to(cx, x: Tensor, entries: list) -> Tensor:
-    """Reshape to entries of ints (one may be -1) and (tensor, axis) pairs read at run time."""
-    if not any(isinstance(e, tuple) for e in entries):
-        return cx.g.reshape(x, entries)
-    return _with_dims(cx, "reshape_with_dims", x, entries)
+    return shapes.reshape_to(cx.g, x, entries)
 
 
 @handles("Flatten")
@@ -393,9 +375,7 @@ def _expand(cx, node, args, attrs):
     # Bidirectional broadcast: an entry of 1 keeps x's extent, symbolic or not.
     target = [(x, a - (rank - x.rank)) if e == 1 and d == UNKNOWN else (d if e == 1 else e)
               for a, (e, d) in enumerate(zip(entries, xs))]
-    if not any(isinstance(e, tuple) for e in target):
-        return [cx.g.broadcast_to(x, target)]
-    return [_with_dims(cx, "broadcast_with_dims", x, target)]
+    return [shapes.broadcast_to(cx.g, x, target)]
 
 
 @handles("Tile")
@@ -407,9 +387,7 @@ def _tile(cx, node, args, attrs):
 def _constant_of_shape(cx, node, args, attrs):
     entries = _dims_entries(cx, args[0])
     value = cx.tensor(attrs.get("value", np.zeros(1, np.float32)).reshape(()))
-    if any(isinstance(e, tuple) for e in entries):
-        return [_with_dims(cx, "broadcast_with_dims", value, entries)]
-    return [cx.g.broadcast_to(value, entries)]
+    return [shapes.broadcast_to(cx.g, value, entries)]
 
 
 @handles("Range")
@@ -837,8 +815,6 @@ def _einsum(cx, node, args, attrs):
 def _resize(cx, node, args, attrs):
     x = _t(cx, args[0])
     rank = _rank(cx, x)
-    if UNKNOWN in x.shape:
-        raise cx.fail("Resize needs known input extents")
     if attrs.get("antialias", 0):
         raise cx.fail("Resize with antialias is not supported")
     axes = [a % rank for a in attrs.get("axes", range(rank))]
@@ -849,7 +825,9 @@ def _resize(cx, node, args, attrs):
     given_scales = cx.static(args[2], "Resize scales").reshape(-1) if args[2] is not None else np.zeros(0)
     if given_scales.size:
         for a, s in zip(axes, given_scales.tolist()):
-            scales[a], sizes[a] = s, int(math.floor(x.shape[a] * s))
+            if s != 1.0 and x.shape[a] == UNKNOWN:
+                raise cx.fail(f"Resize needs a known extent on the resized axis {a}")
+            scales[a], sizes[a] = s, (x.shape[a] if s == 1.0 else int(math.floor(x.shape[a] * s)))
     else:
         wanted = cx.static(args[3], "Resize sizes").reshape(-1).tolist()
         policy = attrs.get("keep_aspect_ratio_policy", "stretch")
