@@ -32,6 +32,7 @@ __version__ = "0.1.0"
 
 from . import package  # noqa: E402  (network packages need the builders attached above)
 from .package import load_package  # noqa: E402
+from .pipeline import Compiler, MLPipelineDescriptor, device, write_trace  # noqa: E402
 
 __all__ = [
     "Graph", "Tensor", "TensorType", "Operation", "TensorData", "DType", "REGISTRY",
@@ -40,4 +41,5 @@ __all__ = [
     "as_dtype", "promote",
     "StitchError", "ShapeError", "FeedError", "GraphError", "ExecutionError", "LayoutError", "SerializationError",
     "PackageError", "PipelineError", "package", "load_package",
+    "device", "Compiler", "MLPipelineDescriptor", "write_trace",
 ]

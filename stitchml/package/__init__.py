@@ -1,8 +1,7 @@
 """Network packages: build them offline from ONNX or torch.export, save, load, inspect and run.
 
-    >>> import stitchml as sm                                        # doctest: +SKIP
-    >>> pkg = sm.package.from_onnx("model.onnx"); pkg.save("model.smpkg")
-    >>> out = sm.load_package("model.smpkg").function("main")(x=images)
+    pkg = sm.package.from_onnx("model.onnx"); pkg.save("model.smpkg")
+    out = sm.load_package("model.smpkg").function("main")(x=images)
 
 See docs/packages.md for the format and the importers' coverage.
 """

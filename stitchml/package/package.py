@@ -103,6 +103,7 @@ class Function:
         self._inputs = inputs
         self._outputs = outputs
         self._executables: dict[tuple, Any] = {}
+        self.package: Package | None = None  # set by the package that holds the function
 
     @property
     def inputs(self) -> list[Port]:
@@ -190,6 +191,8 @@ class Package:
     def __init__(self, functions: dict[str, Function], producer: dict | None = None,
                  kernels: Sequence[KernelEntry] = (), kernel_parts: dict[str, bytes] | None = None):
         self.functions = functions
+        for fn in functions.values():
+            fn.package = self
         from .. import __version__
 
         self.producer = dict(producer or {"name": "stitchml", "version": __version__})

@@ -14,7 +14,7 @@ Symbolic sizes that reach shapes (``view(x, [s0, -1])``) are tracked as
     >>> batch = torch.export.Dim("batch")
     >>> pkg = sm.package.from_torch(m, (torch.randn(2, 4),), dynamic_shapes=({0: batch},))
     >>> str(pkg.function().inputs[0])
-    'x: float32[batch, 4]'
+    'input: float32[batch, 4]'
 """
 from __future__ import annotations
 

@@ -1,0 +1,220 @@
+"""Devices, heaps, shared events and ML pipelines: Metal 4's machine-learning objects, in snake_case.
+
+    >>> import numpy as np, stitchml as sm
+    >>> g = sm.Graph(); x = g.placeholder((-1, 4), sm.float32, name="x")
+    >>> fn = sm.package.Package.from_graph(g, {"x": x}, {"y": g.relu(x)}).function()
+    >>> dev = sm.device("cpu")
+    >>> desc = sm.MLPipelineDescriptor(fn); desc.set_input_dimensions("x", (2, 4))
+    >>> pipeline = sm.Compiler(dev).new_ml_pipeline(desc)
+    >>> pipeline.output_shapes
+    {'y': (2, 4)}
+
+A `Device` stands for one torch device (the CPU, or one CUDA GPU). A pipeline
+is a package function compiled for fixed input dimensions on a device,
+through the stitching compiler's contract (pipeline/executable.py); it knows
+its `intermediates_heap_size` before anything runs, and a dispatch uses the
+caller's heap for intermediates.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Sequence
+
+import torch
+
+from .. import dtypes
+from ..errors import FeedError, PipelineError
+from ..ir import TensorType
+from ..tensor_data import TensorData, resolve_device
+
+log = logging.getLogger("stitchml.pipeline")
+
+
+class Heap:
+    """Caller-owned memory for a pipeline's intermediates: one uint8 buffer on the device."""
+
+    def __init__(self, device: "Device", size: int):
+        self.device = device
+        self.size = int(size)
+        self.data = TensorData.empty((max(self.size, 1),), dtypes.uint8, device.torch_device)
+
+    def __repr__(self) -> str:
+        return f"Heap({self.size} bytes on {self.device.name})"
+
+
+class SharedEvent:
+    """A counter that command buffers signal and wait on (MTLSharedEvent): orders work across queues.
+
+    `signaled_value` only grows. On a GPU each signal also records a CUDA
+    event, so a waiting queue's stream waits on the device, not the host.
+    """
+
+    def __init__(self, device: "Device", label: str = ""):
+        self.device = device
+        self.label = label or f"event{id(self) % 10000}"
+        self._value = 0
+        self._cuda: dict[int, Any] = {}
+        self._cond = threading.Condition()
+
+    @property
+    def signaled_value(self) -> int:
+        return self._value
+
+    def signal(self, value: int, stream: Any = None) -> None:
+        """Set the value (host side, or in stream order on a GPU when `stream` is given)."""
+        with self._cond:
+            if value < self._value:
+                raise PipelineError(f"event {self.label}: signal {value} is below the current value {self._value}")
+            if stream is not None:
+                ev = torch.cuda.Event()
+                ev.record(stream)
+                self._cuda[value] = ev
+            self._value = value
+            self._cond.notify_all()
+
+    def wait_until(self, value: int, timeout: float | None = None) -> bool:
+        """Block the calling thread until the value reaches `value`; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._value >= value, timeout)
+
+    def cuda_event_for(self, value: int):
+        """The CUDA event of the first signal that reached `value` (None on the CPU)."""
+        with self._cond:
+            reached = sorted(v for v in self._cuda if v >= value)
+            return self._cuda[reached[0]] if reached else None
+
+    def __repr__(self) -> str:
+        return f"SharedEvent({self.label!r}, value={self._value})"
+
+
+class Device:
+    """A CPU or CUDA device: makes queues, heaps, events and tensors. Use `stitchml.device(...)`."""
+
+    def __init__(self, torch_device: torch.device):
+        self.torch_device = torch_device
+        self.name = str(torch_device)
+        self.is_cuda = torch_device.type == "cuda"
+        # Timestamps of every command buffer on this device are measured from this origin.
+        self.origin_ns = time.perf_counter_ns()
+        self.origin_event = None
+        if self.is_cuda:
+            self.origin_event = torch.cuda.Event(enable_timing=True)
+            self.origin_event.record(torch.cuda.current_stream(torch_device))
+
+    def new_command_queue(self, label: str = "") -> "CommandQueue":
+        from .commands import CommandQueue
+
+        return CommandQueue(self, label)
+
+    def new_heap(self, size: int) -> Heap:
+        """A heap of at least `size` bytes (a pipeline's `intermediates_heap_size`)."""
+        if size < 0:
+            raise PipelineError(f"new_heap: size must be >= 0, got {size}")
+        return Heap(self, size)
+
+    def new_shared_event(self, label: str = "") -> SharedEvent:
+        return SharedEvent(self, label)
+
+    def new_tensor(self, shape: Sequence[int], dtype: Any) -> TensorData:
+        """Uninitialised TensorData on this device (for argument tables)."""
+        return TensorData.empty(shape, dtype, self.torch_device)
+
+    def __repr__(self) -> str:
+        return f"Device({self.name!r})"
+
+
+def device(name: str = "cpu") -> Device:
+    """The device called `name`: "cpu", "cuda" or "cuda:N" (None: CUDA when present, else the CPU).
+
+    >>> import stitchml as sm
+    >>> sm.device("cpu").name
+    'cpu'
+    """
+    return Device(resolve_device(name))
+
+
+class MLPipelineDescriptor:
+    """What to compile: a package function and the dimensions of each input."""
+
+    def __init__(self, function, label: str = ""):
+        self.function = function
+        self.label = label or function.name
+        self.input_dimensions: dict[str, tuple[int, ...]] = {}
+
+    def set_input_dimensions(self, name: str, dimensions: Sequence[int]) -> None:
+        port = self.function._port(self.function._inputs, name, "input")[1]
+        dims = tuple(int(d) for d in dimensions)
+        if any(d < 0 for d in dims) or not port.type.accepts(dims):
+            raise PipelineError(f"input {port}: dimensions {dims} do not fit its signature")
+        self.input_dimensions[name] = dims
+
+
+class MLPipeline:
+    """A function compiled for fixed input dimensions on a device (MTL4MachineLearningPipelineState)."""
+
+    def __init__(self, desc: MLPipelineDescriptor, dev: Device):
+        from .executable import specialize
+        from ..runtime.eager import prune
+
+        fn = desc.function
+        self.function, self.device, self.label = fn, dev, desc.label
+        dims = {}
+        for port in fn.inputs:
+            if port.name in desc.input_dimensions:
+                dims[port.name] = desc.input_dimensions[port.name]
+            elif port.type.is_static:
+                dims[port.name] = port.type.shape
+            else:
+                raise PipelineError(f"pipeline {self.label}: input {port} has symbolic extents; "
+                                    "call set_input_dimensions first")
+        self.input_dimensions = dims
+        self.input_types = {n: TensorType(d, fn.input_tensor(n).dtype) for n, d in dims.items()}
+        targets = [fn.output_tensor(p.name) for p in fn.outputs]
+        try:
+            types = specialize(fn.graph, {fn.input_tensor(n): t for n, t in self.input_types.items()},
+                               prune(fn.graph, targets, []))
+        except FeedError as e:
+            raise PipelineError(f"pipeline {self.label}: {e}") from None
+        self.output_types = {p.name: types[fn.output_tensor(p.name).id] for p in fn.outputs}
+        unknown = [f"{n}: {t}" for n, t in self.output_types.items() if not t.is_static]
+        if unknown:
+            raise PipelineError(f"pipeline {self.label}: output extents stay unknown for these input dimensions: {unknown}")
+        self.kernel_note = self._kernel_note(dev)
+        self.executable = fn.executable(self.input_types, dev.torch_device)
+        self.intermediates_heap_size = int(self.executable.intermediates_heap_size)
+
+    def _kernel_note(self, dev: Device) -> str:
+        """Whether the package's precompiled kernels serve this pipeline, and why not when they do not."""
+        from ..package.package import current_target
+
+        package = getattr(self.function, "package", None)
+        if package is None:
+            return "compiled here (the function belongs to no package)"
+        blob, why = package.find_kernels(self.function.name, self.input_dimensions, current_target(dev.torch_device))
+        if blob is not None:
+            return why
+        note = f"compiled here: {why}"
+        if package.kernels:
+            log.info("pipeline %s: %s", self.label, note)
+        return note
+
+    @property
+    def output_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {n: t.shape for n, t in self.output_types.items()}
+
+    def __repr__(self) -> str:
+        return (f"MLPipeline({self.label!r} on {self.device.name}, inputs {self.input_dimensions}, "
+                f"heap {self.intermediates_heap_size} bytes)")
+
+
+class Compiler:
+    """Makes ML pipelines on a device (MTL4Compiler)."""
+
+    def __init__(self, dev: Device):
+        self.device = dev
+
+    def new_ml_pipeline(self, desc: MLPipelineDescriptor) -> MLPipeline:
+        """Compile `desc.function` for its input dimensions, through the stitching compiler."""
+        return MLPipeline(desc, self.device)

@@ -1,0 +1,262 @@
+"""The Metal-4-style runtime on the CPU: pipelines, argument tables, command buffers, events, traces."""
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import stitchml as sm
+from stitchml.package import Package, current_target, zoo
+from stitchml.pipeline.executable import EagerExecutable, compile_graph, heap_lower_bound, specialize
+from stitchml.runtime.eager import prune
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    model, (x,) = zoo.build("cnn")
+    batch = torch.export.Dim("batch", min=1, max=64)
+    fn = sm.package.from_torch(model, (x,), dynamic_shapes=({0: batch},)).function()
+    return model, fn
+
+
+def _scale_fn(factor=2.0):
+    g = sm.Graph()
+    x = g.placeholder((-1, 4), sm.float32, name="x")
+    return Package.from_graph(g, {"x": x}, {"y": g.tanh(x) * factor}).function()
+
+
+def _pipeline(fn, dev, dims=None):
+    desc = sm.MLPipelineDescriptor(fn)
+    for name, d in (dims or {}).items():
+        desc.set_input_dimensions(name, d)
+    return sm.Compiler(dev).new_ml_pipeline(desc)
+
+
+def test_network_between_compute_kernels_matches_pytorch(cnn):
+    model, fn = cnn
+    dev = sm.device("cpu")
+    pipe = _pipeline(fn, dev, {"x": (3, 3, 16, 16)})
+    assert pipe.output_shapes == {"output": (3, 10)}
+    heap = dev.new_heap(pipe.intermediates_heap_size)
+    raw = torch.randn(3, 3, 16, 16)
+    xin = dev.new_tensor((3, 3, 16, 16), sm.float32)
+    out_np = np.zeros((3, 10), np.float32)
+    yout = sm.TensorData(out_np)  # the caller's memory: results land here, zero copy
+    probs = dev.new_tensor((3, 10), sm.float32)
+    cb = dev.new_command_queue("main").command_buffer("frame")
+    with cb.compute_encoder("prepare") as ce:
+        ce.dispatch(lambda: xin.torch().copy_(raw * 0.5), name="scale_input")
+    cb.barrier("dispatch", "machine_learning")
+    enc = cb.ml_encoder("net")
+    enc.set_pipeline(pipe)
+    enc.set_argument_table({"x": xin, "output": yout})
+    enc.dispatch_network(heap)
+    enc.end()
+    cb.barrier("machine_learning", "dispatch")
+    with cb.compute_encoder("post") as ce:
+        ce.dispatch(lambda: probs.torch().copy_(torch.softmax(yout.torch(), -1)), name="softmax")
+    cb.commit()
+    cb.wait()
+    assert cb.status == "completed"
+    with torch.no_grad():
+        want = model(raw * 0.5)
+    assert np.abs(out_np - want.numpy()).max() <= 1e-4
+    assert np.abs(probs.numpy() - torch.softmax(want, -1).numpy()).max() <= 1e-5
+    names = [s.name for s in cb.timeline]
+    assert names == ["scale_input", "barrier dispatch -> machine_learning", "main", "barrier machine_learning -> dispatch",
+                     "softmax"]
+    starts = [s.start_us for s in cb.timeline]
+    assert starts == sorted(starts) and all(s.end_us >= s.start_us for s in cb.timeline)
+
+
+def test_argument_table_is_checked(cnn):
+    _, fn = cnn
+    dev = sm.device("cpu")
+    pipe = _pipeline(fn, dev, {"x": (2, 3, 16, 16)})
+    enc = dev.new_command_queue().command_buffer().ml_encoder()
+    with pytest.raises(sm.PipelineError, match="set_pipeline first"):
+        enc.set_argument_table({})
+    enc.set_pipeline(pipe)
+    good_in, good_out = dev.new_tensor((2, 3, 16, 16), sm.float32), dev.new_tensor((2, 10), sm.float32)
+    with pytest.raises(sm.PipelineError, match=r"missing \['output'\]"):
+        enc.set_argument_table({"x": good_in})
+    with pytest.raises(sm.PipelineError, match=r"unknown names \['z'\]"):
+        enc.set_argument_table({"x": good_in, "output": good_out, "z": good_in})
+    with pytest.raises(sm.PipelineError, match=r"input .x. must be TensorData float32\[2,3,16,16\].*float64"):
+        enc.set_argument_table({"x": dev.new_tensor((2, 3, 16, 16), sm.float64), "output": good_out})
+    with pytest.raises(sm.PipelineError, match=r"output 'output' must be TensorData float32\[2,10\].*\[3, 10\]"):
+        enc.set_argument_table({"x": good_in, "output": dev.new_tensor((3, 10), sm.float32)})
+    with pytest.raises(sm.PipelineError, match="got ndarray"):
+        enc.set_argument_table({"x": np.zeros((2, 3, 16, 16), np.float32), "output": good_out})
+    with pytest.raises(sm.PipelineError, match="set_pipeline and set_argument_table first"):
+        enc.dispatch_network(dev.new_heap(pipe.intermediates_heap_size))
+    enc.set_argument_table({"x": good_in, "output": good_out})
+    if pipe.intermediates_heap_size:
+        with pytest.raises(sm.PipelineError, match="needs a heap"):
+            enc.dispatch_network(dev.new_heap(pipe.intermediates_heap_size - 1))
+
+
+def test_pipeline_dimensions_are_checked(cnn):
+    _, fn = cnn
+    dev = sm.device("cpu")
+    with pytest.raises(sm.PipelineError, match="symbolic extents; call set_input_dimensions"):
+        _pipeline(fn, dev)
+    with pytest.raises(sm.PipelineError, match="do not fit its signature"):
+        _pipeline(fn, dev, {"x": (2, 3, 16)})
+    with pytest.raises(sm.PackageError, match="no input named .y."):
+        _pipeline(fn, dev, {"y": (2, 3, 16, 16)})
+
+
+def test_encoder_rules():
+    dev = sm.device("cpu")
+    cb = dev.new_command_queue().command_buffer()
+    ce = cb.compute_encoder()
+    with pytest.raises(sm.PipelineError, match="is open; end\\(\\) it first"):
+        cb.ml_encoder()
+    with pytest.raises(sm.PipelineError, match="is open"):
+        cb.commit()
+    ce.end()
+    with pytest.raises(sm.PipelineError, match="used after end"):
+        ce.dispatch(lambda: None)
+    with pytest.raises(sm.PipelineError, match="expected a callable"):
+        cb.compute_encoder().dispatch(42)
+    cb2 = dev.new_command_queue().command_buffer()
+    with pytest.raises(sm.PipelineError, match="before commit"):
+        cb2.wait()
+    cb2.commit()
+    with pytest.raises(sm.PipelineError, match="after commit"):
+        cb2.commit()
+    cb2.wait(5)
+
+
+def test_events_order_work_across_queues():
+    dev = sm.device("cpu")
+    ev = dev.new_shared_event("ready")
+    order, data = [], dev.new_tensor((4,), sm.float32)
+    consumer = dev.new_command_queue("consumer").command_buffer()
+    consumer.wait_for_event(ev, 1, timeout=10)
+    with consumer.compute_encoder() as ce:
+        ce.dispatch(lambda: order.append(("consume", float(data.torch().sum()))), name="consume")
+    producer = dev.new_command_queue("producer").command_buffer()
+    with producer.compute_encoder() as ce:
+        ce.dispatch(lambda: (time.sleep(0.05), data.torch().fill_(2.0), order.append(("produce", 8.0))),
+                    name="produce")
+    producer.signal_event(ev, 1)
+    consumer.commit()  # committed first; it must still run after the producer's signal
+    producer.commit()
+    consumer.wait(10)
+    producer.wait(10)
+    assert order == [("produce", 8.0), ("consume", 8.0)]
+    assert ev.signaled_value == 1
+    trace = sm.pipeline.trace_events([producer, consumer])
+    flows = [e for e in trace if e["ph"] in ("s", "f")]
+    assert {e["ph"] for e in flows} == {"s", "f"} and len({e["id"] for e in flows}) == 1
+
+
+def test_event_timeout_fails_the_buffer_not_the_queue():
+    dev = sm.device("cpu")
+    q = dev.new_command_queue()
+    cb = q.command_buffer()
+    cb.wait_for_event(dev.new_shared_event("never"), 1, timeout=0.05)
+    cb.commit()
+    with pytest.raises(sm.PipelineError, match="did not reach 1 within 0.05 s"):
+        cb.wait(10)
+    assert cb.status == "error"
+    after = q.command_buffer()
+    ran = []
+    with after.compute_encoder() as ce:
+        ce.dispatch(lambda: ran.append(1))
+    after.commit()
+    after.wait(10)
+    assert ran == [1]
+
+
+def test_kernel_error_is_reported_with_its_cause():
+    dev = sm.device("cpu")
+    cb = dev.new_command_queue().command_buffer()
+    with cb.compute_encoder() as ce:
+        ce.dispatch(lambda: 1 / 0, name="broken")
+    cb.commit()
+    with pytest.raises(sm.PipelineError, match="ZeroDivisionError"):
+        cb.wait(10)
+
+
+def test_completed_handler_is_called():
+    dev = sm.device("cpu")
+    cb = dev.new_command_queue().command_buffer()
+    called = threading.Event()
+    cb.add_completed_handler(lambda c: called.set() if c.status == "completed" else None)
+    cb.commit()
+    assert called.wait(10)
+    late = []
+    cb.add_completed_handler(lambda c: late.append(c.status))
+    assert late == ["completed"]
+
+
+def test_trace_json(tmp_path):
+    dev = sm.device("cpu")
+    fn = _scale_fn()
+    pipe = _pipeline(fn, dev, {"x": (2, 4)})
+    x, y = sm.TensorData(np.ones((2, 4), np.float32)), dev.new_tensor((2, 4), sm.float32)
+    cb = dev.new_command_queue("q").command_buffer("frame0")
+    enc = cb.ml_encoder()
+    enc.set_pipeline(pipe)
+    enc.set_argument_table({"x": x, "y": y})
+    enc.dispatch_network(dev.new_heap(pipe.intermediates_heap_size))
+    enc.end()
+    cb.barrier()
+    cb.commit()
+    cb.wait()
+    np.testing.assert_allclose(y.numpy(), 2 * np.tanh(1.0), rtol=1e-6)
+    sm.write_trace(tmp_path / "t.json", [cb])
+    doc = json.loads((tmp_path / "t.json").read_text())
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert [e["name"] for e in slices] == ["main"] and slices[0]["args"]["command_buffer"] == "frame0"
+    assert any(e["ph"] == "i" and e["cat"] == "barrier" for e in doc["traceEvents"])
+    assert any(e["ph"] == "M" and e["args"]["name"] == "q" for e in doc["traceEvents"])
+
+
+def test_package_kernels_absent_or_mismatched_compile_and_say_so(tmp_path):
+    dev = sm.device("cpu")
+    fn = _scale_fn()
+    pkg = fn.package
+    assert "no compiled kernels" in _pipeline(fn, dev, {"x": (2, 4)}).kernel_note
+    pkg.add_kernels("main", {"x": (2, 4)}, {"arch": "sm_90", "triton": "3.6.0"}, b"cache")
+    pkg.save(tmp_path / "k.smpkg")
+    loaded = sm.load_package(tmp_path / "k.smpkg").function()
+    note = _pipeline(loaded, dev, {"x": (2, 4)}).kernel_note
+    assert note.startswith("compiled here") and "sm_90" in note and "cpu" in note
+    pkg.add_kernels("main", {"x": (2, 4)}, current_target("cpu"), b"cache")
+    assert _pipeline(fn, dev, {"x": (2, 4)}).kernel_note.startswith("using kernels")
+
+
+# -- the executable contract's stand-in ------------------------------------------------------------------
+def test_compile_graph_uses_the_eager_stand_in_until_the_compiler_lands():
+    fn = _scale_fn()
+    exe = compile_graph(fn.graph, {fn.input_tensor("x"): sm.TensorType((3, 4), sm.float32)},
+                        [fn.output_tensor("y")], device="cpu")
+    assert isinstance(exe, EagerExecutable) or hasattr(sm.Graph, "compile")
+    x = np.random.rand(3, 4).astype(np.float32)
+    out = sm.TensorData(np.zeros((3, 4), np.float32))
+    res = exe.run({fn.input_tensor("x"): sm.TensorData(x)}, outputs={fn.output_tensor("y"): out})
+    assert res[fn.output_tensor("y")] is out
+    np.testing.assert_allclose(out.numpy(), 2 * np.tanh(x), rtol=1e-6)
+    with pytest.raises(sm.FeedError, match=r"compiled for float32\[3,4\]"):
+        exe.run({fn.input_tensor("x"): sm.TensorData(np.zeros((2, 4), np.float32))})
+    done = threading.Event()
+    exe.run_async({fn.input_tensor("x"): sm.TensorData(x)}, on_complete=lambda r, e: done.set()).wait(10)
+    assert done.is_set()
+
+
+def test_heap_lower_bound_counts_simultaneously_live_intermediates():
+    g = sm.Graph()
+    x = g.placeholder((8, 8), sm.float32, name="x")
+    a = g.exponent(x)       # 256 B, live until d
+    b = g.negative(a)       # 256 B, live until c
+    c = g.sin(b)            # 256 B: a, b, c alive together
+    d = c + a               # the result, outside the heap
+    plan = prune(g, [d], [])
+    types = specialize(g, {x: sm.TensorType((8, 8), sm.float32)}, plan)
+    assert heap_lower_bound(plan, types, [d]) == 3 * 256
