@@ -260,3 +260,20 @@ def test_heap_lower_bound_counts_simultaneously_live_intermediates():
     plan = prune(g, [d], [])
     types = specialize(g, {x: sm.TensorType((8, 8), sm.float32)}, plan)
     assert heap_lower_bound(plan, types, [d]) == 3 * 256
+
+
+def test_timeline_example_runs_with_triton_interpreter(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = tmp_path / "timeline.json"
+    proc = subprocess.run([sys.executable, os.path.join(root, "examples", "timeline.py"), "--size", "16",
+                           "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    names = [e["name"] for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert names == ["render depth+normals", "shader", "composite"]
+    assert "max error against torch" in proc.stdout

@@ -1,0 +1,227 @@
+"""Packaged networks against ONNX Runtime and PyTorch eager: dispatch time and memory.
+
+    $ python benchmarks/bench_package.py --device cpu --json bench_package.json
+    $ python benchmarks/bench_package.py --device cuda --models cnn resnet18 transformer --batch 1 8
+
+For each zoo model (stitchml/package/zoo.py, random weights) and batch size:
+
+* **stitchml**: the package built through torch.export, compiled into an ML
+  pipeline, one dispatch per command buffer (encode, commit, wait); also the
+  host time to encode and commit alone;
+* **onnxruntime**: the same module exported to ONNX (TorchScript exporter,
+  opset 17), one InferenceSession.run (on CUDA with I/O bound to device
+  memory); skipped with a note when onnxruntime is not installed;
+* **torch eager**: ``module(x)`` under no_grad.
+
+Times are medians over --iters runs after --warmup runs. On a GPU the
+stitchml and torch times are CUDA-event medians on the stream the work runs
+on, and every backend also gets a synchronized wall-clock median, which is
+the only fair clock for ONNX Runtime's own streams. Memory: the pipeline's
+`intermediates_heap_size`, the liveness lower bound of the same schedule, and
+(on CUDA) PyTorch's peak allocated bytes for the forward pass above what the
+weights and input already held. Prints a table and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import platform
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+
+def _median_wall(fn, warmup: int, iters: int, sync) -> float:
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def _median_cuda(fn, warmup: int, iters: int, stream) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        fn()
+        end.record(stream)
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def _stitchml(sm, model, x, dev, args):
+    from stitchml.pipeline.executable import heap_lower_bound, specialize
+    from stitchml.runtime.eager import prune
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fn = sm.package.from_torch(model.cpu(), (x.cpu(),)).function()
+    desc = sm.MLPipelineDescriptor(fn)
+    pipeline = sm.Compiler(dev).new_ml_pipeline(desc)
+    heap = dev.new_heap(pipeline.intermediates_heap_size)
+    queue = dev.new_command_queue("bench")
+    name = fn.inputs[0].name
+    xin = sm.TensorData(x.to(dev.torch_device))
+    out_name, shape = next(iter(pipeline.output_shapes.items()))
+    yout = dev.new_tensor(shape, sm.float32)
+    encode_times = []
+
+    def dispatch():
+        t0 = time.perf_counter()
+        cb = queue.command_buffer()
+        enc = cb.ml_encoder()
+        enc.set_pipeline(pipeline)
+        enc.set_argument_table({name: xin, out_name: yout})
+        enc.dispatch_network(heap)
+        enc.end()
+        cb.commit()
+        encode_times.append(time.perf_counter() - t0)
+        cb.wait()
+
+    sync = torch.cuda.synchronize if dev.is_cuda else (lambda: None)
+    result = {"wall_us": _median_wall(dispatch, args.warmup, args.iters, sync)}
+    result["encode_commit_us"] = statistics.median(encode_times[args.warmup:]) * 1e6
+    if dev.is_cuda:
+        result["cuda_event_us"] = _median_cuda(dispatch, args.warmup, args.iters, queue.stream)
+    targets = [fn.output_tensor(p.name) for p in fn.outputs]
+    plan = prune(fn.graph, targets, [])
+    types = specialize(fn.graph, {fn.input_tensor(name): sm.TensorType(tuple(x.shape), sm.float32)}, plan)
+    result["heap_bytes"] = pipeline.intermediates_heap_size
+    result["heap_lower_bound_bytes"] = heap_lower_bound(plan, types, targets)
+    result["kernels"] = pipeline.kernel_note
+    with torch.no_grad():
+        result["check_max_error"] = float((yout.torch().cpu() - model.cpu()(x.cpu())).abs().max())
+    return result
+
+
+def _onnxruntime(model, x, device, args):
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return {"skipped": "onnxruntime is not installed"}
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model.cpu(), (x.cpu(),), f, dynamo=False, opset_version=17, input_names=["x"],
+                          output_names=["y"])
+    providers = ["CUDAExecutionProvider"] if device.startswith("cuda") else ["CPUExecutionProvider"]
+    if providers[0] not in ort.get_available_providers():
+        return {"skipped": f"{providers[0]} is not available in onnxruntime {ort.__version__}"}
+    sess = ort.InferenceSession(f.getvalue(), providers=providers)
+    if device.startswith("cuda"):
+        xin = x.cuda().contiguous()
+        y = torch.empty(tuple(model(x.cpu()).shape), device="cuda")
+        binding = sess.io_binding()
+        binding.bind_input("x", "cuda", 0, _ort_type(xin), list(xin.shape), xin.data_ptr())
+        binding.bind_output("y", "cuda", 0, _ort_type(y), list(y.shape), y.data_ptr())
+        run, sync = (lambda: sess.run_with_iobinding(binding)), torch.cuda.synchronize
+    else:
+        feed = {"x": x.cpu().numpy()}
+        run, sync = (lambda: sess.run(None, feed)), (lambda: None)
+    return {"wall_us": _median_wall(run, args.warmup, args.iters, sync), "version": ort.__version__}
+
+
+def _ort_type(t: torch.Tensor):
+    import numpy as np
+
+    return {torch.float32: np.float32, torch.float16: np.float16}[t.dtype]
+
+
+def _torch_eager(model, x, device, args):
+    m, xin = model.to(device), x.to(device)
+    result = {}
+    with torch.no_grad():
+        if device.startswith("cuda"):
+            result["wall_us"] = _median_wall(lambda: m(xin), args.warmup, args.iters, torch.cuda.synchronize)
+            result["cuda_event_us"] = _median_cuda(lambda: m(xin), args.warmup, args.iters, torch.cuda.current_stream())
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            out = m(xin)
+            torch.cuda.synchronize()
+            result["peak_allocated_bytes"] = torch.cuda.max_memory_allocated() - base
+            result["output_bytes"] = out.numel() * out.element_size()
+        else:
+            result["wall_us"] = _median_wall(lambda: m(xin), args.warmup, args.iters, lambda: None)
+    m.cpu()
+    return result
+
+
+def _fmt(v, unit=""):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.1f}{unit}"
+    return f"{v:,}{unit}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--models", nargs="+", default=["cnn", "resnet18", "transformer"])
+    parser.add_argument("--batch", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--json", default="bench_package.json", help="where to write the results")
+    args = parser.parse_args(argv)
+
+    import stitchml as sm
+    from stitchml.package import zoo
+
+    dev = sm.device(args.device)
+    env = {"python": platform.python_version(), "torch": torch.__version__, "stitchml": sm.__version__,
+           "device": dev.name, "compiler": "stitching compiler" if hasattr(sm.Graph, "compile") else "eager stand-in"}
+    if dev.is_cuda:
+        env["gpu"] = torch.cuda.get_device_name(dev.torch_device)
+        env["cuda"] = torch.version.cuda
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    rows = []
+    for name in args.models:
+        model, (example,) = zoo.build(name)
+        for batch in args.batch:
+            x = example[:1].repeat(batch, *[1] * (example.dim() - 1))
+            row = {"model": name, "batch": batch,
+                   "stitchml": _stitchml(sm, model, x, dev, args),
+                   "onnxruntime": _onnxruntime(model, x, args.device, args),
+                   "torch_eager": _torch_eager(model, x, args.device, args)}
+            rows.append(row)
+    clock = "cuda_event_us" if dev.is_cuda else "wall_us"
+    header = (f"{'model':<12} {'batch':>5} {'stitchml us':>12} {'encode us':>10} {'ORT us':>10} {'torch us':>10} "
+              f"{'heap B':>12} {'lower bd B':>12} {'torch peak B':>13}")
+    print(f"{env}\n{header}\n{'-' * len(header)}")
+    for r in rows:
+        s, o, t = r["stitchml"], r["onnxruntime"], r["torch_eager"]
+        print(f"{r['model']:<12} {r['batch']:>5} {_fmt(s.get(clock)):>12} {_fmt(s['encode_commit_us']):>10} "
+              f"{_fmt(o.get('wall_us')):>10} {_fmt(t.get(clock)):>10} {_fmt(s['heap_bytes']):>12} "
+              f"{_fmt(s['heap_lower_bound_bytes']):>12} {_fmt(t.get('peak_allocated_bytes')):>13}")
+    if any("skipped" in r["onnxruntime"] for r in rows):
+        print(f"onnxruntime: {rows[0]['onnxruntime'].get('skipped')}")
+    print(f"times: medians of {args.iters} runs after {args.warmup} warm-up runs "
+          f"({'CUDA events' if dev.is_cuda else 'wall clock'}; ORT always wall clock, synchronized)")
+    with open(args.json, "w") as f:
+        json.dump({"environment": env, "clock": clock, "results": rows}, f, indent=1)
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
