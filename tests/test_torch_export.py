@@ -58,3 +58,42 @@ def test_export_failure_is_a_package_error():
 
     with pytest.raises(sm.PackageError):
         sm.package.from_torch(DataDependent(), (torch.randn(4),))
+
+
+class _Ops(torch.nn.Module):
+    """One module per group of ATen operators the zoo does not reach."""
+
+    def __init__(self, body):
+        super().__init__()
+        self.body = body
+        self.emb = torch.nn.Embedding(10, 4)
+
+    def forward(self, x):
+        return self.body(self, x)
+
+
+_BODIES = {
+    "scans_and_sorting": lambda m, x: torch.cumsum(x, 1) + torch.topk(x, 3, dim=1).values.sum(1, keepdim=True),
+    "selection": lambda m, x: torch.where(x > 0, x, -x).clamp(0.1, 0.9) + x.flip(1).repeat(1, 1)[:, 1:2],
+    "statistics": lambda m, x: x.var(dim=1, keepdim=True) + x.argmax(1, keepdim=True).float() + x.amin(1, keepdim=True),
+    "embedding": lambda m, x: m.emb((x.abs() * 3).long().clamp(0, 9)).sum(-1),
+    "padding_and_resize": lambda m, x: torch.nn.functional.interpolate(
+        torch.nn.functional.pad(x.reshape(x.shape[0], 1, 2, 4), (1, 1, 0, 1)), scale_factor=2.0, mode="nearest"
+    ).flatten(1),
+    "activations": lambda m, x: torch.nn.functional.silu(x) + torch.nn.functional.elu(x)
+    + torch.nn.functional.hardswish(x) + torch.nn.functional.leaky_relu(x, 0.2) + torch.rsqrt(x.abs() + 1),
+    "split_select": lambda m, x: torch.cat([p * i for i, p in enumerate(x.split(3, dim=1))], 1)[:, 2] + x.select(1, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BODIES))
+def test_aten_operator_groups_match_pytorch(name):
+    model = _Ops(_BODIES[name]).eval()
+    x = torch.randn(3, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fn = sm.package.from_torch(model, (x,)).function()
+    with torch.no_grad():
+        want = model(x).numpy()
+    got = fn(x=x.numpy())["output"].numpy()
+    assert got.shape == want.shape and np.abs(got - want).max() <= TOL

@@ -46,7 +46,8 @@ _BINARY = {"mul": "multiplication", "div": "division", "pow": "power", "eq": "eq
 for _name, _builder in _UNARY.items():
     HANDLERS[f"aten.{_name}.default"] = (lambda b: lambda imp, node, x: getattr(imp.g, b)(x))(_builder)
 for _name, _builder in _BINARY.items():
-    for _overload in ("Tensor", "Scalar", "Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor", "default"):
+    for _overload in set(getattr(torch.ops.aten, _name).overloads()) & {"Tensor", "Scalar", "Tensor_Tensor",
+                                                                         "Tensor_Scalar", "Scalar_Tensor", "default"}:
         HANDLERS[f"aten.{_name}.{_overload}"] = (lambda b: lambda imp, node, a, c: getattr(imp.g, b)(a, c))(_builder)
 
 
@@ -445,3 +446,10 @@ def _batch_norm(imp, node, x, weight, bias, mean, var, momentum, eps):
 def _layer_norm(imp, node, x, normalized_shape, weight, bias, eps):
     axes = tuple(range(x.rank - len(normalized_shape), x.rank))
     return (imp.g.layer_normalization(x, axes, weight, bias, eps), None, None)
+
+
+@aten("_assert_tensor_metadata.default", "_assert_scalar.default", "sym_constrain_range_for_size.default",
+      "sym_constrain_range.default", "_assert_async.msg")
+def _assertion(imp, node, *args, **kwargs):
+    """Export-time checks of types and ranges: nothing to run in a package."""
+    return None
