@@ -277,3 +277,36 @@ def test_timeline_example_runs_with_triton_interpreter(tmp_path):
     names = [e["name"] for e in doc["traceEvents"] if e["ph"] == "X"]
     assert names == ["render depth+normals", "shader", "composite"]
     assert "max error against torch" in proc.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_pipeline_streams_events_and_timestamps(cnn):
+    model, fn = cnn
+    dev = sm.device("cuda")
+    pipe = _pipeline(fn, dev, {"x": (4, 3, 16, 16)})
+    heap = dev.new_heap(pipe.intermediates_heap_size)
+    x = torch.randn(4, 3, 16, 16, device="cuda")
+    xin, yout = dev.new_tensor((4, 3, 16, 16), sm.float32), dev.new_tensor((4, 10), sm.float32)
+    ev = dev.new_shared_event("input ready")
+    upload = dev.new_command_queue("upload").command_buffer()
+    with upload.compute_encoder() as ce:
+        ce.dispatch(lambda: xin.torch().copy_(x), name="upload")
+    upload.signal_event(ev, 1)
+    infer = dev.new_command_queue("infer").command_buffer()
+    infer.wait_for_event(ev, 1)
+    enc = infer.ml_encoder()
+    enc.set_pipeline(pipe)
+    enc.set_argument_table({"x": xin, "output": yout})
+    enc.dispatch_network(heap)
+    enc.end()
+    infer.commit()
+    upload.commit()
+    infer.wait(60)
+    upload.wait(60)
+    with torch.no_grad():
+        want = model.cuda()(x)
+    model.cpu()
+    assert (yout.torch() - want).abs().max().item() <= 1e-4
+    spans = {s.name: s for s in upload.timeline + infer.timeline}
+    assert spans["main"].start_us >= spans["upload"].end_us - 1.0

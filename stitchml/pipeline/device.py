@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -28,6 +28,9 @@ from .. import dtypes
 from ..errors import FeedError, PipelineError
 from ..ir import TensorType
 from ..tensor_data import TensorData, resolve_device
+
+if TYPE_CHECKING:
+    from .commands import CommandQueue
 
 log = logging.getLogger("stitchml.pipeline")
 
