@@ -104,3 +104,19 @@ def test_model_proto_roundtrip_through_bytes():
                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
     fn = sm.package.from_onnx(m.SerializeToString()).function()
     assert fn(x=np.array([-1.0, 0.0, 2.0], np.float32))["y"].numpy().tolist() == [0.0, 0.0, 2.0]
+
+
+def test_malformed_node_is_a_package_error():
+    m = _model([helper.make_node("Concat", ["x", "x"], ["y"], name="cat")],  # Concat requires `axis`
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    with pytest.raises(sm.PackageError, match=r"'cat' \(Concat\): malformed node: KeyError"):
+        sm.package.from_onnx(m)
+
+
+def test_undefined_input_is_named():
+    m = _model([helper.make_node("Relu", ["nowhere"], ["y"], name="r")],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    with pytest.raises(sm.PackageError, match="nowhere"):
+        sm.package.from_onnx(m)

@@ -312,3 +312,50 @@ def test_weights_survive_exactly(saved):
 def test_package_module_never_imports_pickle_loaders():
     src = open(package_mod.__file__).read() + open(container.__file__).read()
     assert "pickle" not in src and "torch.load" not in src and "eval(" not in src
+
+
+_HOSTILE_VALUES = [None, -1, 0, 2 ** 40, 1.5, True, "x", "../x", [], {}, [1, 2], [[1]], {"a": 1}, {"$tensor": "nope"},
+                   {"$dtype": "complex64"}, {"$float": "nan"}, "float32", [-1, 3]]
+
+
+def _paths(doc, prefix=()):
+    """Every (container, key) location inside a JSON document."""
+    if isinstance(doc, dict):
+        items = doc.items()
+    elif isinstance(doc, list):
+        items = enumerate(doc)
+    else:
+        return
+    for k, v in items:
+        yield doc, k
+        yield from _paths(v, prefix + (k,))
+
+
+@pytest.mark.parametrize("target", ["manifest", "graph"])
+def test_mutated_documents_fail_cleanly(tmp_path, target):
+    """Any field replaced by any JSON value, hashes made valid again: a PackageError or a working package."""
+    import copy
+    import random
+
+    pkg = _package()
+    manifest, parts = pkg.manifest_and_parts()
+    graph = json.loads(parts["functions/main.json"])
+    rng = random.Random(int(os.environ.get("FUZZ_SEED", 0)))
+    x = np.ones((2, 3), np.float32)
+    for trial in range(int(os.environ.get("FUZZ_TRIALS", 150))):
+        m, g = copy.deepcopy(manifest), copy.deepcopy(graph)
+        doc = m if target == "manifest" else g
+        holder, key = rng.choice(list(_paths(doc)))
+        holder[key] = copy.deepcopy(rng.choice(_HOSTILE_VALUES))
+        p = dict(parts, **{"functions/main.json": json.dumps(g).encode()})
+        path = tmp_path / f"m{trial}.smpkg"
+        container.write(path, m, p)
+        try:
+            loaded = sm.load_package(path)
+        except sm.PackageError:
+            continue
+        try:
+            for fn in loaded.functions.values():
+                fn(**{port.name: x for port in fn.inputs})
+        except sm.StitchError:
+            pass

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 
 from .. import dtypes
 from ..errors import PackageError, StitchError
@@ -113,7 +114,8 @@ class Importer:
             if known is not None:
                 return known
         elif isinstance(value, Tensor) and value.op.op == "constant":
-            return value.op.attrs["value"].numpy()
+            v = value.op.attrs["value"]
+            return (v.float() if v.dtype == torch.bfloat16 else v).numpy()  # NumPy has no bfloat16
         elif isinstance(value, np.ndarray):
             return value
         name = value.name if isinstance(value, Tensor) and value.op.op == "placeholder" else None
@@ -153,16 +155,19 @@ class Importer:
             handler = HANDLERS.get(node.op_type)
             if handler is None:
                 raise self.fail("this operator is not supported by the importer (docs/packages.md lists those that are)")
-            args = [self.values[n] if n else None for n in node.input]
             missing = [n for n in node.input if n and n not in self.values]
             if missing:
                 raise self.fail(f"inputs {missing} are not defined before the node")
+            args = [self.values[n] if n else None for n in node.input]
             try:
                 results = handler(self, node, args, attributes(node))
             except PackageError:
                 raise
             except StitchError as e:
                 raise self.fail(str(e)) from None
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+                # A required attribute or operand is missing or of the wrong kind.
+                raise self.fail(f"malformed node: {type(e).__name__}: {e}") from None
             for out_name, value in zip(node.output, results):
                 if out_name:
                     self.values[out_name] = value
@@ -170,6 +175,8 @@ class Importer:
         self.g._fold_constants = False
         outputs = {}
         for vi in graph.output:
+            if vi.name not in self.values:
+                raise PackageError(f"graph output {vi.name!r} is not computed by any node")
             value = self.tensor(self.values[vi.name])
             outputs[vi.name] = self.g.identity(value, name=vi.name) if value.op.op == "placeholder" else value
             dim_names[vi.name] = value_type(vi)[2] if vi.type.tensor_type.HasField("shape") else None

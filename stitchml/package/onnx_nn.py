@@ -229,7 +229,7 @@ def _lp_norm(cx, node, args, attrs):
     g, x = cx.g, _t(cx, args[0])
     axis, p = attrs.get("axis", -1), attrs.get("p", 2)
     norm = g.reduction_sum(g.absolute(x), axis, True) if p == 1 else g.square_root(g.reduction_sum(x * x, axis, True))
-    return [x / norm]
+    return [x / g.select(g.equal(norm, 0.0), 1.0, norm)]  # a zero vector stays zero
 
 
 @handles("MeanVarianceNormalization")

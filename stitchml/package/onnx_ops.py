@@ -140,8 +140,10 @@ def _isinf(cx, node, args, attrs):
 @handles("LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "HardSigmoid", "HardSwish", "Mish", "Swish",
          "Gelu", "Softplus", "Shrink")
 def _activation(cx, node, args, attrs):
-    g, x = cx.g, _t(cx, args[0])
-    op = node.op_type
+    x = _t(cx, args[0])
+    if x.dtype in (dtypes.float16, dtypes.bfloat16):  # half types round once, at the end, as the reference does
+        return [cx.g.cast(y, x.dtype) for y in _activation(cx, node, [cx.g.cast(x, dtypes.float32)], attrs)]
+    g, op = cx.g, node.op_type
     if op == "LeakyRelu":
         return [g.leaky_relu(x, attrs.get("alpha", 0.01))]
     if op in ("Elu", "Selu", "Celu"):
@@ -392,7 +394,7 @@ def _constant_of_shape(cx, node, args, attrs):
 @handles("Range")
 def _range(cx, node, args, attrs):
     start, limit, delta = (cx.static(a, "Range operands") for a in args)
-    return [cx.tensor(np.arange(start, limit, delta).astype(start.dtype))]
+    return [cx.g.cast(cx.tensor(np.arange(start, limit, delta).astype(start.dtype)), _t(cx, args[0]).dtype)]
 
 
 @handles("Split")
@@ -509,7 +511,7 @@ def _one_hot(cx, node, args, attrs):
     if not idx.dtype.is_integer:
         idx = g.cast(idx, dtypes.int64)
     idx = g.select(idx < 0, idx + depth, idx)  # ONNX counts negative indices from the end
-    return [g.one_hot(idx, depth, attrs.get("axis", -1), dtypes.as_dtype(values.dtype),
+    return [g.one_hot(idx, depth, attrs.get("axis", -1), _t(cx, args[2]).dtype,
                       values[1].item(), values[0].item())]
 
 

@@ -289,7 +289,7 @@ def _port(rec: Any, where: str) -> tuple[int, Port]:
     _need(shape is None or (isinstance(shape, list) and all(isinstance(d, int) and d >= -1 for d in shape)),
           where, f"shape must be a list of ints >= -1 (or null), got {shape!r}")
     try:
-        dt = dtypes.as_dtype(rec.get("dtype"))
+        dt = dtypes.as_dtype(rec.get("dtype") if isinstance(rec.get("dtype"), str) else repr(rec.get("dtype")))
     except TypeError as e:
         raise PackageError(f"{where}: {e}") from None
     names = rec.get("dim_names")
@@ -305,7 +305,8 @@ def _load_function(name: str, rec: Any, parts: dict[str, bytes], where: str) -> 
 
     _need(isinstance(rec, dict), where, "expected an object")
     for key in ("graph", "weights"):
-        _need(rec.get(key) in parts, where, f"{key} part {rec.get(key)!r} is not in the package")
+        _need(isinstance(rec.get(key), str) and rec[key] in parts, where,
+              f"{key} part {rec.get(key)!r} is not in the package")
     doc = container.parse_json(parts[rec["graph"]], f"{where} graph")
     try:
         tensors = load_tensors(parts[rec["weights"]])
@@ -346,8 +347,9 @@ def _load_kernels(manifest: dict, functions: dict, parts: dict[str, bytes]) -> t
     for i, r in enumerate(recs):
         where = f"manifest kernels[{i}]"
         _need(isinstance(r, dict), where, "expected an object")
-        _need(r.get("function") in functions, where, f"function {r.get('function')!r} is not in the package")
-        _need(r.get("part") in parts, where, f"part {r.get('part')!r} is not in the package")
+        _need(isinstance(r.get("function"), str) and r["function"] in functions, where,
+              f"function {r.get('function')!r} is not in the package")
+        _need(isinstance(r.get("part"), str) and r["part"] in parts, where, f"part {r.get('part')!r} is not in the package")
         dims, target = r.get("input_dimensions"), r.get("target")
         _need(isinstance(dims, dict) and all(isinstance(v, list) and all(isinstance(d, int) and d >= 0 for d in v)
                                              for v in dims.values()), where, "input_dimensions must map names to extents")
