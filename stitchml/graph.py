@@ -230,7 +230,7 @@ class Graph:
             )
         old = self._variable_values.get(op.id)
         device = old.device if old is not None else data.device
-        self._variable_values[op.id] = data.to(device).clone()
+        self._variable_values[op.id] = data.to(device).clone(memory_format=torch.contiguous_format)
 
     # -- running ---------------------------------------------------------------
     def run(self, feeds=None, targets=(), target_ops=(), device=None):
@@ -253,6 +253,17 @@ class Graph:
         from .runtime.asyncrun import submit
 
         return submit(self, lambda: self.run(feeds, targets, target_ops, device), on_complete)
+
+    def compile(self, feeds: dict | None = None, targets=(), target_ops=(), device=None,
+                options: dict | None = None) -> "Executable":
+        """Compile for one input signature: {placeholder: TensorType} (or example TensorData/arrays).
+
+        Returns an Executable (runtime/executable.py) whose runs keep the eager
+        semantics exactly; see passes/__init__.py for the pipeline.
+        """
+        from .runtime.compiled import compile_graph
+
+        return compile_graph(self, feeds or {}, targets, target_ops, device, options or {})
 
     # -- autodiff -------------------------------------------------------------
     def gradients(self, of: Tensor, wrt: Sequence[Tensor]) -> dict[Tensor, Tensor]:

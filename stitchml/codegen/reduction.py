@@ -1,0 +1,247 @@
+"""The reduction template: a frame S reduced over axes A, with the elementwise
+work before, between and after the reductions in the same kernel.
+
+The frame is viewed as rows r (the kept axes, in order) by columns c (the
+reduced axes, in order). FULL values are [BLOCK_R, BLOCK_C] tiles, ROW values
+[BLOCK_R, 1]; a ROW value read by a FULL op broadcasts along the columns.
+
+* persistent rows (C <= MAX_PERSISTENT): a program loads whole rows once,
+  computes every reduction in registers and stores every output: one read
+  and one write of the data (softmax, layer norm, cross entropy);
+* looped rows: each reduction gets a pass over its row in BLOCK_C chunks,
+  recomputing the elementwise ops it needs; a last pass stores FULL outputs.
+"""
+from __future__ import annotations
+
+from ..ir import Operation, Tensor
+from .common import Layout, compute_dtype, expression, header, index_expr, literal, tl_type
+from .pointwise import KernelSource
+
+MAX_PERSISTENT = 16384  # columns a program keeps in registers
+LOOP_BLOCK = 4096
+
+_COMBINE = {  # op -> (neutral element source, tile combine, final reduce)
+    "reduction_sum": ("0", "{a} + {b}", "tl.sum({x}, axis=1)"),
+    "reduction_mean": ("0", "{a} + {b}", "tl.sum({x}, axis=1)"),
+    "reduction_maximum": ("-INF", "_maximum({a}, {b})", "tl.reduce({x}, 1, _maximum)"),
+    "reduction_minimum": ("INF", "_minimum({a}, {b})", "tl.reduce({x}, 1, _minimum)"),
+    "reduction_product": ("1", "{a} * {b}", "tl.reduce({x}, 1, _product)"),
+}
+
+
+def _neutral(op: Operation) -> str:
+    text = _COMBINE[op.op][0]
+    dt = compute_dtype(op.inputs[0].dtype)
+    if "INF" in text and not dt.is_floating:
+        import torch
+
+        info = torch.iinfo(dt.torch)
+        return str(info.max if text == "INF" else info.min)
+    return text
+
+
+class _Frame:
+    def __init__(self, frame: tuple[int, ...], axes: tuple[int, ...]):
+        self.frame, self.axes = frame, axes
+        self.kept = [a for a in range(len(frame)) if a not in axes]
+        self.R = 1
+        for a in self.kept:
+            self.R *= frame[a]
+        self.C = 1
+        for a in axes:
+            self.C *= frame[a]
+        self.keep_shape = tuple(1 if i in axes else d for i, d in enumerate(frame))
+
+    def full_offset(self, lay: Layout) -> str:
+        lay = lay.broadcast_to(self.frame)
+        r = index_expr("rows", [(lay.shape[a], lay.strides[a]) for a in self.kept])
+        c = index_expr("cols", [(lay.shape[a], lay.strides[a]) for a in self.axes])
+        return " + ".join(p for p in (r, c) if p != "0") or "0"
+
+    def row_offset(self, lay: Layout) -> str:
+        if len(lay.shape) == len(self.kept) and lay.shape == tuple(self.frame[a] for a in self.kept):
+            strides = list(lay.strides)
+            full_strides = [0] * len(self.frame)
+            for a, s in zip(self.kept, strides):
+                full_strides[a] = s
+            lay = Layout(self.keep_shape, tuple(full_strides), lay.offset)
+        lay = lay.broadcast_to(self.keep_shape)
+        return index_expr("rows", [(lay.shape[a], lay.strides[a]) for a in self.kept])
+
+
+def generate(name: str, body, in_layouts: list[Layout], interpret: bool) -> KernelSource:
+    frame, axes, space = body.notes["frame"], body.notes["axes"], body.notes["space"]
+    f = _Frame(frame, axes)
+    placeholders = [op.outputs[0] for op in body.operations if op.op == "placeholder"]
+    ops = [op for op in body.operations if op.op != "placeholder"]
+    arg_of = {t.id: f"in{i}" for i, t in enumerate(placeholders)}
+    layout_of = {t.id: lay for t, lay in zip(placeholders, in_layouts)}
+    persistent = f.C <= MAX_PERSISTENT
+    block_c = 1 << max(f.C - 1, 0).bit_length() if persistent else LOOP_BLOCK
+    block_c = max(block_c, 16)
+    block_r = max(1, min(1 << max(f.R - 1, 0).bit_length(), 4096 // block_c)) if persistent else 1
+    warps = 4 if block_r * block_c <= 4096 else 8 if block_r * block_c <= 8192 else 16
+
+    def op_space(op: Operation) -> str:
+        return space.get(op.outputs[0].id, "full")
+
+    gen = _Gen(f, arg_of, layout_of, space)
+    if persistent:
+        body_lines = gen.straight(ops, lambda op: True, store=body.outputs)
+    else:
+        body_lines = gen.looped(ops, body.outputs, op_space)
+    outs = [f"out{j}" for j in range(len(body.outputs))]
+    params = ", ".join([arg_of[t.id] for t in placeholders] + outs)
+    src = header(f"reduction kernel {name}: {f.R} rows of {f.C}", interpret) + f'''
+
+@triton.jit
+def {name}({params}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    rmask = rows < {f.R}
+''' + "\n".join(body_lines) + "\n"
+    grid = ((f.R + block_r - 1) // block_r,)
+    return KernelSource(name, src, grid, warps, {"BLOCK_R": block_r, "BLOCK_C": block_c}, "reduction")
+
+
+class _Gen:
+    """Emits loads, elementwise ops, reductions and stores for one kernel."""
+
+    def __init__(self, f: _Frame, arg_of, layout_of, space):
+        self.f, self.arg_of, self.layout_of, self.space = f, arg_of, layout_of, space
+        self.count = 0
+
+    def fresh(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def load(self, t: Tensor, full: bool, lines: list[str], env: dict) -> str:
+        key = (t.id, full)
+        if key in env:
+            return env[key]
+        lay = self.layout_of[t.id]
+        idx = self.f.full_offset(lay) if full else self.f.row_offset(lay)
+        ptr = f"{self.arg_of[t.id]} + {lay.offset}" if lay.offset else self.arg_of[t.id]
+        mask = "mask" if full else "rmask"
+        var = self.fresh("x")
+        if idx == "0":
+            lines.append(f"    {var} = tl.load({ptr}).to({tl_type(compute_dtype(t.dtype))})")
+        else:
+            lines.append(f"    {var} = tl.load({ptr} + {idx}, mask={mask}, other=0).to({tl_type(compute_dtype(t.dtype))})")
+        env[key] = var
+        return var
+
+    def operand(self, t: Tensor, full: bool, lines, env) -> str:
+        if t.id in env:
+            return env[t.id]
+        return self.load(t, full, lines, env)
+
+    def elementwise(self, op: Operation, lines, env) -> None:
+        out = op.outputs[0]
+        if op.op == "constant":
+            env[out.id] = literal(op.attrs["value"], out.dtype)
+            return
+        full = self.space.get(out.id, "full") == "full"
+        args = [self.operand(t, full, lines, env) for t in op.inputs]
+        var = self.fresh("v")
+        lines.append(f"    {var} = {expression(op, args)}")
+        env[out.id] = var
+
+    def reduce_tile(self, op: Operation, lines, env) -> None:
+        x = self.operand(op.inputs[0], True, lines, env)
+        var = self.fresh("r")
+        masked = f"tl.where(mask, {x}, {_neutral(op)})"
+        lines.append(f"    {var} = {_COMBINE[op.op][2].format(x=masked)}[:, None]")
+        if op.op == "reduction_mean":
+            lines.append(f"    {var} = {var} / {self.f.C}")
+        env[op.outputs[0].id] = var
+
+    def store(self, t: Tensor, j: int, lines, env) -> None:
+        v = env[t.id]
+        if self.space.get(t.id, "full") == "full":
+            idx = self.f.full_offset(Layout.contiguous(self.f.frame))
+            lines.append(f"    tl.store(out{j} + {idx}, ({v}).to({tl_type(t.dtype)}), mask=mask)")
+        else:
+            lines.append(f"    tl.store(out{j} + rows, tl.broadcast_to(({v}).to({tl_type(t.dtype)}), "
+                         f"[BLOCK_R, 1]), mask=rmask)")
+
+    def columns(self, lines, start: str = "0") -> None:
+        lines.append(f"    cols = {start} + tl.arange(0, BLOCK_C)[None, :]")
+        lines.append(f"    mask = rmask & (cols < {self.f.C})")
+
+    def straight(self, ops, wanted, store) -> list[str]:
+        lines: list[str] = []
+        env: dict = {}
+        self.columns(lines)
+        for op in ops:
+            if op.op in _COMBINE:
+                self.reduce_tile(op, lines, env)
+            else:
+                self.elementwise(op, lines, env)
+        for j, t in enumerate(store):
+            self.store(t, j, lines, env)
+        return lines
+
+    def looped(self, ops, outputs, op_space) -> list[str]:
+        lines: list[str] = []
+        rows_env: dict = {}  # ROW values available after their reduction pass
+        done: set[int] = set()
+        reductions = [op for op in ops if op.op in _COMBINE]
+        for red in reductions:
+            need = _ancestors(red, ops, rows_env)
+            acc = self.fresh("acc")
+            dt = tl_type(compute_dtype(red.inputs[0].dtype))
+            lines.append(f"    {acc} = tl.full([BLOCK_R, BLOCK_C], {_neutral(red)}, {dt})")
+            lines.append(f"    for c0 in range(0, {self.f.C}, BLOCK_C):")
+            inner: list[str] = []
+            env = dict(rows_env)
+            self.columns(inner, "c0")
+            for op in need:
+                self.elementwise(op, inner, env)
+            x = self.operand(red.inputs[0], True, inner, env)
+            combine = _COMBINE[red.op][1].format(a=acc, b=f"tl.where(mask, {x}, {_neutral(red)})")
+            inner.append(f"    {acc} = {combine}")
+            lines.extend("    " + ln for ln in inner)
+            var = self.fresh("r")
+            lines.append(f"    {var} = {_COMBINE[red.op][2].format(x=acc)}[:, None]")
+            if red.op == "reduction_mean":
+                lines.append(f"    {var} = {var} / {self.f.C}")
+            rows_env[red.outputs[0].id] = var
+            done.add(red.id)
+            for op in ops:  # row ops computable now
+                if op.id not in done and op.op not in _COMBINE and op_space(op) == "row" and \
+                        all(t.id in rows_env or t.op.op in ("placeholder", "constant") for t in op.inputs):
+                    self.elementwise(op, lines, rows_env)
+                    done.add(op.id)
+        full_outs = [(j, t) for j, t in enumerate(outputs) if self.space.get(t.id, "full") == "full"]
+        if full_outs:
+            lines.append(f"    for c0 in range(0, {self.f.C}, BLOCK_C):")
+            inner = []
+            env = dict(rows_env)
+            self.columns(inner, "c0")
+            for op in ops:
+                if op.op not in _COMBINE and op.outputs[0].id not in env:
+                    self.elementwise(op, inner, env)
+            for j, t in full_outs:
+                self.store(t, j, inner, env)
+            lines.extend("    " + ln for ln in inner)
+        for j, t in enumerate(outputs):
+            if self.space.get(t.id, "full") == "row":
+                self.store(t, j, lines, rows_env)
+        return lines
+
+
+def _ancestors(red: Operation, ops: list[Operation], available: dict) -> list[Operation]:
+    """The elementwise ops `red` needs that are not yet computed, in program order."""
+    by_out = {t.id: op for op in ops for t in op.outputs}
+    need: set[int] = set()
+    stack = [red.inputs[0]]
+    while stack:
+        t = stack.pop()
+        if t.id in available or t.id not in by_out:
+            continue
+        op = by_out[t.id]
+        if op.id in need:
+            continue
+        need.add(op.id)
+        stack.extend(op.inputs)
+    return [op for op in ops if op.id in need and op.op not in _COMBINE]

@@ -1,0 +1,177 @@
+"""lower: turn the stitched, planned program into a list of pre-bound steps.
+
+Requires: `ctx.memory_plan`. Ensures: `ctx.launches` holds one step per
+operation that does work, in schedule order, each reading and writing value
+slots of an environment list; `ctx.slots` maps tensor ids to slots.
+
+* pointwise and reduction kernels: generated Triton source (codegen/),
+  loaded from the kernel cache and launched with their grid;
+* matmul / convolution kernels: the vendor call (cuBLAS / cuDNN through
+  torch) writes a scratch buffer, then a generated epilogue kernel reads it;
+  with no epilogue the vendor call writes the output directly;
+* views: a torch view of the input (no copy);
+* opaque ops: their reference implementation, result copied into its buffer;
+* with the reference backend (CPU without the Triton interpreter) kernels run
+  their bodies op by op.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..codegen import loader, pointwise, reduction
+from ..codegen.common import Layout
+from ..graph import Graph
+from ..ir import Operation
+from ..registry import lookup
+from .memory import _is_view
+from .program import Program, copy_op
+
+
+@dataclass
+class Step:
+    """One unit of work: `run(env)`; `name` and `kind` are for reports and traces."""
+
+    name: str
+    kind: str
+    run: Callable[[list], None]
+    source: str | None = None  # generated Triton source, if any
+
+
+def _layouts(op: Operation, plan) -> list[Layout]:
+    out = []
+    for t in op.inputs:
+        lay = plan.place[t.id][2]
+        out.append(Layout(lay.shape, lay.strides, 0))  # the slot holds the view: its pointer includes the offset
+    return out
+
+
+def _launcher(src: pointwise.KernelSource, ins: list[int], outs: list[int]):
+    fn = loader.load(src.name, src.source)
+    grid, meta, warps = src.grid, src.constexprs, src.num_warps
+    slots = ins + outs
+
+    def run(env):
+        fn[grid](*[env[s] for s in slots], num_warps=warps, **meta)
+
+    return run
+
+
+def _generate(name: str, template: str, body: Program, layouts: list[Layout], interpret: bool):
+    gen = reduction.generate if template == "reduction" else pointwise.generate
+    return gen(name, body, layouts, interpret)
+
+
+def _epilogue(body: Program) -> tuple[Operation, Program | None, list[int]]:
+    """Split a matmul/convolution body into the contraction and a pointwise epilogue body.
+
+    Returns the contraction op, the epilogue (None when there is none) and, for
+    each epilogue input after the contraction result, the index of the body
+    placeholder it is.
+    """
+    contraction = next(op for op in body.operations if op.op in ("matrix_multiplication", "convolution2d"))
+    rest = [op for op in body.operations if op.op != "placeholder" and op is not contraction]
+    if not rest:
+        return contraction, None, []
+    g = Graph("epilogue")
+    mapping = {contraction.outputs[0].id: g.placeholder(contraction.outputs[0].shape, contraction.outputs[0].dtype)}
+    placeholders = [op.outputs[0] for op in body.operations if op.op == "placeholder"]
+    used = []
+    for op in rest:
+        for t in op.inputs:
+            if t.id not in mapping and t.op.op == "placeholder":
+                mapping[t.id] = g.placeholder(t.shape, t.dtype)
+                used.append(placeholders.index(t))
+        for old, new in zip(op.outputs, copy_op(g, op, [mapping[t.id] for t in op.inputs])):
+            mapping[old.id] = new
+    return contraction, Program(g, [mapping[t.id] for t in body.outputs], dict(body.notes)), used
+
+
+def _vendor(contraction: Operation, placeholders, ins: list[int], out_slot: int):
+    prim = lookup(contraction.op)
+    index = [placeholders.index(t) for t in contraction.inputs]
+    attrs = contraction.attrs
+
+    if contraction.op == "matrix_multiplication":
+        def run(env):
+            torch.matmul(env[ins[index[0]]], env[ins[index[1]]], out=env[out_slot])
+    else:
+        def run(env):
+            env[out_slot].copy_(prim.impl(*[env[ins[i]] for i in index], **attrs))
+    return run
+
+
+def lower(program: Program, ctx) -> Program:
+    plan = ctx.memory_plan
+    slots: dict[int, int] = {}
+    for op in program.operations:
+        for t in op.outputs:
+            slots[t.id] = len(slots)
+    scratch_slots = {op_id: len(slots) + i for i, op_id in enumerate(plan.scratch)}
+    interpret = ctx.backend == "interpret"
+    steps: list[Step] = []
+    for op in program.operations:
+        if op.op in ("placeholder", "variable", "constant", "assign_variable"):
+            continue
+        ins = [slots[t.id] for t in op.inputs]
+        outs = [slots[t.id] for t in op.outputs]
+        if _is_view(op) and plan.place[op.outputs[0].id][:2] != ("buffer", op.outputs[0].id):
+            steps.append(Step(op.name, "view", _view(op, ins[0], outs[0])))
+            continue
+        if op.op != "fusion":
+            steps.append(Step(op.name, "vendor", _opaque(op, ins, outs)))
+            continue
+        body, template = op.attrs["body"], op.attrs["template"]
+        if ctx.backend == "reference":
+            steps.append(Step(op.name, "reference", _opaque(op, ins, outs)))
+            continue
+        if template in ("pointwise", "reduction"):
+            src = _generate(op.name, template, body, _layouts(op, plan), interpret)
+            steps.append(Step(op.name, template, _launcher(src, ins, outs), src.source))
+            continue
+        contraction, epi, used = _epilogue(body)
+        placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
+        if epi is None:
+            steps.append(Step(op.name, template, _vendor(contraction, placeholders, ins, outs[0])))
+            continue
+        tmp = scratch_slots[op.id]
+        layouts = [Layout.contiguous(contraction.outputs[0].shape)] + [_layouts(op, plan)[i] for i in used]
+        src = _generate(op.name, "pointwise", epi, layouts, interpret)
+        vendor = _vendor(contraction, placeholders, ins, tmp)
+        launch = _launcher(src, [tmp] + [ins[i] for i in used], outs)
+        steps.append(Step(op.name, template, _chain(vendor, launch), src.source))
+    ctx.launches = steps
+    ctx.slots = slots
+    ctx.scratch_slots = scratch_slots
+    return program
+
+
+def _chain(*fns):
+    def run(env):
+        for fn in fns:
+            fn(env)
+    return run
+
+
+def _view(op: Operation, src: int, dst: int):
+    prim = lookup(op.op)
+    attrs = op.attrs
+
+    def run(env):
+        env[dst] = prim.impl(env[src], **attrs)
+    return run
+
+
+def _opaque(op: Operation, ins: list[int], outs: list[int]):
+    prim = lookup(op.op)
+    attrs = op.attrs
+
+    def run(env):
+        result = prim.impl(*[env[s] for s in ins], **attrs)
+        result = result if isinstance(result, tuple) else (result,)
+        for s, r in zip(outs, result):
+            env[s].copy_(r)
+    return run
+

@@ -1,0 +1,261 @@
+"""Executable: a graph compiled for one input signature.
+
+`Graph.compile(feeds={placeholder: TensorType}, targets, target_ops, device)`
+runs the pass pipeline (passes/__init__.py) and returns an Executable:
+
+    >>> import numpy as np, stitchml as sm
+    >>> g = sm.Graph(); x = g.placeholder((4,), sm.float32, name="x")
+    >>> exe = g.compile({x: sm.TensorType((4,), sm.float32)}, [g.exponent(x)], device="cpu")
+    >>> exe.intermediates_heap_size
+    0
+
+A run binds the feeds, the variables' storage, the constants and the arena
+(the caller's `heap`, or one the executable keeps) to value slots, runs the
+pre-bound steps, then writes the assigned variables (end-of-run semantics,
+docs/semantics.md). On CUDA, once a run has warmed the kernels up, the whole
+run is captured as a CUDA graph and later runs replay it.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import FeedError, GraphError
+from ..ir import Operation, Tensor, TensorType
+from ..tensor_data import TensorData
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What an executable is compiled for (MPSGraph compiles per unique input types)."""
+
+    feeds: tuple[tuple[int, str, tuple[int, ...], str], ...]  # (placeholder op id, name, shape, dtype)
+    targets: tuple[int, ...]
+    target_ops: tuple[int, ...]
+    device: str
+
+    def describe_change(self, other: "Signature") -> str:
+        """Which part of the signature differs from `other` (for recompile explanations)."""
+        if self.device != other.device:
+            return f"device {other.device} -> {self.device}"
+        if self.targets != other.targets or self.target_ops != other.target_ops:
+            return "targets or target operations changed"
+        mine = {f[0]: f for f in self.feeds}
+        theirs = {f[0]: f for f in other.feeds}
+        for key in sorted(set(mine) | set(theirs)):
+            a, b = theirs.get(key), mine.get(key)
+            if a != b:
+                name = (b or a)[1]
+                if a is None or b is None:
+                    return f"feed {name} {'added' if a is None else 'removed'}"
+                return f"feed {name}: {a[3]}{list(a[2])} -> {b[3]}{list(b[2])}"
+        return "no change"
+
+
+class Executable:
+    """A compiled run of one graph; see the module docstring."""
+
+    def __init__(self, graph, program, ctx, signature: Signature, targets: list[Tensor]):
+        self.graph = graph
+        self.program = program
+        self.signature = signature
+        self.device = ctx.device
+        self.backend = ctx.backend
+        self.steps = ctx.launches
+        self.plan = ctx.memory_plan
+        self.compile_times = dict(ctx.timings)
+        self._report = ctx.fusion_report
+        self._poison = bool(ctx.options.get("poison"))
+        slots = ctx.slots
+        self._nslots = len(slots) + len(ctx.scratch_slots)
+        self._feeds: list[tuple[int, int, tuple, torch.dtype, str]] = []  # (user op id, slot, shape, dtype, name)
+        self._variables: list[tuple[int, int]] = []  # (user variable op id, slot)
+        self._constants: list[tuple[int, torch.Tensor]] = []
+        self._assigns: list[tuple[int, int]] = []
+        for op in program.operations:
+            if op.op == "placeholder":
+                t = op.outputs[0]
+                self._feeds.append((op.attrs["source"], slots[t.id], t.shape, t.dtype.torch, t.name))
+            elif op.op == "variable":
+                self._variables.append((op.attrs["source"], slots[op.outputs[0].id]))
+            elif op.op == "constant":
+                self._constants.append((slots[op.outputs[0].id], op.attrs["value"].to(self.device)))
+            elif op.op == "assign_variable":
+                self._assigns.append((op.inputs[0].op.attrs["source"], slots[op.inputs[1].id]))
+        self._buffers = []  # (slot, offset, nbytes, dtype, shape) for arena buffers
+        self._outputs = []  # (slot, shape, dtype) allocated per run
+        for b in self.plan.buffers.values():
+            if b.kind == "scratch":
+                op_id = next(k for k, v in self.plan.scratch.items() if v == b.id)
+                contraction = next(o for o in _op(program, op_id).attrs["body"].operations
+                                   if o.op in ("matrix_multiplication", "convolution2d")).outputs[0]
+                self._buffers.append((ctx.scratch_slots[op_id], b.offset, b.nbytes, contraction.dtype.torch,
+                                      contraction.shape))
+                continue
+            t = _tensor(program, b.id)
+            entry = (slots[t.id], t.shape, t.dtype.torch)
+            if b.kind == "output":
+                self._outputs.append(entry)
+            else:
+                self._buffers.append((entry[0], b.offset, b.nbytes, entry[2], entry[1]))
+        held = {slots[op.outputs[0].id] for op in program.operations if op.op in ("variable", "constant")}
+        self._results = [(user, slots[t.id], slots[t.id] in held or self.plan.place[t.id][0] in ("variable", "constant"))
+                         for user, t in zip(targets, program.outputs)]
+        self._arena: torch.Tensor | None = None
+        self._bound_arena_ptr = None
+        self._bound: list = []
+        self._lock = threading.Lock()
+        self._graph_state = None  # CUDA graph capture, made after the first run
+        self.runs = 0
+
+    # -- reports ---------------------------------------------------------------
+    @property
+    def intermediates_heap_size(self) -> int:
+        """Bytes of arena the intermediates need (a caller's heap must be at least this large)."""
+        return self.plan.arena_size
+
+    @property
+    def kernel_count(self) -> int:
+        return sum(1 for s in self.steps if s.kind != "view")
+
+    def fusion_report(self) -> str:
+        """Each kernel with the ops inside it, and why each unfused neighbour stayed out."""
+        lines = []
+        for entry in self._report:
+            lines.append(f"kernel {entry['kernel']} ({entry['template']}): {', '.join(entry['ops'])}")
+            for who, why in entry["not_fused"]:
+                lines.append(f"    not fused: {who}: {why}")
+        for s in self.steps:
+            if s.kind in ("vendor", "view"):
+                lines.append(f"{s.kind} {s.name}")
+        return "\n".join(lines)
+
+    def kernel_sources(self) -> dict[str, str]:
+        """Generated Triton source of every kernel, by kernel name."""
+        return {s.name: s.source for s in self.steps if s.source}
+
+    # -- running -----------------------------------------------------------------
+    def _feed_env(self, env: list, feeds: dict) -> None:
+        by_source = {}
+        for key, value in (feeds or {}).items():
+            if not isinstance(key, Tensor) or key.graph is not self.graph or key.op.op != "placeholder":
+                raise FeedError(f"feed keys must be placeholders of the compiled graph, got {key!r}")
+            by_source[key.op.id] = value
+        for source, slot, shape, dtype, name in self._feeds:
+            if source not in by_source:
+                raise FeedError(f"the executable needs a feed for placeholder {name}")
+            value = by_source[source]
+            t = value.torch() if isinstance(value, TensorData) else TensorData(value).torch()
+            if t.dtype != dtype or tuple(t.shape) != shape:
+                raise FeedError(f"feed for placeholder {name}: the executable was compiled for "
+                                f"{TensorType(shape, t.dtype if t.dtype == dtype else dtype)} {shape}, got "
+                                f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}; compile again for it")
+            if t.device != self.device:
+                t = t.to(self.device)
+            env[slot] = t if t.is_contiguous() else t.contiguous()
+
+    def _variable_env(self, env: list) -> None:
+        values = self.graph._variable_values
+        for source, slot in self._variables:
+            v = values.get(source)
+            if v is None:
+                v = _op(self.graph, source).attrs["initial_value"].clone()
+            if v.device != self.device or not v.is_contiguous():
+                v = v.to(self.device).contiguous()
+            values[source] = v
+            env[slot] = v
+
+    def _arena_for(self, heap) -> torch.Tensor:
+        if heap is not None:
+            t = heap.torch() if isinstance(heap, TensorData) else heap
+            if t.dtype != torch.uint8 or t.dim() != 1 or t.numel() < self.intermediates_heap_size or \
+                    t.device != self.device:
+                raise GraphError(f"heap: expected a 1-D uint8 buffer of at least {self.intermediates_heap_size} "
+                                 f"bytes on {self.device}, got {tuple(t.shape)} {t.dtype} on {t.device}")
+            return t
+        if self._arena is None:
+            self._arena = torch.empty(max(self.intermediates_heap_size, 1), dtype=torch.uint8, device=self.device)
+        return self._arena
+
+    def _bind_arena(self, env: list, arena: torch.Tensor) -> None:
+        if self._bound_arena_ptr != arena.data_ptr():
+            self._bound = [(slot, arena[off:off + n].view(dtype).view(shape))
+                           for slot, off, n, dtype, shape in self._buffers]
+            self._bound_arena_ptr = arena.data_ptr()
+        for slot, view in self._bound:
+            env[slot] = view
+        if self._poison:
+            arena.view(torch.uint8).fill_(0xFF)  # NaN in every float type: unwritten reads show up
+
+    def run(self, feeds: dict | None = None, outputs: dict | None = None, heap: Any = None,
+            stream: Any = None) -> dict[Tensor, TensorData]:
+        """Run once; returns {target: TensorData}. `outputs` maps targets to caller buffers to fill."""
+        with self._lock, (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()):
+            env = [None] * self._nslots
+            self._feed_env(env, feeds)
+            self._variable_env(env)
+            for slot, value in self._constants:
+                env[slot] = value
+            self._bind_arena(env, self._arena_for(heap))
+            for slot, shape, dtype in self._outputs:
+                env[slot] = torch.empty(shape, dtype=dtype, device=self.device)
+            for step in self.steps:
+                step.run(env)
+            if self._poison:
+                self._check_guards(self._arena_for(heap))
+            values = self.graph._variable_values
+            for source, slot in self._assigns:
+                values[source].copy_(env[slot])
+            self.runs += 1
+            self.graph.run_count += 1
+            return self._collect(env, outputs)
+
+    def _collect(self, env: list, outputs: dict | None) -> dict[Tensor, TensorData]:
+        result = {}
+        for user, slot, held in self._results:
+            v = env[slot]
+            if outputs and user in outputs:
+                dst = outputs[user].torch() if isinstance(outputs[user], TensorData) else outputs[user]
+                if tuple(dst.shape) != tuple(v.shape) or dst.dtype != v.dtype:
+                    raise GraphError(f"output buffer for {user.name}: expected {tuple(v.shape)} {v.dtype}, "
+                                     f"got {tuple(dst.shape)} {dst.dtype}")
+                dst.copy_(v)
+                result[user] = TensorData._wrap(dst)
+                continue
+            result[user] = TensorData._wrap(v.clone() if held else v)
+        return result
+
+    def _check_guards(self, arena: torch.Tensor) -> None:
+        guard = self.plan.guard
+        for b in self.plan.buffers.values():
+            if b.kind == "output" or not guard:
+                continue
+            end = b.offset + (b.nbytes + 63) // 64 * 64
+            zone = arena[b.offset + b.nbytes:end + guard]
+            if bool((zone != 0xFF).any()):
+                raise GraphError(f"a kernel wrote past buffer {b.id} ({b.nbytes} bytes at offset {b.offset})")
+
+    def run_async(self, feeds: dict | None = None, on_complete=None, **kwargs):
+        """Queue a run; the handle and callback behave as Graph.run_async's."""
+        from .asyncrun import submit
+
+        return submit(self, lambda: self.run(feeds, **kwargs), on_complete)
+
+
+def _op(graph, op_id: int) -> Operation:
+    for op in graph.operations:
+        if op.id == op_id:
+            return op
+    raise GraphError(f"operation {op_id} is not in the graph")
+
+
+def _tensor(program, tensor_id: int) -> Tensor:
+    for op in program.operations:
+        for t in op.outputs:
+            if t.id == tensor_id:
+                return t
+    raise GraphError(f"tensor {tensor_id} is not in the program")
