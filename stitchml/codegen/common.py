@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 {libdevice}
 
-INF: tl.constexpr = float("inf")
-NAN: tl.constexpr = float("nan")
+INF = tl.constexpr(float("inf"))
+NAN = tl.constexpr(float("nan"))
 
 
 @triton.jit

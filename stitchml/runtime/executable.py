@@ -109,7 +109,8 @@ class Executable:
         self._bound_arena_ptr = None
         self._bound: list = []
         self._lock = threading.Lock()
-        self._graph_state = None  # CUDA graph capture, made after the first run
+        self._graph_state = None  # a _CapturedRun, made after the first run
+        self._capture_ok = None
         self.runs = 0
 
     # -- reports ---------------------------------------------------------------
@@ -195,26 +196,55 @@ class Executable:
             stream: Any = None) -> dict[Tensor, TensorData]:
         """Run once; returns {target: TensorData}. `outputs` maps targets to caller buffers to fill."""
         with self._lock, (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()):
+            arena = self._arena_for(heap)
+            if self._graph_state is not None and self._graph_state.fits(self, arena):
+                return self._replay(feeds, outputs)
             env = [None] * self._nslots
             self._feed_env(env, feeds)
             self._variable_env(env)
             for slot, value in self._constants:
                 env[slot] = value
-            self._bind_arena(env, self._arena_for(heap))
+            self._bind_arena(env, arena)
             for slot, shape, dtype in self._outputs:
                 env[slot] = torch.empty(shape, dtype=dtype, device=self.device)
             for step in self.steps:
+                zones = self._guard_zones(arena, step) if self._poison else ()
+                for zone in zones:
+                    zone.fill_(0xFF)
                 step.run(env)
-            if self._poison:
-                self._check_guards(self._arena_for(heap))
+                for zone in zones:
+                    if bool((zone != 0xFF).any()):
+                        raise GraphError(f"{step.name} wrote past the end of its output buffer")
             values = self.graph._variable_values
             for source, slot in self._assigns:
                 values[source].copy_(env[slot])
             self.runs += 1
             self.graph.run_count += 1
-            return self._collect(env, outputs)
+            result = self._collect(env, outputs)
+            if self._capturable and self._graph_state is None:
+                self._graph_state = _CapturedRun.capture(self, arena)
+            return result
 
-    def _collect(self, env: list, outputs: dict | None) -> dict[Tensor, TensorData]:
+    @property
+    def _capturable(self) -> bool:
+        """Whether runs may be replayed from a CUDA graph: CUDA, several steps, no random draws, no poison."""
+        if self._capture_ok is None:
+            self._capture_ok = (self.device.type == "cuda" and len(self.steps) > 1 and not self._poison
+                                and not any(op.primitive.kind == "random" for op in self.program.operations))
+        return self._capture_ok
+
+    def _replay(self, feeds: dict | None, outputs: dict | None) -> dict[Tensor, TensorData]:
+        state = self._graph_state
+        fed = [None] * self._nslots
+        self._feed_env(fed, feeds)
+        for _, slot, *_ in self._feeds:
+            state.env[slot].copy_(fed[slot])
+        state.graph.replay()
+        self.runs += 1
+        self.graph.run_count += 1
+        return self._collect(state.env, outputs, copy_all=True)
+
+    def _collect(self, env: list, outputs: dict | None, copy_all: bool = False) -> dict[Tensor, TensorData]:
         result = {}
         for user, slot, held in self._results:
             v = env[slot]
@@ -226,24 +256,67 @@ class Executable:
                 dst.copy_(v)
                 result[user] = TensorData._wrap(dst)
                 continue
-            result[user] = TensorData._wrap(v.clone() if held else v)
+            result[user] = TensorData._wrap(v.clone() if held or copy_all else v)
         return result
 
-    def _check_guards(self, arena: torch.Tensor) -> None:
-        guard = self.plan.guard
-        for b in self.plan.buffers.values():
-            if b.kind == "output" or not guard:
-                continue
-            end = b.offset + (b.nbytes + 63) // 64 * 64
-            zone = arena[b.offset + b.nbytes:end + guard]
-            if bool((zone != 0xFF).any()):
-                raise GraphError(f"a kernel wrote past buffer {b.id} ({b.nbytes} bytes at offset {b.offset})")
+    def _guard_zones(self, arena: torch.Tensor, step) -> list[torch.Tensor]:
+        """The guard zones after the arena buffers `step` writes (poison mode)."""
+        zones = []
+        for key in step.writes:
+            b = self.plan.buffers.get(key)
+            if b is not None and b.kind != "output" and self.plan.guard:
+                end = b.offset + (b.nbytes + 63) // 64 * 64 + self.plan.guard
+                zones.append(arena[b.offset + b.nbytes:end])
+        return zones
 
     def run_async(self, feeds: dict | None = None, on_complete=None, **kwargs):
         """Queue a run; the handle and callback behave as Graph.run_async's."""
         from .asyncrun import submit
 
         return submit(self, lambda: self.run(feeds, **kwargs), on_complete)
+
+
+class _CapturedRun:
+    """A run recorded as a CUDA graph over static feed, arena and output buffers.
+
+    Replays are valid while the variables' storage and the arena stay where
+    they were at capture; otherwise the executable runs its steps again.
+    """
+
+    def __init__(self, graph, env, arena_ptr: int, variable_ptrs: tuple):
+        self.graph, self.env, self.arena_ptr, self.variable_ptrs = graph, env, arena_ptr, variable_ptrs
+
+    def fits(self, exe: "Executable", arena: torch.Tensor) -> bool:
+        values = exe.graph._variable_values
+        ptrs = tuple(values[s].data_ptr() if s in values else 0 for s, _ in exe._variables)
+        return arena.data_ptr() == self.arena_ptr and ptrs == self.variable_ptrs
+
+    @staticmethod
+    def capture(exe: "Executable", arena: torch.Tensor) -> "_CapturedRun | None":
+        env = [None] * exe._nslots
+        for _, slot, shape, dtype, _ in exe._feeds:
+            env[slot] = torch.empty(shape, dtype=dtype, device=exe.device)
+        exe._variable_env(env)
+        for slot, value in exe._constants:
+            env[slot] = value
+        exe._bind_arena(env, arena)
+        for slot, shape, dtype in exe._outputs:
+            env[slot] = torch.empty(shape, dtype=dtype, device=exe.device)
+        values = exe.graph._variable_values
+        cuda_graph = torch.cuda.CUDAGraph()
+        try:
+            torch.cuda.synchronize(exe.device)
+            with torch.cuda.graph(cuda_graph):
+                for step in exe.steps:
+                    step.run(env)
+                for source, slot in exe._assigns:
+                    values[source].copy_(env[slot])
+        except Exception as e:  # noqa: BLE001  (a step that syncs with the host cannot be captured)
+            exe._capture_ok = False
+            exe.capture_error = repr(e)
+            return None
+        ptrs = tuple(values[s].data_ptr() for s, _ in exe._variables)
+        return _CapturedRun(cuda_graph, env, arena.data_ptr(), ptrs)
 
 
 def _op(graph, op_id: int) -> Operation:
