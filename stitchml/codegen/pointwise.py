@@ -33,7 +33,7 @@ def _block(n: int) -> tuple[int, int]:
     return (2048, 8) if n >= 1 << 22 else (1024, 4)
 
 
-def generate(name: str, body, in_layouts: list[Layout], interpret: bool) -> KernelSource:
+def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options: dict | None = None) -> KernelSource:
     """Triton source for a pointwise fusion `body` (a Program) reading inputs of the given layouts."""
     ops = [op for op in body.operations if op.op != "placeholder"]
     placeholders = [op.outputs[0] for op in body.operations if op.op == "placeholder"]
@@ -73,6 +73,8 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool) -> Kern
         v = value[t.id] if t.id in value else operand(t, t.shape)
         lines.append(f"    tl.store({outs[j]} + i, ({v}).to({tl_type(t.dtype)}), mask=mask)")
     block, warps = _block(n)
+    options = options or {}
+    block, warps = options.get("pointwise_block", block), options.get("pointwise_warps", warps)
     params = ", ".join([arg_of[t.id] for t in placeholders] + outs)
     start = "tl.program_id(0).to(tl.int64) * BLOCK" if wide else "tl.program_id(0) * BLOCK"
     src = header(f"pointwise kernel {name} over {n} elements", interpret) + f'''

@@ -69,7 +69,7 @@ class _Frame:
         return index_expr("rows", [(lay.shape[a], lay.strides[a]) for a in self.kept])
 
 
-def generate(name: str, body, in_layouts: list[Layout], interpret: bool) -> KernelSource:
+def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options: dict | None = None) -> KernelSource:
     frame, axes, space = body.notes["frame"], body.notes["axes"], body.notes["space"]
     f = _Frame(frame, axes)
     placeholders = [op.outputs[0] for op in body.operations if op.op == "placeholder"]
@@ -81,6 +81,9 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool) -> Kern
     block_c = max(block_c, 16)
     block_r = max(1, min(1 << max(f.R - 1, 0).bit_length(), 4096 // block_c)) if persistent else 1
     warps = 4 if block_r * block_c <= 4096 else 8 if block_r * block_c <= 8192 else 16
+    options = options or {}
+    block_r = options.get("reduction_block_r", block_r) if persistent else block_r
+    warps = options.get("reduction_warps", warps)
 
     def op_space(op: Operation) -> str:
         return space.get(op.outputs[0].id, "full")
@@ -185,6 +188,10 @@ class _Gen:
         lines: list[str] = []
         rows_env: dict = {}  # ROW values available after their reduction pass
         done: set[int] = set()
+        for op in ops:
+            if op.op == "constant":
+                self.elementwise(op, lines, rows_env)
+                done.add(op.id)
         reductions = [op for op in ops if op.op in _COMBINE]
         for red in reductions:
             need = _ancestors(red, ops, rows_env)

@@ -93,9 +93,9 @@ def _launcher(src: pointwise.KernelSource, ins: list[int], outs: list[int]):
     return _Launch(src, ins, outs)
 
 
-def _generate(name: str, template: str, body: Program, layouts: list[Layout], interpret: bool):
+def _generate(name: str, template: str, body: Program, layouts: list[Layout], interpret: bool, options: dict):
     gen = reduction.generate if template == "reduction" else pointwise.generate
-    return gen(name, body, layouts, interpret)
+    return gen(name, body, layouts, interpret, options)
 
 
 def _epilogue(body: Program) -> tuple[Operation, Program | None, list[int]]:
@@ -144,12 +144,11 @@ def lower(program: Program, ctx) -> Program:
         for t in op.outputs:
             slots[t.id] = len(slots)
     scratch_slots = {op_id: len(slots) + i for i, op_id in enumerate(plan.scratch)}
-    interpret = ctx.backend == "interpret"
     steps: list[Step] = []
     for op in program.operations:
         if op.op in ("placeholder", "variable", "constant", "assign_variable"):
             continue
-        step = _step(op, plan, slots, scratch_slots, ctx.backend)
+        step = _step(op, plan, slots, scratch_slots, ctx.backend, ctx.options)
         step.writes = tuple(t.id for t in op.outputs) + ((plan.scratch[op.id],) if op.id in plan.scratch else ())
         steps.append(step)
     ctx.launches = steps
@@ -158,7 +157,7 @@ def lower(program: Program, ctx) -> Program:
     return program
 
 
-def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str) -> Step:
+def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, options: dict) -> Step:
     ins = [slots[t.id] for t in op.inputs]
     outs = [slots[t.id] for t in op.outputs]
     if _is_view(op) and plan.place[op.outputs[0].id][:2] != ("buffer", op.outputs[0].id):
@@ -170,7 +169,7 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str) -
         return Step(op.name, "reference", _opaque(op, ins, outs))
     interpret = backend == "interpret"
     if template in ("pointwise", "reduction"):
-        src = _generate(op.name, template, body, _layouts(op, plan), interpret)
+        src = _generate(op.name, template, body, _layouts(op, plan), interpret, options)
         return Step(op.name, template, _launcher(src, ins, outs), src.source)
     contraction, epi, used = _epilogue(body)
     placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
@@ -178,7 +177,7 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str) -
         return Step(op.name, template, _vendor(contraction, placeholders, ins, outs[0]))
     tmp = scratch_slots[op.id]
     layouts = [Layout.contiguous(contraction.outputs[0].shape)] + [_layouts(op, plan)[i] for i in used]
-    src = _generate(op.name, "pointwise", epi, layouts, interpret)
+    src = _generate(op.name, "pointwise", epi, layouts, interpret, options)
     vendor = _vendor(contraction, placeholders, ins, tmp)
     launch = _launcher(src, [tmp] + [ins[i] for i in used], outs)
     return Step(op.name, template, _chain(vendor, launch), src.source)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +113,8 @@ class Executable:
         self._graph_state = None  # a _CapturedRun, made after the first run
         self._capture_ok = None
         self.runs = 0
+        self.last_profile: list[tuple[str, str, float]] = []
+        self.capture_error: str | None = None
 
     # -- reports ---------------------------------------------------------------
     @property
@@ -193,11 +196,15 @@ class Executable:
             arena.view(torch.uint8).fill_(0xFF)  # NaN in every float type: unwritten reads show up
 
     def run(self, feeds: dict | None = None, outputs: dict | None = None, heap: Any = None,
-            stream: Any = None) -> dict[Tensor, TensorData]:
-        """Run once; returns {target: TensorData}. `outputs` maps targets to caller buffers to fill."""
+            stream: Any = None, profile: bool = False) -> dict[Tensor, TensorData]:
+        """Run once; returns {target: TensorData}. `outputs` maps targets to caller buffers to fill.
+
+        With `profile=True` the run executes step by step (no graph replay) and
+        `last_profile` lists (step, kind, milliseconds).
+        """
         with self._lock, (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()):
             arena = self._arena_for(heap)
-            if self._graph_state is not None and self._graph_state.fits(self, arena):
+            if not profile and self._graph_state is not None and self._graph_state.fits(self, arena):
                 return self._replay(feeds, outputs)
             env = [None] * self._nslots
             self._feed_env(env, feeds)
@@ -207,14 +214,21 @@ class Executable:
             self._bind_arena(env, arena)
             for slot, shape, dtype in self._outputs:
                 env[slot] = torch.empty(shape, dtype=dtype, device=self.device)
+            timer = _StepTimer(self.device) if profile else None
             for step in self.steps:
                 zones = self._guard_zones(arena, step) if self._poison else ()
                 for zone in zones:
                     zone.fill_(0xFF)
+                if timer:
+                    timer.start()
                 step.run(env)
+                if timer:
+                    timer.stop(step)
                 for zone in zones:
                     if bool((zone != 0xFF).any()):
                         raise GraphError(f"{step.name} wrote past the end of its output buffer")
+            if timer:
+                self.last_profile = timer.results()
             values = self.graph._variable_values
             for source, slot in self._assigns:
                 values[source].copy_(env[slot])
@@ -274,6 +288,35 @@ class Executable:
         from .asyncrun import submit
 
         return submit(self, lambda: self.run(feeds, **kwargs), on_complete)
+
+
+class _StepTimer:
+    """Per-step times: CUDA events on a GPU, the wall clock on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+
+    def start(self) -> None:
+        if self.cuda:
+            self.begin = torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.begin = time.perf_counter()
+
+    def stop(self, step) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.marks.append((step, self.begin, end))
+        else:
+            self.marks.append((step, self.begin, time.perf_counter()))
+
+    def results(self) -> list[tuple[str, str, float]]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [(s.name, s.kind, a.elapsed_time(b)) for s, a, b in self.marks]
+        return [(s.name, s.kind, (b - a) * 1e3) for s, a, b in self.marks]
 
 
 class _CapturedRun:
