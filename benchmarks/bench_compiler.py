@@ -296,9 +296,13 @@ def case_mnist(bw, batches=(128, 1024)):
                check=abs(l_sm - l_t) / abs(l_t), note=f"{exe.kernel_count} kernels, heap {exe.intermediates_heap_size}, "
                                                      f"graph replay {exe._graph_state is not None} {exe.capture_error or ''}")
         if os.environ.get("PROFILE_STEPS"):
-            exe.run(feeds, profile=True)
-            for name, kind, ms in sorted(exe.last_profile, key=lambda r: -r[2])[:12]:
-                print(f"    {ms:8.4f} ms  {kind:<11} {name}")
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    exe.run(feeds)
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
 
         def eager_step():
             opt.zero_grad(set_to_none=True)

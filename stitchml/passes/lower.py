@@ -50,6 +50,9 @@ def _layouts(op: Operation, plan) -> list[Layout]:
     return out
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # CUDA builds: the current stream as an int
+
+
 class _Launch:
     """Launch a generated kernel on its pre-bound slots.
 
@@ -76,7 +79,7 @@ class _Launch:
         if self.compiled is not None:
             if tuple(a.data_ptr() % 16 == 0 for a in args) == self.alignment:
                 k = self.compiled
-                stream = torch.cuda.current_stream().cuda_stream
+                stream = _raw_stream(args[0].device.index) if _raw_stream else torch.cuda.current_stream().cuda_stream
                 k.run(*self.grid, stream, k.function, k.packed_metadata, None, None, None, *args, *self.meta_values)
                 return
         if self.interpret:

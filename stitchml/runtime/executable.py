@@ -106,12 +106,15 @@ class Executable:
         held = {slots[op.outputs[0].id] for op in program.operations if op.op in ("variable", "constant")}
         self._results = [(user, slots[t.id], slots[t.id] in held or self.plan.place[t.id][0] in ("variable", "constant"))
                          for user, t in zip(targets, program.outputs)]
+        self._feed_keys = [(_op(graph, source).outputs[0], slot, torch.Size(shape), dtype, name)
+                           for source, slot, shape, dtype, name in self._feeds]
         self._arena: torch.Tensor | None = None
         self._bound_arena_ptr = None
         self._bound: list = []
         self._lock = threading.Lock()
         self._graph_state = None  # a _CapturedRun, made after the first run
         self._capture_ok = None
+        self._template = None  # slots of constants and arena buffers, bound once
         self.runs = 0
         self.last_profile: list[tuple[str, str, float]] = []
         self.capture_error: str | None = None
@@ -143,24 +146,25 @@ class Executable:
         return {s.name: s.source for s in self.steps if s.source}
 
     # -- running -----------------------------------------------------------------
-    def _feed_env(self, env: list, feeds: dict) -> None:
-        by_source = {}
-        for key, value in (feeds or {}).items():
-            if not isinstance(key, Tensor) or key.graph is not self.graph or key.op.op != "placeholder":
-                raise FeedError(f"feed keys must be placeholders of the compiled graph, got {key!r}")
-            by_source[key.op.id] = value
-        for source, slot, shape, dtype, name in self._feeds:
-            if source not in by_source:
+    def _feed_env(self, env: list, feeds: dict | None) -> None:
+        feeds = feeds or {}
+        for key, slot, shape, dtype, name in self._feed_keys:
+            value = feeds.get(key)
+            if value is None:
                 raise FeedError(f"the executable needs a feed for placeholder {name}")
-            value = by_source[source]
-            t = value.torch() if isinstance(value, TensorData) else TensorData(value).torch()
-            if t.dtype != dtype or tuple(t.shape) != shape:
-                raise FeedError(f"feed for placeholder {name}: the executable was compiled for "
-                                f"{TensorType(shape, t.dtype if t.dtype == dtype else dtype)} {shape}, got "
-                                f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}; compile again for it")
+            kind = type(value)
+            t = value if kind is torch.Tensor else value._t if kind is TensorData else TensorData(value).torch()
+            if t.dtype != dtype or t.shape != shape:
+                got = f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
+                raise FeedError(f"feed for placeholder {name}: the executable was compiled for {shape} "
+                                f"{str(dtype).replace('torch.', '')}, got {got}; compile again for it")
             if t.device != self.device:
                 t = t.to(self.device)
             env[slot] = t if t.is_contiguous() else t.contiguous()
+        if len(feeds) > len(self._feed_keys):
+            for key in feeds:
+                if not isinstance(key, Tensor) or key.graph is not self.graph or key.op.op != "placeholder":
+                    raise FeedError(f"feed keys must be placeholders of the compiled graph, got {key!r}")
 
     def _variable_env(self, env: list) -> None:
         values = self.graph._variable_values
@@ -186,6 +190,8 @@ class Executable:
         return self._arena
 
     def _bind_arena(self, env: list, arena: torch.Tensor) -> None:
+        if not self._buffers:
+            return
         if self._bound_arena_ptr != arena.data_ptr():
             self._bound = [(slot, arena[off:off + n].view(dtype).view(shape))
                            for slot, off, n, dtype, shape in self._buffers]
@@ -202,6 +208,8 @@ class Executable:
         With `profile=True` the run executes step by step (no graph replay) and
         `last_profile` lists (step, kind, milliseconds).
         """
+        if stream is None and heap is None and outputs is None and not profile and not self._poison:
+            return self._run_plain(feeds)
         with self._lock, (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()):
             arena = self._arena_for(heap)
             if not profile and self._graph_state is not None and self._graph_state.fits(self, arena):
@@ -238,6 +246,39 @@ class Executable:
             if self._capturable and self._graph_state is None:
                 self._graph_state = _CapturedRun.capture(self, arena)
             return result
+
+    def _run_plain(self, feeds: dict | None) -> dict[Tensor, TensorData]:
+        """The common case (own arena, current stream, fresh outputs), with as little host work as possible."""
+        with self._lock:
+            if self._graph_state is not None and self._graph_state.fits(self, self._arena_for(None)):
+                return self._replay(feeds, None)
+            if self._template is None:
+                env = [None] * self._nslots
+                for slot, value in self._constants:
+                    env[slot] = value
+                self._bind_arena(env, self._arena_for(None))
+                self._template = env
+            env = self._template.copy()
+            self._feed_env(env, feeds)
+            if self._variables:
+                self._variable_env(env)
+            device = self.device
+            for slot, shape, dtype in self._outputs:
+                env[slot] = torch.empty(shape, dtype=dtype, device=device)
+            for step in self.steps:
+                step.run(env)
+            if self._assigns:
+                values = self.graph._variable_values
+                for source, slot in self._assigns:
+                    values[source].copy_(env[slot])
+            self.runs += 1
+            self.graph.run_count += 1
+            if self._capturable and self._graph_state is None:
+                result = self._collect(env, None)
+                self._graph_state = _CapturedRun.capture(self, self._arena_for(None))
+                return result
+            wrap = TensorData._wrap
+            return {user: wrap(env[slot].clone() if held else env[slot]) for user, slot, held in self._results}
 
     @property
     def _capturable(self) -> bool:
