@@ -13,12 +13,45 @@ reduced axes, in order). FULL values are [BLOCK_R, BLOCK_C] tiles, ROW values
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..ir import Operation, Tensor
 from .common import Layout, compute_dtype, expression, header, index_expr, literal, tl_type
 from .pointwise import KernelSource
 
 MAX_PERSISTENT = 16384  # columns a program keeps in registers
 LOOP_BLOCK = 4096
+PROGRAMS_PER_SM = 4  # split a reduction when its rows alone leave the GPU this empty
+SPLIT_MIN_COLUMNS = 2 * LOOP_BLOCK
+
+
+@dataclass
+class SplitSource:
+    """A reduction done in two kernels: partial results per column chunk, then a finishing pass."""
+
+    partial: KernelSource
+    finish: KernelSource
+    splits: int
+    scratch_bytes: int
+
+
+def split_factor(body, sm_count: int) -> int:
+    """How many column chunks a reduction kernel's rows are cut into (1: no split).
+
+    Splitting pays when the rows are too few to fill the GPU and the columns
+    long (bias gradients: a few channels, a whole batch of columns). It is
+    done for kernels with one reduction whose outputs are all per row.
+    """
+    frame, axes, space = body.notes["frame"], body.notes["axes"], body.notes["space"]
+    f = _Frame(frame, axes)
+    reductions = [op for op in body.operations if op.op in _COMBINE]
+    if len(reductions) != 1 or f.C <= MAX_PERSISTENT or f.C < SPLIT_MIN_COLUMNS:
+        return 1
+    after = _descendants(reductions[0], body.operations)
+    if any(space.get(t.id, "full") == "full" and t.id in after for t in body.outputs):
+        return 1  # a per-element output needs the finished reduction: no split
+    want = -(-PROGRAMS_PER_SM * sm_count // f.R)
+    return max(1, min(want, f.C // LOOP_BLOCK))
 
 _COMBINE = {  # op -> (neutral element source, tile combine, final reduce)
     "reduction_sum": ("0", "{a} + {b}", "tl.sum({x}, axis=1)"),
@@ -88,6 +121,9 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
     def op_space(op: Operation) -> str:
         return space.get(op.outputs[0].id, "full")
 
+    splits = split_factor(body, options.get("sm_count", 132))
+    if splits > 1:
+        return _split(name, body, f, placeholders, ops, arg_of, layout_of, space, splits, interpret)
     gen = _Gen(f, arg_of, layout_of, space)
     if persistent:
         body_lines = gen.straight(ops, lambda op: True, store=body.outputs)
@@ -104,6 +140,119 @@ def {name}({params}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
 ''' + "\n".join(body_lines) + "\n"
     grid = ((f.R + block_r - 1) // block_r,)
     return KernelSource(name, src, grid, warps, {"BLOCK_R": block_r, "BLOCK_C": block_c}, "reduction")
+
+
+def _split(name, body, f, placeholders, ops, arg_of, layout_of, space, splits, interpret) -> SplitSource:
+    red = next(op for op in ops if op.op in _COMBINE)
+    chunk = -(-f.C // splits)
+    chunk = -(-chunk // LOOP_BLOCK) * LOOP_BLOCK
+    splits = -(-f.C // chunk)
+    acc_dtype = compute_dtype(red.inputs[0].dtype)
+    params = ", ".join(arg_of[t.id] for t in placeholders)
+    gen = _Gen(f, arg_of, layout_of, space)
+    # Stage 1: program (row, chunk) reduces its chunk of columns into part[row, chunk].
+    lines: list[str] = []
+    env: dict = {}
+    for op in ops:
+        if op.op == "constant":
+            gen.elementwise(op, lines, env)
+    acc = gen.fresh("acc")
+    lines.append(f"    {acc} = tl.full([BLOCK_R, BLOCK_C], {_neutral(red)}, {tl_type(acc_dtype)})")
+    lines.append("    for c0 in range(0, CHUNK, BLOCK_C):")
+    inner: list[str] = []
+    loop_env = dict(env)
+    gen.columns(inner, "tl.program_id(1) * CHUNK + c0")
+    for op in _ancestors(red, ops, loop_env):
+        gen.elementwise(op, inner, loop_env)
+    x = gen.operand(red.inputs[0], True, inner, loop_env)
+    inner.append(f"    {acc} = {_COMBINE[red.op][1].format(a=acc, b=f'tl.where(mask, {x}, {_neutral(red)})')}")
+    full_outs = [(j, t) for j, t in enumerate(body.outputs) if space.get(t.id, "full") == "full"]
+    needed = _needed_by(full_outs, ops)
+    for op in ops:  # per-element outputs the reduction did not need are computed here too
+        if op.op not in _COMBINE and op.outputs[0].id in needed and op.outputs[0].id not in loop_env:
+            gen.elementwise(op, inner, loop_env)
+    for j, t in full_outs:
+        gen.store(t, j, inner, loop_env)
+    lines.extend("    " + ln for ln in inner)
+    lines.append(f"    tl.store(part + rows * {splits} + tl.program_id(1), "
+                 f"{_COMBINE[red.op][2].format(x=acc)}[:, None], mask=rmask)")
+    # Stage 2: combine each row's partials, then the per-row ops and stores.
+    fin: list[str] = []
+    fenv: dict = {}
+    for op in ops:
+        if op.op == "constant":
+            gen.elementwise(op, fin, fenv)
+    fin.append("    chunks = tl.arange(0, BLOCK_S)[None, :]")
+    fin.append(f"    pmask = rmask & (chunks < {splits})")
+    p = gen.fresh("p")
+    fin.append(f"    {p} = tl.load(part + rows * {splits} + chunks, mask=pmask, other={_neutral(red)})")
+    r = gen.fresh("r")
+    fin.append(f"    {r} = {_COMBINE[red.op][2].format(x=p)}[:, None]")
+    if red.op == "reduction_mean":
+        fin.append(f"    {r} = {r} / {f.C}")
+    fenv[red.outputs[0].id] = r
+    for op in ops:
+        if op.op not in _COMBINE and op.op != "constant" and space.get(op.outputs[0].id, "full") == "row":
+            gen.elementwise(op, fin, fenv)
+    for j, t in enumerate(body.outputs):
+        if space.get(t.id, "full") == "row":
+            gen.store(t, j, fin, fenv)
+    outs = ", ".join(f"out{j}" for j in range(len(body.outputs)))
+    block_s = max(16, 1 << max(splits - 1, 0).bit_length())
+    src = header(f"split reduction kernel {name}: {f.R} rows of {f.C} in {splits} chunks", interpret) + f'''
+
+@triton.jit
+def {name}_partial({params}, part, {outs}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, CHUNK: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    rmask = rows < {f.R}
+''' + "\n".join(lines) + f'''
+
+
+@triton.jit
+def {name}({params}, part, {outs}, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    rmask = rows < {f.R}
+''' + "\n".join(fin) + "\n"
+    block_r = max(1, min(64, 4096 // block_s))
+    partial = KernelSource(f"{name}_partial", src, (f.R, splits), 8,
+                           {"BLOCK_R": 1, "BLOCK_C": LOOP_BLOCK, "CHUNK": chunk}, "reduction")
+    finish = KernelSource(name, src, (-(-f.R // block_r),), 4, {"BLOCK_R": block_r, "BLOCK_S": block_s}, "reduction")
+    return SplitSource(partial, finish, splits, f.R * splits * acc_dtype.itemsize)
+
+
+def _needed_by(outputs, ops) -> set[int]:
+    """Ids of the tensors the given (index, tensor) outputs are computed from."""
+    by_out = {t.id: op for op in ops for t in op.outputs}
+    need: set[int] = set()
+    stack = [t for _, t in outputs]
+    while stack:
+        t = stack.pop()
+        if t.id in need:
+            continue
+        need.add(t.id)
+        if t.id in by_out:
+            stack.extend(by_out[t.id].inputs)
+    return need
+
+
+def _descendants(op: Operation, ops) -> set[int]:
+    """Ids of the tensors computed from `op`'s output."""
+    seen = {op.outputs[0].id}
+    for o in ops:
+        if any(t.id in seen for t in o.inputs):
+            seen.update(t.id for t in o.outputs)
+    return seen
+
+
+def split_scratch(body, sm_count: int):
+    """(shape, dtype) of the partials buffer a split reduction needs, or None."""
+    splits = split_factor(body, sm_count)
+    if splits == 1:
+        return None
+    f = _Frame(body.notes["frame"], body.notes["axes"])
+    red = next(op for op in body.operations if op.op in _COMBINE)
+    chunk = -(-(-(-f.C // splits)) // LOOP_BLOCK) * LOOP_BLOCK
+    return (f.R, -(-f.C // chunk)), compute_dtype(red.inputs[0].dtype)
 
 
 class _Gen:

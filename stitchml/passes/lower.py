@@ -134,9 +134,9 @@ def _vendor(contraction: Operation, placeholders, ins: list[int], out_slot: int)
     if contraction.op == "matrix_multiplication":
         def run(env):
             torch.matmul(env[ins[index[0]]], env[ins[index[1]]], out=env[out_slot])
-    else:
+    else:  # cuDNN returns its own memory: the epilogue reads it where it is
         def run(env):
-            env[out_slot].copy_(prim.impl(*[env[ins[i]] for i in index], **attrs))
+            env[out_slot] = prim.impl(*[env[ins[i]] for i in index], **attrs)
     return run
 
 
@@ -146,7 +146,10 @@ def lower(program: Program, ctx) -> Program:
     for op in program.operations:
         for t in op.outputs:
             slots[t.id] = len(slots)
-    scratch_slots = {op_id: len(slots) + i for i, op_id in enumerate(plan.scratch)}
+    # One extra slot per kernel that needs a temporary: planned scratch, or a convolution's own result.
+    temps = [op.id for op in program.operations if op.op == "fusion" and
+             (op.id in plan.scratch or op.attrs["template"] == "convolution")]
+    scratch_slots = {op_id: len(slots) + i for i, op_id in enumerate(temps)}
     steps: list[Step] = []
     for op in program.operations:
         if op.op in ("placeholder", "variable", "constant", "assign_variable"):
@@ -169,10 +172,14 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         return Step(op.name, "vendor", _opaque(op, ins, outs))
     body, template = op.attrs["body"], op.attrs["template"]
     if backend == "reference":
-        return Step(op.name, "reference", _opaque(op, ins, outs))
+        return Step(op.name, "reference", _opaque(op, ins, outs, into=True))
     interpret = backend == "interpret"
     if template in ("pointwise", "reduction"):
         src = _generate(op.name, template, body, _layouts(op, plan), interpret, options)
+        if isinstance(src, reduction.SplitSource):
+            tmp = scratch_slots[op.id]
+            run = _chain(_launcher(src.partial, ins, [tmp] + outs), _launcher(src.finish, ins + [tmp], outs))
+            return Step(op.name, template, run, src.partial.source)
         return Step(op.name, template, _launcher(src, ins, outs), src.source)
     contraction, epi, used = _epilogue(body)
     placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
@@ -202,14 +209,22 @@ def _view(op: Operation, src: int, dst: int):
     return run
 
 
-def _opaque(op: Operation, ins: list[int], outs: list[int]):
+def _opaque(op: Operation, ins: list[int], outs: list[int], into: bool = False):
+    """Run an op's reference implementation: its results are bound as they come (library memory),
+    or copied into planned buffers with `into`. A result that is one of the inputs' memory is copied,
+    so no output or assignment ever aliases a feed, constant or variable."""
     prim = lookup(op.op)
     attrs = op.attrs
 
     def run(env):
-        result = prim.impl(*[env[s] for s in ins], **attrs)
+        args = [env[s] for s in ins]
+        result = prim.impl(*args, **attrs)
         result = result if isinstance(result, tuple) else (result,)
+        shared = {a.untyped_storage().data_ptr() for a in args}
         for s, r in zip(outs, result):
-            env[s].copy_(r)
+            if into:
+                env[s].copy_(r)
+            else:
+                env[s] = r.clone() if r.untyped_storage().data_ptr() in shared else r
     return run
 

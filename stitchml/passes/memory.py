@@ -44,7 +44,9 @@ class Buffer:
     start: int  # schedule index that writes it
     end: int  # last schedule index that reads it (or a view of it)
     offset: int = -1  # in the arena; -1 for program outputs
-    kind: str = "intermediate"  # intermediate | output | scratch
+    kind: str = "intermediate"  # intermediate | output | scratch | vendor (a library call's own memory)
+    shape: tuple[int, ...] = ()
+    dtype: object = None  # torch dtype
 
 
 @dataclass
@@ -61,7 +63,12 @@ class MemoryPlan:
     @property
     def separate_size(self) -> int:
         """Bytes if every intermediate had its own allocation."""
-        return sum(_aligned(b.nbytes) for b in self.buffers.values() if b.kind != "output")
+        return sum(_aligned(b.nbytes) for b in self.buffers.values() if b.kind in ("intermediate", "scratch"))
+
+    @property
+    def vendor_bytes(self) -> int:
+        """Bytes that library calls (cuDNN, pooling, gathers...) allocate themselves, outside the arena."""
+        return sum(b.nbytes for b in self.buffers.values() if b.kind == "vendor")
 
 
 def view_layout(op: Operation, src: Layout) -> Layout | None:
@@ -120,6 +127,22 @@ def lower_bound(buffers: list[Buffer]) -> int:
     return best
 
 
+def _scratch(op: Operation, ctx):
+    """(shape, DType) of the temporary a kernel needs besides its outputs, or None."""
+    if op.op != "fusion":
+        return None
+    body, template = op.attrs["body"], op.attrs["template"]
+    if template == "matmul":  # cuBLAS writes the product here, the epilogue kernel reads it
+        product = next(o for o in body.operations if o.op == "matrix_multiplication").outputs[0]
+        has_epilogue = len([o for o in body.operations if o.op not in ("placeholder", "constant")]) > 1
+        return (product.shape, product.dtype) if has_epilogue else None
+    if template == "reduction":
+        from ..codegen.reduction import split_scratch
+
+        return split_scratch(body, (ctx.options if ctx is not None else {}).get("sm_count", 132))
+    return None
+
+
 def plan_memory(program: Program, ctx) -> Program:
     ops = program.operations
     place: dict[int, tuple[str, int, Layout]] = {}
@@ -146,22 +169,27 @@ def plan_memory(program: Program, ctx) -> Program:
                 if op.inputs[0].id in base_of:
                     base_of[op.outputs[0].id] = base_of[op.inputs[0].id]
                 continue
+        # A library call (an op that is not a kernel of ours) returns memory of its own.
+        kind = "intermediate" if op.op == "fusion" else "vendor"
         for t in op.outputs:
-            b = Buffer(t.id, t.type.numel() * t.dtype.itemsize, i, i)
+            b = Buffer(t.id, t.type.numel() * t.dtype.itemsize, i, i, kind=kind, shape=t.shape, dtype=t.dtype.torch)
             buffers[b.id] = b
             base_of[t.id] = b.id
             place[t.id] = ("buffer", b.id, Layout.contiguous(t.shape))
-        if op.op == "fusion" and op.attrs["template"] in ("matmul", "convolution"):
-            contraction = next(o for o in op.attrs["body"].operations if o.op in ("matrix_multiplication", "convolution2d"))
-            out = contraction.outputs[0]
-            b = Buffer(-(op.id + 1), out.type.numel() * out.dtype.itemsize, i, i, kind="scratch")
+        need = _scratch(op, ctx)
+        if need is not None:
+            shape, dtype = need
+            n = 1
+            for d in shape:
+                n *= d
+            b = Buffer(-(op.id + 1), n * dtype.itemsize, i, i, kind="scratch", shape=shape, dtype=dtype.torch)
             buffers[b.id] = b
             scratch[op.id] = b.id
     for t in program.outputs:  # outputs, and anything an output is a view of, belong to the caller
         b = base_of.get(t.id)
-        if b is not None:
+        if b is not None and buffers[b].kind != "vendor":
             buffers[b].kind = "output"
-    arena = [b for b in buffers.values() if b.kind != "output"]
+    arena = [b for b in buffers.values() if b.kind in ("intermediate", "scratch")]
     guard = GUARD if ctx is not None and ctx.options.get("poison") else 0
     size = _pack(arena, guard)
     if ctx is not None:

@@ -64,6 +64,9 @@ def compile_graph(graph, feeds: dict, targets, target_ops, device, options: dict
     feed_types = {t: _feed_type(t, v) for t, v in feeds.items()}
     _check_types(feed_types)
     program = extract(graph, feed_types, targets, target_ops)
+    options = dict(options)
+    if device.type == "cuda":
+        options.setdefault("sm_count", torch.cuda.get_device_properties(device).multi_processor_count)
     ctx = CompileContext(device=device, backend=options.get("backend", _backend(device)), options=options)
     program = run_pipeline(program, ctx)
     return Executable(graph, program, ctx, signature_of(graph, feed_types, targets, target_ops, device), targets)

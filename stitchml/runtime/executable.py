@@ -89,20 +89,15 @@ class Executable:
                 self._assigns.append((op.inputs[0].op.attrs["source"], slots[op.inputs[1].id]))
         self._buffers = []  # (slot, offset, nbytes, dtype, shape) for arena buffers
         self._outputs = []  # (slot, shape, dtype) allocated per run
+        scratch_of = {v: k for k, v in self.plan.scratch.items()}
         for b in self.plan.buffers.values():
-            if b.kind == "scratch":
-                op_id = next(k for k, v in self.plan.scratch.items() if v == b.id)
-                contraction = next(o for o in _op(program, op_id).attrs["body"].operations
-                                   if o.op in ("matrix_multiplication", "convolution2d")).outputs[0]
-                self._buffers.append((ctx.scratch_slots[op_id], b.offset, b.nbytes, contraction.dtype.torch,
-                                      contraction.shape))
+            if b.kind == "vendor":
                 continue
-            t = _tensor(program, b.id)
-            entry = (slots[t.id], t.shape, t.dtype.torch)
+            slot = ctx.scratch_slots[scratch_of[b.id]] if b.kind == "scratch" else slots[b.id]
             if b.kind == "output":
-                self._outputs.append(entry)
+                self._outputs.append((slot, b.shape, b.dtype))
             else:
-                self._buffers.append((entry[0], b.offset, b.nbytes, entry[2], entry[1]))
+                self._buffers.append((slot, b.offset, b.nbytes, b.dtype, b.shape))
         held = {slots[op.outputs[0].id] for op in program.operations if op.op in ("variable", "constant")}
         self._results = [(user, slots[t.id], slots[t.id] in held or self.plan.place[t.id][0] in ("variable", "constant"))
                          for user, t in zip(targets, program.outputs)]
@@ -319,7 +314,7 @@ class Executable:
         zones = []
         for key in step.writes:
             b = self.plan.buffers.get(key)
-            if b is not None and b.kind != "output" and self.plan.guard:
+            if b is not None and b.kind in ("intermediate", "scratch") and self.plan.guard:
                 end = b.offset + (b.nbytes + 63) // 64 * 64 + self.plan.guard
                 zones.append(arena[b.offset + b.nbytes:end])
         return zones
@@ -408,11 +403,3 @@ def _op(graph, op_id: int) -> Operation:
         if op.id == op_id:
             return op
     raise GraphError(f"operation {op_id} is not in the graph")
-
-
-def _tensor(program, tensor_id: int) -> Tensor:
-    for op in program.operations:
-        for t in op.outputs:
-            if t.id == tensor_id:
-                return t
-    raise GraphError(f"tensor {tensor_id} is not in the program")
