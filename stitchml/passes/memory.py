@@ -59,6 +59,7 @@ class MemoryPlan:
     place: dict[int, tuple[str, int, Layout]]
     scratch: dict[int, int] = field(default_factory=dict)  # op id -> buffer id
     guard: int = 0
+    in_place: dict[int, int] = field(default_factory=dict)  # assigned value tensor id -> user variable op id
 
     @property
     def separate_size(self) -> int:
@@ -143,6 +144,69 @@ def _scratch(op: Operation, ctx):
     return None
 
 
+def _in_place_assignments(program: Program, buffers: dict[int, Buffer]) -> dict[int, int]:
+    """Assignments whose kernel may write the new value straight into the variable.
+
+    Legal when the value is computed elementwise by a kernel of ours (pointwise,
+    a per-element output of a reduction kernel, or a matmul/convolution
+    epilogue), nothing else uses it, the variable is
+    assigned once, and every other reader of the variable runs before that
+    kernel, which itself reads the variable only at the index it writes. The
+    end-of-run semantics then hold without the end-of-run copy.
+    """
+    ops = program.operations
+    position = {op.id: i for i, op in enumerate(ops)}
+    assigns: dict[int, list[Operation]] = {}
+    for op in ops:
+        if op.op == "assign_variable":
+            assigns.setdefault(op.inputs[0].op.attrs["source"], []).append(op)
+    users: dict[int, list[Operation]] = {}
+    for op in ops:
+        for t in op.inputs:
+            users.setdefault(t.id, []).append(op)
+    outputs = {t.id for t in program.outputs}
+    result: dict[int, int] = {}
+    for source, group in assigns.items():
+        if len(group) != 1:
+            continue
+        var, value = group[0].inputs
+        kernel = value.op
+        if kernel.op != "fusion" or kernel.attrs["template"] not in ("pointwise", "reduction", "matmul", "convolution") or \
+                value.id in outputs or len(users.get(value.id, [])) != 1 or value.id not in buffers or \
+                buffers[value.id].kind != "intermediate":
+            continue
+        readers = _readers(var, users)
+        if any(position[r.id] > position[kernel.id] for r in readers):
+            continue
+        if kernel in readers and not _reads_elementwise(kernel, var, value):
+            continue
+        result[value.id] = source
+    return result
+
+
+def _readers(var, users) -> list[Operation]:
+    """Ops that read `var` directly or through views."""
+    out, stack = [], [var]
+    while stack:
+        t = stack.pop()
+        for op in users.get(t.id, []):
+            if _is_view(op):
+                stack.extend(op.outputs)
+            elif op.op != "assign_variable":
+                out.append(op)
+    return out
+
+
+def _reads_elementwise(kernel: Operation, var, value) -> bool:
+    """Inside `kernel`, `var` is read directly, at the frame's own index (no broadcast)."""
+    if not any(t is var for t in kernel.inputs):
+        return False
+    body = kernel.attrs["body"]
+    placeholder = [o.outputs[0] for o in body.operations if o.op == "placeholder"][list(kernel.inputs).index(var)]
+    return placeholder.shape == value.shape and all(
+        o.outputs[0].shape == value.shape for o in body.operations if any(t is placeholder for t in o.inputs))
+
+
 def plan_memory(program: Program, ctx) -> Program:
     ops = program.operations
     place: dict[int, tuple[str, int, Layout]] = {}
@@ -189,9 +253,13 @@ def plan_memory(program: Program, ctx) -> Program:
         b = base_of.get(t.id)
         if b is not None and buffers[b].kind != "vendor":
             buffers[b].kind = "output"
+    in_place = _in_place_assignments(program, buffers)
+    for value_id, source in in_place.items():
+        buffers[value_id].kind = "variable"
+        place[value_id] = ("variable", source, place[value_id][2])
     arena = [b for b in buffers.values() if b.kind in ("intermediate", "scratch")]
     guard = GUARD if ctx is not None and ctx.options.get("poison") else 0
     size = _pack(arena, guard)
     if ctx is not None:
-        ctx.memory_plan = MemoryPlan(size, lower_bound(arena), buffers, place, scratch, guard)
+        ctx.memory_plan = MemoryPlan(size, lower_bound(arena), buffers, place, scratch, guard, in_place)
     return program

@@ -77,6 +77,7 @@ class Executable:
         self._variables: list[tuple[int, int]] = []  # (user variable op id, slot)
         self._constants: list[tuple[int, torch.Tensor]] = []
         self._assigns: list[tuple[int, int]] = []
+        self._in_place: list[tuple[int, int]] = []  # (user variable op id, slot of the value written into it)
         for op in program.operations:
             if op.op == "placeholder":
                 t = op.outputs[0]
@@ -86,12 +87,15 @@ class Executable:
             elif op.op == "constant":
                 self._constants.append((slots[op.outputs[0].id], op.attrs["value"].to(self.device)))
             elif op.op == "assign_variable":
-                self._assigns.append((op.inputs[0].op.attrs["source"], slots[op.inputs[1].id]))
+                if op.inputs[1].id in self.plan.in_place:  # the kernel writes the variable itself
+                    self._in_place.append((op.inputs[0].op.attrs["source"], slots[op.inputs[1].id]))
+                else:
+                    self._assigns.append((op.inputs[0].op.attrs["source"], slots[op.inputs[1].id]))
         self._buffers = []  # (slot, offset, nbytes, dtype, shape) for arena buffers
         self._outputs = []  # (slot, shape, dtype) allocated per run
         scratch_of = {v: k for k, v in self.plan.scratch.items()}
         for b in self.plan.buffers.values():
-            if b.kind == "vendor":
+            if b.kind in ("vendor", "variable"):
                 continue
             slot = ctx.scratch_slots[scratch_of[b.id]] if b.kind == "scratch" else slots[b.id]
             if b.kind == "output":
@@ -110,6 +114,7 @@ class Executable:
         self._graph_state = None  # a _CapturedRun, made after the first run
         self._capture_ok = None
         self._template = None  # slots of constants and arena buffers, bound once
+        self._uses_cudnn = None
         self.runs = 0
         self.last_profile: list[tuple[str, str, float]] = []
         self.capture_error: str | None = None
@@ -161,16 +166,22 @@ class Executable:
                 if not isinstance(key, Tensor) or key.graph is not self.graph or key.op.op != "placeholder":
                     raise FeedError(f"feed keys must be placeholders of the compiled graph, got {key!r}")
 
-    def _variable_env(self, env: list) -> None:
+    def _storage(self, source: int) -> torch.Tensor:
+        """A variable's value tensor, moved to this device (contiguous) if it lives elsewhere."""
         values = self.graph._variable_values
+        v = values.get(source)
+        if v is None:
+            v = _op(self.graph, source).attrs["initial_value"].clone()
+        if v.device != self.device or not v.is_contiguous():
+            v = v.to(self.device).contiguous()
+        values[source] = v
+        return v
+
+    def _variable_env(self, env: list) -> None:
         for source, slot in self._variables:
-            v = values.get(source)
-            if v is None:
-                v = _op(self.graph, source).attrs["initial_value"].clone()
-            if v.device != self.device or not v.is_contiguous():
-                v = v.to(self.device).contiguous()
-            values[source] = v
-            env[slot] = v
+            env[slot] = self._storage(source)
+        for source, slot in self._in_place:
+            env[slot] = self._storage(source)
 
     def _arena_for(self, heap) -> torch.Tensor:
         if heap is not None:
@@ -218,6 +229,8 @@ class Executable:
             for slot, shape, dtype in self._outputs:
                 env[slot] = torch.empty(shape, dtype=dtype, device=self.device)
             timer = _StepTimer(self.device) if profile else None
+            flags = self._library_flags()
+            flags.__enter__()
             for step in self.steps:
                 zones = self._guard_zones(arena, step) if self._poison else ()
                 for zone in zones:
@@ -230,6 +243,7 @@ class Executable:
                 for zone in zones:
                     if bool((zone != 0xFF).any()):
                         raise GraphError(f"{step.name} wrote past the end of its output buffer")
+            flags.__exit__(None, None, None)
             if timer:
                 self.last_profile = timer.results()
             values = self.graph._variable_values
@@ -255,13 +269,14 @@ class Executable:
                 self._template = env
             env = self._template.copy()
             self._feed_env(env, feeds)
-            if self._variables:
+            if self._variables or self._in_place:
                 self._variable_env(env)
             device = self.device
             for slot, shape, dtype in self._outputs:
                 env[slot] = torch.empty(shape, dtype=dtype, device=device)
-            for step in self.steps:
-                step.run(env)
+            with self._library_flags():
+                for step in self.steps:
+                    step.run(env)
             if self._assigns:
                 values = self.graph._variable_values
                 for source, slot in self._assigns:
@@ -270,10 +285,23 @@ class Executable:
             self.graph.run_count += 1
             if self._capturable and self._graph_state is None:
                 result = self._collect(env, None)
-                self._graph_state = _CapturedRun.capture(self, self._arena_for(None))
+                with self._library_flags():
+                    self._graph_state = _CapturedRun.capture(self, self._arena_for(None))
                 return result
             wrap = TensorData._wrap
             return {user: wrap(env[slot].clone() if held else env[slot]) for user, slot, held in self._results}
+
+    def _library_flags(self):
+        """cuDNN may time its algorithms once per shape and keep the fastest (cached by cuDNN)."""
+        if self._uses_cudnn is None:
+            self._uses_cudnn = self.device.type == "cuda" and any(
+                op.op in _CUDNN_OPS or op.op == "fusion" and op.attrs["template"] == "convolution"
+                for op in self.program.operations)
+        if not self._uses_cudnn:
+            return contextlib.nullcontext()
+        cudnn = torch.backends.cudnn
+        return cudnn.flags(enabled=True, benchmark=True, deterministic=cudnn.deterministic,
+                           allow_tf32=cudnn.allow_tf32)
 
     @property
     def _capturable(self) -> bool:
@@ -326,6 +354,9 @@ class Executable:
         return submit(self, lambda: self.run(feeds, **kwargs), on_complete)
 
 
+_CUDNN_OPS = frozenset({"convolution2d", "convolution_transpose2d", "convolution2d_weights_gradient"})
+
+
 class _StepTimer:
     """Per-step times: CUDA events on a GPU, the wall clock on the CPU."""
 
@@ -367,7 +398,7 @@ class _CapturedRun:
 
     def fits(self, exe: "Executable", arena: torch.Tensor) -> bool:
         values = exe.graph._variable_values
-        ptrs = tuple(values[s].data_ptr() if s in values else 0 for s, _ in exe._variables)
+        ptrs = tuple(values[s].data_ptr() if s in values else 0 for s, _ in exe._variables + exe._in_place)
         return arena.data_ptr() == self.arena_ptr and ptrs == self.variable_ptrs
 
     @staticmethod
@@ -394,7 +425,7 @@ class _CapturedRun:
             exe._capture_ok = False
             exe.capture_error = repr(e)
             return None
-        ptrs = tuple(values[s].data_ptr() for s, _ in exe._variables)
+        ptrs = tuple(values[s].data_ptr() for s, _ in exe._variables + exe._in_place)
         return _CapturedRun(cuda_graph, env, arena.data_ptr(), ptrs)
 
 
