@@ -215,28 +215,31 @@ def case_rows(bw, widths=(1024, 8192, 65536), rows=8192):
 
 # -- matmul + bias + GeLU -----------------------------------------------------------------------
 def case_matmul(bw, n=8192):
-    g = sm.Graph("mlp")
-    x = g.placeholder((n, n), sm.bfloat16, name="x")
-    w = g.placeholder((n, n), sm.bfloat16, name="w")
-    b = g.placeholder((n,), sm.bfloat16, name="b")
-    y = g.gelu(x @ w + b)
     a = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
     wt = torch.randn(n, n, device=DEV, dtype=torch.bfloat16) / math.sqrt(n)
     bt = torch.randn(n, device=DEV, dtype=torch.bfloat16)
-    exe = g.compile({x: a, w: wt, b: bt}, [y], device=DEV)
-    out = exe.run({x: a, w: wt, b: bt})[y].torch()
-    ref = torch.nn.functional.gelu(a.float() @ wt.float() + bt.float())
     flops = 2 * n ** 3
-    feeds = {x: a, w: wt, b: bt}
-    record("matmul+gelu", f"{n}^3 bf16", "stitchml", cuda_time(lambda: exe.run(feeds), 3, 20), flops=flops,
-           check=rel_err(out, ref), note=f"{exe.kernel_count} kernels")
-    record("matmul+gelu", f"{n}^3 bf16", "cublas-bare", cuda_time(lambda: a @ wt, 3, 20), flops=flops,
-           note="the matmul alone")
-    record("matmul+gelu", f"{n}^3 bf16", "torch-eager",
-           cuda_time(lambda: torch.nn.functional.gelu(a @ wt + bt), 3, 20), flops=flops)
-    comp = torch.compile(lambda p, q, r: torch.nn.functional.gelu(p @ q + r))
-    comp(a, wt, bt)
-    record("matmul+gelu", f"{n}^3 bf16", "torch.compile", cuda_time(lambda: comp(a, wt, bt), 3, 20), flops=flops)
+    size = f"{n}^3 bf16"
+    record("matmul+gelu", size, "cublas-bare", cuda_time(lambda: a @ wt, 3, 20), flops=flops, note="the matmul alone")
+    for approximate in ("none", "tanh"):
+        g = sm.Graph("mlp")
+        x = g.placeholder((n, n), sm.bfloat16, name="x")
+        w = g.placeholder((n, n), sm.bfloat16, name="w")
+        b = g.placeholder((n,), sm.bfloat16, name="b")
+        y = g.gelu(x @ w + b, approximate=approximate)
+        feeds = {x: a, w: wt, b: bt}
+        exe = g.compile(feeds, [y], device=DEV)
+        out = exe.run(feeds)[y].torch()
+        ref = torch.nn.functional.gelu(a.float() @ wt.float() + bt.float(), approximate=approximate)
+        chosen = [getattr(s.run, "chosen", None) for s in exe.steps if s.kind == "matmul"]
+        record("matmul+gelu", f"{size} gelu={approximate}", "stitchml", cuda_time(lambda: exe.run(feeds), 3, 20),
+               flops=flops, check=rel_err(out, ref), note=f"{exe.kernel_count} kernel, chose {chosen}")
+        record("matmul+gelu", f"{size} gelu={approximate}", "torch-eager",
+               cuda_time(lambda: torch.nn.functional.gelu(a @ wt + bt, approximate=approximate), 3, 20), flops=flops)
+        comp = torch.compile(lambda p, q, r: torch.nn.functional.gelu(p @ q + r, approximate=approximate))
+        comp(a, wt, bt)
+        record("matmul+gelu", f"{size} gelu={approximate}", "torch.compile", cuda_time(lambda: comp(a, wt, bt), 3, 20),
+               flops=flops)
 
 
 # -- MNIST CNN training step ------------------------------------------------------------------

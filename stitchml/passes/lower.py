@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..codegen import loader, pointwise, reduction
+from ..codegen import choices, loader, pointwise, reduction
 from ..codegen.common import Layout
 from ..graph import Graph
 from ..ir import Operation
@@ -190,7 +190,61 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     src = _generate(op.name, "pointwise", epi, layouts, interpret, options)
     vendor = _vendor(contraction, placeholders, ins, tmp)
     launch = _launcher(src, [tmp] + [ins[i] for i in used], outs)
-    return Step(op.name, template, _chain(vendor, launch), src.source)
+    run = _chain(vendor, launch)
+    fused = _cublaslt_epilogue(body, contraction, placeholders, ins, outs) if backend == "triton" else None
+    if fused is not None:
+        kind, fused_run = fused
+        a, b = contraction.inputs
+        key = f"matmul:{a.shape}x{b.shape}:{a.dtype}:{kind}:{torch.cuda.get_device_name()}"
+        run = choices.Chooser(key, {"cublas+epilogue-kernel": run, f"cublaslt-{kind}": fused_run})
+    return Step(op.name, template, run, src.source)
+
+
+def _cublaslt_epilogue(body: Program, contraction: Operation, placeholders, ins: list[int], outs: list[int]):
+    """cuBLASLt runs bias, bias+ReLU and bias+GeLU(tanh) inside the GEMM: (kind, run) when the epilogue is
+    exactly one of those on a 2-D product, else None."""
+    product = contraction.outputs[0]
+    a, b = contraction.inputs
+    if a.rank != 2 or b.rank != 2 or product.dtype.name not in ("float16", "bfloat16", "float32") or \
+            len(body.outputs) != 1:
+        return None
+    rest = [o for o in body.operations if o.op not in ("placeholder", "constant") and o is not contraction]
+    first = rest[0]
+    if first.op != "addition" or product not in first.inputs:
+        return None
+    bias = first.inputs[1] if first.inputs[0] is product else first.inputs[0]
+    if bias.op.op != "placeholder" or bias.shape not in ((product.shape[1],), (1, product.shape[1])):
+        return None
+    tail = rest[1:]
+    if not tail:
+        kind = "bias"
+    elif len(tail) == 1 and tail[0].op == "relu" and tail[0].inputs[0] is first.outputs[0]:
+        kind = "bias_relu"
+    elif any(o.op == "tanh" for o in tail) and all(o.scope.endswith("gelu/tanh") for o in tail) and \
+            _only_reads(tail, first.outputs[0]):
+        kind = "bias_gelu"
+    else:
+        return None
+    if body.outputs[0] is not rest[-1].outputs[0]:
+        return None
+    ia, ib, ibias = (ins[placeholders.index(t)] for t in (a, b, bias))
+    out = outs[0]
+    gelu = kind == "bias_gelu"
+
+    def run(env):
+        bias_1d = env[ibias].reshape(-1)
+        if kind == "bias":
+            torch.addmm(bias_1d, env[ia], env[ib], out=env[out])
+        else:
+            torch._addmm_activation(bias_1d, env[ia], env[ib], use_gelu=gelu, out=env[out])
+
+    return kind, run
+
+
+def _only_reads(ops: list[Operation], source) -> bool:
+    """The ops read nothing from outside but `source` and constants."""
+    made = {t.id for o in ops for t in o.outputs}
+    return all(t.id in made or t is source or t.op.op == "constant" for o in ops for t in o.inputs)
 
 
 def _chain(*fns):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import GraphError, ShapeError
+from ..errors import FeedError, GraphError, ShapeError
 from ..graph import Graph
 from ..ir import Operation, Tensor, TensorType
 
@@ -92,7 +92,7 @@ def extract(graph: Graph, feed_types: dict[Tensor, TensorType], targets: list[Te
     fed = {t.op.id: tt for t, tt in feed_types.items()}
     missing = [op.outputs[0].name for op in plan if op.op == "placeholder" and op.id not in fed]
     if missing:
-        raise CompileError(f"compile: no type given for placeholders {', '.join(missing)}")
+        raise FeedError(f"compile: the targets need placeholders with no feed or type: {', '.join(missing)}")
     g = Graph(graph.name)
     mapping: dict[int, Tensor] = {}
     assigned: dict[int, Tensor] = {}  # user variable op id -> latest assigned value so far
