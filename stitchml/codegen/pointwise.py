@@ -13,6 +13,9 @@ from ..ir import Tensor
 from .common import Layout, compute_dtype, expression, flat_dims, header, index_expr, literal, tl_type
 
 
+STREAM_BYTES = 1 << 30
+
+
 @dataclass
 class KernelSource:
     """A generated kernel: its source, entry name, launch grid and meta-parameters."""
@@ -40,6 +43,9 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
     n = body.outputs[0].type.numel()
     wide = n >= 2**31 - 2**20
     lines = []
+    options = options or {}
+    # Data read once and far larger than L2 is streamed past it (a hint; measured in benchmarks/tune_pointwise.py).
+    stream = options.get("pointwise_stream", n * 4 >= STREAM_BYTES)
     loaded: dict[tuple[int, tuple], str] = {}
     value: dict[int, str] = {}
     arg_of = {t.id: f"in{i}" for i, t in enumerate(placeholders)}
@@ -55,7 +61,8 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
             var = f"x{len(loaded)}"
             scalar = idx == "0"
             ptr = f"{arg_of[t.id]} + {lay.offset}" if lay.offset else arg_of[t.id]
-            load = f"tl.load({ptr})" if scalar else f"tl.load({ptr} + {idx}, mask=mask, other=0)"
+            hint = ', eviction_policy="evict_first"' if stream else ""
+            load = f"tl.load({ptr})" if scalar else f"tl.load({ptr} + {idx}, mask=mask, other=0{hint})"
             lines.append(f"    {var} = {load}.to({tl_type(compute_dtype(t.dtype))})")
             loaded[key] = var
         return loaded[key]
@@ -73,7 +80,6 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
         v = value[t.id] if t.id in value else operand(t, t.shape)
         lines.append(f"    tl.store({outs[j]} + i, ({v}).to({tl_type(t.dtype)}), mask=mask)")
     block, warps = _block(n)
-    options = options or {}
     block, warps = options.get("pointwise_block", block), options.get("pointwise_warps", warps)
     params = ", ".join([arg_of[t.id] for t in placeholders] + outs)
     start = "tl.program_id(0).to(tl.int64) * BLOCK" if wide else "tl.program_id(0) * BLOCK"
