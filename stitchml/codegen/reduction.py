@@ -333,6 +333,42 @@ class _Gen:
             self.store(t, j, lines, env)
         return lines
 
+    def row_ops_now(self, ops, done: set, rows_env: dict, lines: list[str], op_space) -> None:
+        """Emit the per-row ops whose inputs are all available."""
+        for op in ops:
+            if op.id not in done and op.op not in _COMBINE and op_space(op) == "row" and \
+                    all(t.id in rows_env or t.op.op in ("placeholder", "constant") for t in op.inputs):
+                self.elementwise(op, lines, rows_env)
+                done.add(op.id)
+
+    def online_softmax_pass(self, red_max: Operation, red_sum: Operation, ops, lines, rows_env) -> None:
+        """One pass keeping a running maximum and a rescaled running sum per lane."""
+        dt = tl_type(compute_dtype(red_max.inputs[0].dtype))
+        m, s = self.fresh("acc_m"), self.fresh("acc_s")
+        lines.append(f"    {m} = tl.full([BLOCK_R, BLOCK_C], -INF, {dt})")
+        lines.append(f"    {s} = tl.full([BLOCK_R, BLOCK_C], 0, {dt})")
+        lines.append(f"    for c0 in range(0, {self.f.C}, BLOCK_C):")
+        inner: list[str] = []
+        env = dict(rows_env)
+        self.columns(inner, "c0")
+        for op in _ancestors(red_max, ops, rows_env):
+            self.elementwise(op, inner, env)
+        x = self.operand(red_max.inputs[0], True, inner, env)
+        new = self.fresh("m")
+        inner.append(f"    {new} = _maximum({m}, tl.where(mask, {x}, -INF))")
+        # A lane whose maximum is still -inf has only seen exp(-inf) = 0: keep its sum at 0, not NaN.
+        inner.append(f"    {s} = {s} * tl.where({new} == -INF, 0, tl.exp({m} - {new})) + "
+                     f"tl.where(mask & ({new} != -INF), tl.exp({x} - {new}), 0)")
+        inner.append(f"    {m} = {new}")
+        lines.extend("    " + ln for ln in inner)
+        rm, rs = self.fresh("r"), self.fresh("r")
+        lines.append(f"    {rm} = tl.reduce({m}, 1, _maximum)[:, None]")
+        lines.append(f"    {rs} = tl.sum({s} * tl.where({m} == -INF, 0, tl.exp({m} - {rm})), axis=1)[:, None]")
+        # A row of -inf gives exp(-inf - -inf) = NaN in the op-by-op form; keep that meaning.
+        lines.append(f"    {rs} = tl.where({rm} == -INF, NAN, {rs})")
+        rows_env[red_max.outputs[0].id] = rm
+        rows_env[red_sum.outputs[0].id] = rs
+
     def looped(self, ops, outputs, op_space) -> list[str]:
         lines: list[str] = []
         rows_env: dict = {}  # ROW values available after their reduction pass
@@ -342,7 +378,15 @@ class _Gen:
                 self.elementwise(op, lines, rows_env)
                 done.add(op.id)
         reductions = [op for op in ops if op.op in _COMBINE]
+        paired = _online_pairs(reductions)
         for red in reductions:
+            if red.id in done:
+                continue
+            if red.id in paired:
+                self.online_softmax_pass(red, paired[red.id], ops, lines, rows_env)
+                done.update((red.id, paired[red.id].id))
+                self.row_ops_now(ops, done, rows_env, lines, op_space)
+                continue
             need = _ancestors(red, ops, rows_env)
             acc = self.fresh("acc")
             dt = tl_type(compute_dtype(red.inputs[0].dtype))
@@ -363,11 +407,7 @@ class _Gen:
                 lines.append(f"    {var} = {var} / {self.f.C}")
             rows_env[red.outputs[0].id] = var
             done.add(red.id)
-            for op in ops:  # row ops computable now
-                if op.id not in done and op.op not in _COMBINE and op_space(op) == "row" and \
-                        all(t.id in rows_env or t.op.op in ("placeholder", "constant") for t in op.inputs):
-                    self.elementwise(op, lines, rows_env)
-                    done.add(op.id)
+            self.row_ops_now(ops, done, rows_env, lines, op_space)
         full_outs = [(j, t) for j, t in enumerate(outputs) if self.space.get(t.id, "full") == "full"]
         if full_outs:
             lines.append(f"    for c0 in range(0, {self.f.C}, BLOCK_C):")
@@ -384,6 +424,21 @@ class _Gen:
             if self.space.get(t.id, "full") == "row":
                 self.store(t, j, lines, rows_env)
         return lines
+
+
+def _online_pairs(reductions: list[Operation]) -> dict[int, Operation]:
+    """max(x) followed by sum(exp(x - max(x))): both computed in one pass over the row (online softmax)."""
+    pairs = {}
+    for red, nxt in zip(reductions, reductions[1:]):
+        if red.op != "reduction_maximum" or nxt.op != "reduction_sum":
+            continue
+        e = nxt.inputs[0].op
+        if e.op != "exponent" or e.inputs[0].op.op != "subtraction":
+            continue
+        x, m = e.inputs[0].op.inputs
+        if x is red.inputs[0] and m is red.outputs[0] and x.dtype.is_floating:
+            pairs[red.id] = nxt
+    return pairs
 
 
 def _ancestors(red: Operation, ops: list[Operation], available: dict) -> list[Operation]:
