@@ -17,7 +17,8 @@ Times are medians over --iters runs after --warmup runs. On a GPU the
 stitchml and torch times are CUDA-event medians on the stream the work runs
 on, and every backend also gets a synchronized wall-clock median, which is
 the only fair clock for ONNX Runtime's own streams. Memory: the pipeline's
-`intermediates_heap_size`, the liveness lower bound of the same schedule, and
+`intermediates_heap_size`, the lower bound of the compiler's memory plan (the
+largest sum of intermediates alive at once over its fused schedule), and
 (on CUDA) PyTorch's peak allocated bytes for the forward pass above what the
 weights and input already held. Prints a table and writes JSON.
 """
@@ -64,9 +65,6 @@ def _median_cuda(fn, warmup: int, iters: int, stream) -> float:
 
 
 def _stitchml(sm, model, x, dev, args):
-    from stitchml.pipeline.executable import heap_lower_bound, specialize
-    from stitchml.runtime.eager import prune
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fn = sm.package.from_torch(model.cpu(), (x.cpu(),)).function()
@@ -97,11 +95,10 @@ def _stitchml(sm, model, x, dev, args):
     result["encode_commit_us"] = statistics.median(encode_times[args.warmup:]) * 1e6
     if dev.is_cuda:
         result["cuda_event_us"] = _median_cuda(dispatch, args.warmup, args.iters, queue.stream)
-    targets = [fn.output_tensor(p.name) for p in fn.outputs]
-    plan = prune(fn.graph, targets, [])
-    types = specialize(fn.graph, {fn.input_tensor(name): sm.TensorType(tuple(x.shape), sm.float32)}, plan)
     result["heap_bytes"] = pipeline.intermediates_heap_size
-    result["heap_lower_bound_bytes"] = heap_lower_bound(plan, types, targets)
+    plan = getattr(pipeline.executable, "plan", None)  # the compiler's memory plan over its fused schedule
+    result["heap_lower_bound_bytes"] = getattr(plan, "lower_bound", None)
+    result["kernel_count"] = getattr(pipeline.executable, "kernel_count", None)
     result["kernels"] = pipeline.kernel_note
     with torch.no_grad():
         result["check_max_error"] = float((yout.torch().cpu() - model.cpu()(x.cpu())).abs().max())

@@ -38,8 +38,9 @@ def gelu(g, x, approximate="none"):
     """GeLU: ``0.5 x (1 + erf(x / sqrt 2))``, or the tanh approximation with approximate="tanh"."""
     x = _float(g, x)
     if approximate == "tanh":
-        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
-        return 0.5 * x * (1.0 + g.tanh(inner))
+        with g.scope("tanh"):  # the compiler hands this exact form to cuBLASLt's GELU epilogue
+            inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
+            return 0.5 * x * (1.0 + g.tanh(inner))
     if approximate != "none":
         raise g._error("gelu", f"approximate must be 'none' or 'tanh', got {approximate!r}", [x])
     return 0.5 * x * (1.0 + g.erf(x * (1.0 / math.sqrt(2.0))))

@@ -59,6 +59,7 @@ class Graph:
         self._runner = None  # the async run queue, made on first use
         self.run_count = 0  # runs so far; random ops draw from (seed, run_count)
         self._fold_constants = False  # set while building gradients (autodiff.py)
+        self._executables = None  # compiled executables by signature, made by the first compiled run
 
     # -- building ------------------------------------------------------------
     def _emit(
@@ -230,19 +231,37 @@ class Graph:
             )
         old = self._variable_values.get(op.id)
         device = old.device if old is not None else data.device
-        self._variable_values[op.id] = data.to(device).clone()
+        self._variable_values[op.id] = data.to(device).clone(memory_format=torch.contiguous_format)
 
     # -- running ---------------------------------------------------------------
-    def run(self, feeds=None, targets=(), target_ops=(), device=None):
+    def run(self, feeds=None, targets=(), target_ops=(), device=None, compiled: bool | None = None):
         """Run what `targets` and `target_ops` need; returns {target: TensorData}.
 
-        Feeds map placeholders to TensorData (or arrays). Runs op by op through
-        the reference implementations on `device` (default: CUDA when present,
-        else the CPU). See docs/semantics.md for variables within a run.
+        Feeds map placeholders to TensorData (or arrays). On the CPU the graph
+        runs op by op through the reference implementations; on CUDA it is
+        compiled once per input signature (feed shapes and dtypes, targets,
+        device) into a cached executable (`compile_log` says why each compile
+        happened). `compiled=False` forces the op-by-op path anywhere. The
+        semantics are the same either way (docs/semantics.md).
         """
         from .runtime.eager import run_graph
+        from .tensor_data import resolve_device
 
-        return run_graph(self, feeds, targets, target_ops, device)
+        dev = resolve_device(device)
+        if compiled is False or (compiled is None and dev.type != "cuda"):
+            return run_graph(self, feeds, targets, target_ops, dev)
+        from .runtime.compiled import ExecutableCache
+        from .runtime.eager import check_request
+
+        targets, target_ops = check_request(self, targets, target_ops)
+        if self._executables is None:
+            self._executables = ExecutableCache()
+        return self._executables.get(self, feeds or {}, targets, target_ops, dev).run(feeds)
+
+    @property
+    def compile_log(self) -> list[str]:
+        """One line per compile made by `run`, saying which part of the signature was new."""
+        return [] if self._executables is None else list(self._executables.log)
 
     def run_async(self, feeds=None, targets=(), target_ops=(), device=None, on_complete=None):
         """Queue a run; returns a handle with .wait(), .result(), .done().
@@ -253,6 +272,17 @@ class Graph:
         from .runtime.asyncrun import submit
 
         return submit(self, lambda: self.run(feeds, targets, target_ops, device), on_complete)
+
+    def compile(self, feeds: dict | None = None, targets=(), target_ops=(), device=None,
+                options: dict | None = None) -> "Executable":
+        """Compile for one input signature: {placeholder: TensorType} (or example TensorData/arrays).
+
+        Returns an Executable (runtime/executable.py) whose runs keep the eager
+        semantics exactly; see passes/__init__.py for the pipeline.
+        """
+        from .runtime.compiled import compile_graph
+
+        return compile_graph(self, feeds or {}, targets, target_ops, device, options or {})
 
     # -- autodiff -------------------------------------------------------------
     def gradients(self, of: Tensor, wrt: Sequence[Tensor]) -> dict[Tensor, Tensor]:

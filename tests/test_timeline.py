@@ -9,8 +9,6 @@ import torch
 
 import stitchml as sm
 from stitchml.package import Package, current_target, zoo
-from stitchml.pipeline.executable import EagerExecutable, compile_graph, heap_lower_bound, specialize
-from stitchml.runtime.eager import prune
 
 
 @pytest.fixture(scope="module")
@@ -232,34 +230,31 @@ def test_package_kernels_absent_or_mismatched_compile_and_say_so(tmp_path):
     assert _pipeline(fn, dev, {"x": (2, 4)}).kernel_note.startswith("using kernels")
 
 
-# -- the executable contract's stand-in ------------------------------------------------------------------
-def test_compile_graph_uses_the_eager_stand_in_until_the_compiler_lands():
-    fn = _scale_fn()
-    exe = compile_graph(fn.graph, {fn.input_tensor("x"): sm.TensorType((3, 4), sm.float32)},
-                        [fn.output_tensor("y")], device="cpu")
-    assert isinstance(exe, EagerExecutable) or hasattr(sm.Graph, "compile")
-    x = np.random.rand(3, 4).astype(np.float32)
-    out = sm.TensorData(np.zeros((3, 4), np.float32))
-    res = exe.run({fn.input_tensor("x"): sm.TensorData(x)}, outputs={fn.output_tensor("y"): out})
-    assert res[fn.output_tensor("y")] is out
-    np.testing.assert_allclose(out.numpy(), 2 * np.tanh(x), rtol=1e-6)
-    with pytest.raises(sm.FeedError, match=r"compiled for float32\[3,4\]"):
-        exe.run({fn.input_tensor("x"): sm.TensorData(np.zeros((2, 4), np.float32))})
-    done = threading.Event()
-    exe.run_async({fn.input_tensor("x"): sm.TensorData(x)}, on_complete=lambda r, e: done.set()).wait(10)
-    assert done.is_set()
-
-
-def test_heap_lower_bound_counts_simultaneously_live_intermediates():
+# -- what a dispatch does with the caller's memory -------------------------------------------------------
+def test_dispatch_writes_the_callers_outputs_and_uses_the_callers_heap():
     g = sm.Graph()
-    x = g.placeholder((8, 8), sm.float32, name="x")
-    a = g.exponent(x)       # 256 B, live until d
-    b = g.negative(a)       # 256 B, live until c
-    c = g.sin(b)            # 256 B: a, b, c alive together
-    d = c + a               # the result, outside the heap
-    plan = prune(g, [d], [])
-    types = specialize(g, {x: sm.TensorType((8, 8), sm.float32)}, plan)
-    assert heap_lower_bound(plan, types, [d]) == 3 * 256
+    x = g.placeholder((-1, 64), sm.float32, name="x")
+    w = g.constant(np.random.RandomState(0).randn(64, 64).astype(np.float32) / 8)
+    y = g.tanh(g.matrix_multiplication(g.relu(x @ w), w))  # intermediates that no fusion removes
+    fn = Package.from_graph(g, {"x": x}, {"y": y}).function()
+    dev = sm.device("cpu")
+    pipe = _pipeline(fn, dev, {"x": (16, 64)})
+    assert pipe.intermediates_heap_size > 0
+    heap = dev.new_heap(pipe.intermediates_heap_size)
+    heap.data.torch().fill_(0xAB)
+    xin = sm.TensorData(np.random.RandomState(1).randn(16, 64).astype(np.float32))
+    out = np.full((16, 64), np.nan, np.float32)
+    cb = dev.new_command_queue().command_buffer()
+    enc = cb.ml_encoder()
+    enc.set_pipeline(pipe)
+    enc.set_argument_table({"x": xin, "y": sm.TensorData(out)})
+    enc.dispatch_network(heap)
+    enc.end()
+    cb.commit()
+    cb.wait()
+    wn = w.op.attrs["value"].numpy()
+    np.testing.assert_allclose(out, np.tanh(np.maximum(xin.numpy() @ wn, 0) @ wn), rtol=1e-5, atol=1e-6)
+    assert (heap.data.torch()[:pipe.intermediates_heap_size] != 0xAB).any()  # intermediates went there
 
 
 def test_timeline_example_runs_with_triton_interpreter(tmp_path):

@@ -33,7 +33,9 @@ def _resize_infer(types, sizes, scales, roi, mode, transform, nearest_mode, cubi
         raise ShapeError(f"sizes {sizes} need one extent per axis of {x}")
     if mode not in MODES or transform not in TRANSFORMS or nearest_mode not in NEAREST:
         raise ShapeError(f"mode {mode!r}, transformation {transform!r} or nearest mode {nearest_mode!r} is unknown")
-    return TensorType(tuple(sizes), x.dtype)
+    if x.shape is None:
+        return TensorType(tuple(sizes), x.dtype)
+    return TensorType(tuple(d if s == -1 else s for s, d in zip(sizes, x.shape)), x.dtype)
 
 
 def _source_coordinates(n_in, n_out, scale, transform, roi):

@@ -733,8 +733,7 @@ def _one_hot_infer(types, depth, axis, dtype, on_value, off_value):
 def _one_hot_impl(indices, depth, axis, dtype, on_value, off_value):
     hit = torch.nn.functional.one_hot(indices.long().clamp(min=0), depth).bool() & (indices >= 0).unsqueeze(-1)
     dt = dtypes.as_dtype(dtype).torch
-    out = torch.where(hit, torch.tensor(on_value, dtype=dt, device=indices.device),
-                      torch.tensor(off_value, dtype=dt, device=indices.device))
+    out = torch.full(hit.shape, off_value, dtype=dt, device=indices.device).masked_fill_(hit, on_value)
     return out.movedim(-1, axis % out.dim())
 
 

@@ -25,7 +25,7 @@ placeholder = register(Primitive("placeholder", STATE, differentiable=False,
 
 
 @placeholder.def_infer
-def _placeholder_infer(types, shape, dtype):
+def _placeholder_infer(types, shape, dtype, source=None):
     return TensorType(None if shape is None else tuple(shape), dtype)
 
 
@@ -94,7 +94,7 @@ variable = register(Primitive("variable", STATE, doc=(
 
 
 @variable.def_infer
-def _variable_infer(types, initial_value):
+def _variable_infer(types, initial_value, source=None):
     return TensorType(tuple(initial_value.shape), dtypes.as_dtype(initial_value.dtype))
 
 

@@ -92,9 +92,9 @@ def current_target(device: Any = "cpu") -> dict[str, str]:
 class Function:
     """A function of a package: its graph, input and output ports; call it to run it.
 
-    ``fn(**inputs)`` returns ``{output name: TensorData}``; it compiles one
-    executable per input signature (through the stitching compiler when
-    present, eagerly on the CPU otherwise) on the inputs' device.
+    ``fn(**inputs)`` returns ``{output name: TensorData}`` on the inputs'
+    device: compiled on CUDA (one executable per input signature), eagerly on
+    the CPU, as `Graph.run` does.
     """
 
     def __init__(self, name: str, graph, inputs: dict[str, tuple[Tensor, Port]], outputs: dict[str, tuple[Tensor, Port]]):
@@ -102,7 +102,6 @@ class Function:
         self.graph = graph
         self._inputs = inputs
         self._outputs = outputs
-        self._executables: dict[tuple, Any] = {}
         self.package: Package | None = None  # set by the package that holds the function
 
     @property
@@ -134,19 +133,6 @@ class Function:
         return sum(op.attrs["value"].numel() * op.attrs["value"].element_size()
                    for op in self.graph.operations if op.op == "constant")
 
-    def executable(self, input_types: dict[str, TensorType], device: Any = None):
-        """The executable for these concrete input types (cached per signature)."""
-        from ..pipeline.executable import compile_graph
-        from ..tensor_data import resolve_device
-
-        device = resolve_device(device)
-        key = (str(device),) + tuple(sorted((n, t.shape, t.dtype.name) for n, t in input_types.items()))
-        if key not in self._executables:
-            feeds = {self.input_tensor(n): t for n, t in input_types.items()}
-            targets = [t for t, _ in self._outputs.values()]
-            self._executables[key] = compile_graph(self.graph, feeds, targets, device=device)
-        return self._executables[key]
-
     def check_inputs(self, values: dict[str, Any]) -> dict[str, TensorData]:
         """TensorData for each input, checked against the signature (FeedError says which and why)."""
         from ..errors import FeedError
@@ -168,8 +154,9 @@ class Function:
     def __call__(self, **inputs: Any) -> dict[str, TensorData]:
         data = self.check_inputs(inputs)
         device = next(iter(data.values())).device if data else None
-        exe = self.executable({n: TensorType(d.shape, d.dtype) for n, d in data.items()}, device)
-        results = exe.run({self.input_tensor(n): d for n, d in data.items()})
+        # Graph.run compiles on CUDA (one cached executable per signature) and runs eagerly on the CPU.
+        results = self.graph.run({self.input_tensor(n): d for n, d in data.items()},
+                                 [t for t, _ in self._outputs.values()], device=device)
         return {name: results[t] for name, (t, _) in self._outputs.items()}
 
     def __repr__(self) -> str:

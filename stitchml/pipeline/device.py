@@ -10,10 +10,10 @@
     {'y': (2, 4)}
 
 A `Device` stands for one torch device (the CPU, or one CUDA GPU). A pipeline
-is a package function compiled for fixed input dimensions on a device,
-through the stitching compiler's contract (pipeline/executable.py); it knows
-its `intermediates_heap_size` before anything runs, and a dispatch uses the
-caller's heap for intermediates.
+is a package function compiled for fixed input dimensions on a device by
+the stitching compiler (`Graph.compile`); it knows its
+`intermediates_heap_size` before anything runs, and a dispatch places the
+intermediates in the caller's heap.
 """
 from __future__ import annotations
 
@@ -154,11 +154,31 @@ class MLPipelineDescriptor:
         self.input_dimensions[name] = dims
 
 
+def _specialize(feed_types: dict, plan) -> dict[int, TensorType]:
+    """Every tensor's type once the placeholders have the given concrete types: tensor id -> type."""
+    from ..errors import ShapeError
+    from ..registry import lookup
+
+    types: dict[int, TensorType] = {}
+    by_op = {t.op.id: tt for t, tt in feed_types.items()}
+    for op in plan:
+        if op.op == "placeholder":
+            out = [by_op.get(op.id, op.outputs[0].type)]
+        else:
+            try:
+                inferred = lookup(op.op).infer([types[t.id] for t in op.inputs], **op.attrs)
+            except ShapeError as e:
+                raise FeedError(f"input dimensions do not fit {op.op} ({op.name}): {e}") from None
+            out = [inferred] if isinstance(inferred, TensorType) else list(inferred)
+        for t, tt in zip(op.outputs, out):
+            types[t.id] = tt
+    return types
+
+
 class MLPipeline:
     """A function compiled for fixed input dimensions on a device (MTL4MachineLearningPipelineState)."""
 
     def __init__(self, desc: MLPipelineDescriptor, dev: Device):
-        from .executable import specialize
         from ..runtime.eager import prune
 
         fn = desc.function
@@ -176,8 +196,8 @@ class MLPipeline:
         self.input_types = {n: TensorType(d, fn.input_tensor(n).dtype) for n, d in dims.items()}
         targets = [fn.output_tensor(p.name) for p in fn.outputs]
         try:
-            types = specialize(fn.graph, {fn.input_tensor(n): t for n, t in self.input_types.items()},
-                               prune(fn.graph, targets, []))
+            types = _specialize({fn.input_tensor(n): t for n, t in self.input_types.items()},
+                                prune(fn.graph, targets, []))
         except FeedError as e:
             raise PipelineError(f"pipeline {self.label}: {e}") from None
         self.output_types = {p.name: types[fn.output_tensor(p.name).id] for p in fn.outputs}
@@ -185,7 +205,8 @@ class MLPipeline:
         if unknown:
             raise PipelineError(f"pipeline {self.label}: output extents stay unknown for these input dimensions: {unknown}")
         self.kernel_note = self._kernel_note(dev)
-        self.executable = fn.executable(self.input_types, dev.torch_device)
+        self.executable = fn.graph.compile({fn.input_tensor(n): t for n, t in self.input_types.items()}, targets,
+                                           device=dev.torch_device)
         self.intermediates_heap_size = int(self.executable.intermediates_heap_size)
 
     def _kernel_note(self, dev: Device) -> str:

@@ -145,7 +145,7 @@ def run_graph(graph, feeds, targets, target_ops, device) -> dict[Tensor, TensorD
             for t, v in zip(op.outputs, outs):
                 values[t.id] = v
         for var_id, value in ctx.assigned.items():
-            graph._variable_values[var_id] = value.clone()
+            graph._variable_values[var_id] = value.clone(memory_format=torch.contiguous_format)
         graph.run_count += 1
         held = list(graph._variable_values.values()) + list(graph._constant_cache.values())
         state = {v.untyped_storage().data_ptr() for v in held} - {0}

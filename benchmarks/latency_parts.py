@@ -1,0 +1,48 @@
+"""Where the host time of a one-kernel run goes (informs runtime/executable.py's plain path)."""
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import stitchml as sm  # noqa: E402
+
+
+def per_call(fn, n=5000):
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def main():
+    g = sm.Graph()
+    x = g.placeholder((-1,), sm.float32, name="x")
+    y = 0.5 * x * (1.0 + g.erf(x * g.reciprocal(g.square_root(g.constant(2.0, sm.float32)))))
+    exe = g.compile({x: sm.TensorType((4096,), sm.float32)}, [y], device="cuda")
+    a = torch.randn(4096, device="cuda")
+    out = torch.empty_like(a)
+    exe.run({x: a})
+    launch = exe.steps[0].run
+    env = [None] * exe._nslots
+    env[launch.slots[0]], env[launch.slots[1]] = a, out
+    rows = [("exe.run", per_call(lambda: exe.run({x: a}))),
+            ("step launch (direct launcher)", per_call(lambda: launch(env))),
+            ("triton jit entry", per_call(lambda: launch.fn[launch.grid](a, out, num_warps=launch.warps, **launch.meta))),
+            ("torch.empty 4K", per_call(lambda: torch.empty((4096,), dtype=torch.float32, device="cuda"))),
+            ("torch.erf 4K (one eager op)", per_call(lambda: torch.erf(a)))]
+    real = exe.steps[0].run
+    exe.steps[0].run = lambda env: None
+    rows.append(("exe.run without the launch", per_call(lambda: exe.run({x: a}))))
+    exe.steps[0].run = real
+    for name, us in rows:
+        print(f"{name:<32} {us:7.2f} us")
+
+
+if __name__ == "__main__":
+    main()

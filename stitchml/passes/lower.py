@@ -1,0 +1,284 @@
+"""lower: turn the stitched, planned program into a list of pre-bound steps.
+
+Requires: `ctx.memory_plan`. Ensures: `ctx.launches` holds one step per
+operation that does work, in schedule order, each reading and writing value
+slots of an environment list; `ctx.slots` maps tensor ids to slots.
+
+* pointwise and reduction kernels: generated Triton source (codegen/),
+  loaded from the kernel cache and launched with their grid;
+* matmul / convolution kernels: the vendor call (cuBLAS / cuDNN through
+  torch) writes a scratch buffer, then a generated epilogue kernel reads it;
+  with no epilogue the vendor call writes the output directly;
+* views: a torch view of the input (no copy);
+* opaque ops: their reference implementation, result copied into its buffer;
+* with the reference backend (CPU without the Triton interpreter) kernels run
+  their bodies op by op.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..codegen import choices, loader, pointwise, reduction
+from ..codegen.common import Layout
+from ..graph import Graph
+from ..ir import Operation
+from ..registry import lookup
+from .memory import _is_view
+from .program import Program, copy_op
+
+
+@dataclass
+class Step:
+    """One unit of work: `run(env)`; `name` and `kind` are for reports and traces."""
+
+    name: str
+    kind: str
+    run: Callable[[list], None]
+    source: str | None = None  # generated Triton source, if any
+    writes: tuple[int, ...] = ()  # buffer ids it writes (poison checks look at their guard zones)
+
+
+def _layouts(op: Operation, plan) -> list[Layout]:
+    out = []
+    for t in op.inputs:
+        lay = plan.place[t.id][2]
+        out.append(Layout(lay.shape, lay.strides, 0))  # the slot holds the view: its pointer includes the offset
+    return out
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # CUDA builds: the current stream as an int
+
+
+class _Launch:
+    """Launch a generated kernel on its pre-bound slots.
+
+    The first launch goes through Triton's JIT entry (it compiles, or loads
+    from Triton's disk cache). Later launches on CUDA call the compiled
+    kernel's launcher directly, which skips Triton's per-call argument
+    binding; they fall back to the JIT entry when the pointers' 16-byte
+    alignment differs from what the kernel was specialised for.
+    """
+
+    def __init__(self, src: pointwise.KernelSource, ins: list[int], outs: list[int]):
+        self.fn = loader.load(src.name, src.source)
+        self.grid = tuple(src.grid) + (1,) * (3 - len(src.grid))
+        self.meta = src.constexprs
+        self.meta_values = list(src.constexprs.values())
+        self.warps = src.num_warps
+        self.slots = ins + outs
+        self.compiled = None
+        self.alignment = None
+        self.interpret = loader.interpreting()
+
+    def __call__(self, env) -> None:
+        args = [env[s] for s in self.slots]
+        if self.compiled is not None:
+            if tuple(a.data_ptr() % 16 == 0 for a in args) == self.alignment:
+                k = self.compiled
+                stream = _raw_stream(args[0].device.index) if _raw_stream else torch.cuda.current_stream().cuda_stream
+                k.run(*self.grid, stream, k.function, k.packed_metadata, None, None, None, *args, *self.meta_values)
+                return
+        if self.interpret:
+            with np.errstate(all="ignore"):  # masked lanes may compute log(0) and the like
+                self.fn[self.grid](*args, num_warps=self.warps, **self.meta)
+            return
+        k = self.fn[self.grid](*args, num_warps=self.warps, **self.meta)
+        if self.compiled is None and all(hasattr(k, a) for a in ("run", "function", "packed_metadata")):
+            self.compiled = k
+            self.alignment = tuple(a.data_ptr() % 16 == 0 for a in args)
+
+
+def _launcher(src: pointwise.KernelSource, ins: list[int], outs: list[int]):
+    return _Launch(src, ins, outs)
+
+
+def _generate(name: str, template: str, body: Program, layouts: list[Layout], interpret: bool, options: dict):
+    gen = reduction.generate if template == "reduction" else pointwise.generate
+    return gen(name, body, layouts, interpret, options)
+
+
+def _epilogue(body: Program) -> tuple[Operation, Program | None, list[int]]:
+    """Split a matmul/convolution body into the contraction and a pointwise epilogue body.
+
+    Returns the contraction op, the epilogue (None when there is none) and, for
+    each epilogue input after the contraction result, the index of the body
+    placeholder it is.
+    """
+    contraction = next(op for op in body.operations if op.op in ("matrix_multiplication", "convolution2d"))
+    rest = [op for op in body.operations if op.op != "placeholder" and op is not contraction]
+    if not rest:
+        return contraction, None, []
+    g = Graph("epilogue")
+    mapping = {contraction.outputs[0].id: g.placeholder(contraction.outputs[0].shape, contraction.outputs[0].dtype)}
+    placeholders = [op.outputs[0] for op in body.operations if op.op == "placeholder"]
+    used = []
+    for op in rest:
+        for t in op.inputs:
+            if t.id not in mapping and t.op.op == "placeholder":
+                mapping[t.id] = g.placeholder(t.shape, t.dtype)
+                used.append(placeholders.index(t))
+        for old, new in zip(op.outputs, copy_op(g, op, [mapping[t.id] for t in op.inputs])):
+            mapping[old.id] = new
+    return contraction, Program(g, [mapping[t.id] for t in body.outputs], dict(body.notes)), used
+
+
+def _vendor(contraction: Operation, placeholders, ins: list[int], out_slot: int):
+    prim = lookup(contraction.op)
+    index = [placeholders.index(t) for t in contraction.inputs]
+    attrs = contraction.attrs
+
+    if contraction.op == "matrix_multiplication":
+        def run(env):
+            torch.matmul(env[ins[index[0]]], env[ins[index[1]]], out=env[out_slot])
+    else:  # cuDNN returns its own memory: the epilogue reads it where it is
+        def run(env):
+            env[out_slot] = prim.impl(*[env[ins[i]] for i in index], **attrs)
+    return run
+
+
+def lower(program: Program, ctx) -> Program:
+    plan = ctx.memory_plan
+    slots: dict[int, int] = {}
+    for op in program.operations:
+        for t in op.outputs:
+            slots[t.id] = len(slots)
+    # One extra slot per kernel that needs a temporary: planned scratch, or a convolution's own result.
+    temps = [op.id for op in program.operations if op.op == "fusion" and
+             (op.id in plan.scratch or op.attrs["template"] == "convolution")]
+    scratch_slots = {op_id: len(slots) + i for i, op_id in enumerate(temps)}
+    steps: list[Step] = []
+    for op in program.operations:
+        if op.op in ("placeholder", "variable", "constant", "assign_variable"):
+            continue
+        step = _step(op, plan, slots, scratch_slots, ctx.backend, ctx.options)
+        step.writes = tuple(t.id for t in op.outputs) + ((plan.scratch[op.id],) if op.id in plan.scratch else ())
+        steps.append(step)
+    ctx.launches = steps
+    ctx.slots = slots
+    ctx.scratch_slots = scratch_slots
+    return program
+
+
+def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, options: dict) -> Step:
+    ins = [slots[t.id] for t in op.inputs]
+    outs = [slots[t.id] for t in op.outputs]
+    if _is_view(op) and plan.place[op.outputs[0].id][:2] != ("buffer", op.outputs[0].id):
+        return Step(op.name, "view", _view(op, ins[0], outs[0]))
+    if op.op != "fusion":
+        return Step(op.name, "vendor", _opaque(op, ins, outs))
+    body, template = op.attrs["body"], op.attrs["template"]
+    if backend == "reference":
+        return Step(op.name, "reference", _opaque(op, ins, outs, into=True))
+    interpret = backend == "interpret"
+    if template in ("pointwise", "reduction"):
+        src = _generate(op.name, template, body, _layouts(op, plan), interpret, options)
+        if isinstance(src, reduction.SplitSource):
+            tmp = scratch_slots[op.id]
+            run = _chain(_launcher(src.partial, ins, [tmp] + outs), _launcher(src.finish, ins + [tmp], outs))
+            return Step(op.name, template, run, src.partial.source)
+        return Step(op.name, template, _launcher(src, ins, outs), src.source)
+    contraction, epi, used = _epilogue(body)
+    placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
+    if epi is None:
+        return Step(op.name, template, _vendor(contraction, placeholders, ins, outs[0]))
+    tmp = scratch_slots[op.id]
+    layouts = [Layout.contiguous(contraction.outputs[0].shape)] + [_layouts(op, plan)[i] for i in used]
+    src = _generate(op.name, "pointwise", epi, layouts, interpret, options)
+    vendor = _vendor(contraction, placeholders, ins, tmp)
+    launch = _launcher(src, [tmp] + [ins[i] for i in used], outs)
+    run = _chain(vendor, launch)
+    fused = _cublaslt_epilogue(body, contraction, placeholders, ins, outs) if backend == "triton" else None
+    if fused is not None:
+        kind, fused_run = fused
+        a, b = contraction.inputs
+        key = f"matmul:{a.shape}x{b.shape}:{a.dtype}:{kind}:{torch.cuda.get_device_name()}"
+        run = choices.Chooser(key, {"cublas+epilogue-kernel": run, f"cublaslt-{kind}": fused_run})
+    return Step(op.name, template, run, src.source)
+
+
+def _cublaslt_epilogue(body: Program, contraction: Operation, placeholders, ins: list[int], outs: list[int]):
+    """cuBLASLt runs bias, bias+ReLU and bias+GeLU(tanh) inside the GEMM: (kind, run) when the epilogue is
+    exactly one of those on a 2-D product, else None."""
+    product = contraction.outputs[0]
+    a, b = contraction.inputs
+    if a.rank != 2 or b.rank != 2 or product.dtype.name not in ("float16", "bfloat16", "float32") or \
+            len(body.outputs) != 1:
+        return None
+    rest = [o for o in body.operations if o.op not in ("placeholder", "constant") and o is not contraction]
+    first = rest[0]
+    if first.op != "addition" or product not in first.inputs:
+        return None
+    bias = first.inputs[1] if first.inputs[0] is product else first.inputs[0]
+    if bias.op.op != "placeholder" or bias.shape not in ((product.shape[1],), (1, product.shape[1])):
+        return None
+    tail = rest[1:]
+    if not tail:
+        kind = "bias"
+    elif len(tail) == 1 and tail[0].op == "relu" and tail[0].inputs[0] is first.outputs[0]:
+        kind = "bias_relu"
+    elif any(o.op == "tanh" for o in tail) and all(o.scope.endswith("gelu/tanh") for o in tail) and \
+            _only_reads(tail, first.outputs[0]):
+        kind = "bias_gelu"
+    else:
+        return None
+    if body.outputs[0] is not rest[-1].outputs[0]:
+        return None
+    ia, ib, ibias = (ins[placeholders.index(t)] for t in (a, b, bias))
+    out = outs[0]
+    gelu = kind == "bias_gelu"
+
+    def run(env):
+        bias_1d = env[ibias].reshape(-1)
+        if kind == "bias":
+            torch.addmm(bias_1d, env[ia], env[ib], out=env[out])
+        else:
+            torch._addmm_activation(bias_1d, env[ia], env[ib], use_gelu=gelu, out=env[out])
+
+    return kind, run
+
+
+def _only_reads(ops: list[Operation], source) -> bool:
+    """The ops read nothing from outside but `source` and constants."""
+    made = {t.id for o in ops for t in o.outputs}
+    return all(t.id in made or t is source or t.op.op == "constant" for o in ops for t in o.inputs)
+
+
+def _chain(*fns):
+    def run(env):
+        for fn in fns:
+            fn(env)
+    return run
+
+
+def _view(op: Operation, src: int, dst: int):
+    prim = lookup(op.op)
+    attrs = op.attrs
+
+    def run(env):
+        env[dst] = prim.impl(env[src], **attrs)
+    return run
+
+
+def _opaque(op: Operation, ins: list[int], outs: list[int], into: bool = False):
+    """Run an op's reference implementation: its results are bound as they come (library memory),
+    or copied into planned buffers with `into`. A result that is one of the inputs' memory is copied,
+    so no output or assignment ever aliases a feed, constant or variable."""
+    prim = lookup(op.op)
+    attrs = op.attrs
+
+    def run(env):
+        args = [env[s] for s in ins]
+        result = prim.impl(*args, **attrs)
+        result = result if isinstance(result, tuple) else (result,)
+        shared = {a.untyped_storage().data_ptr() for a in args}
+        for s, r in zip(outs, result):
+            if into:
+                env[s].copy_(r)
+            else:
+                env[s] = r.clone() if r.untyped_storage().data_ptr() in shared else r
+    return run
+

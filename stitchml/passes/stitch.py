@@ -1,0 +1,183 @@
+"""stitch: group adjacent operations into kernels.
+
+Requires: a simplified, pruned program with static shapes. Ensures: every
+elementwise, fusable-reduction, matmul and convolution op sits in exactly one
+`fusion` op whose body holds the kernel's ops; placeholders, constants,
+variables, views, opaque ops and assignments stay as they are. The kernels
+are in a topological order of the kernel graph.
+
+Walking the ops in program order, each op that can start a kernel asks
+legality.can_fuse of every kernel that produces one of its inputs; the legal
+ones are scored (policy.score) and policy.choose picks one, else the op
+starts a new kernel. Every refusal is kept for `Executable.fusion_report()`.
+Joining is refused when it would close a cycle (the op reads a value that
+itself depends on the kernel).
+"""
+from __future__ import annotations
+
+import heapq
+
+from ..graph import Graph
+from ..ir import Operation, Tensor
+from .legality import Kernel, can_fuse, join, start, template_of
+from .policy import choose, score
+from .program import Program, copy_op
+
+
+def _group(program: Program, report: list) -> tuple[list[Kernel], dict[int, Kernel]]:
+    kernels: list[Kernel] = []
+    kernel_of: dict[int, Kernel] = {}
+    depends: dict[int, frozenset[int]] = {}  # tensor id -> kernels it transitively depends on
+    refusals: dict[int, list[tuple[str, str]]] = {}
+    position = {op.id: i for i, op in enumerate(program.operations)}
+    for op in program.operations:
+        upstream = frozenset().union(*(depends.get(t.id, frozenset()) for t in op.inputs))
+        chosen = None
+        if template_of(op) is not None:
+            scored = []
+            for k in dict.fromkeys(kernel_of[t.op.id] for t in op.inputs if t.op.id in kernel_of):
+                ok, reason = can_fuse(k, op)
+                if ok:
+                    through = [t for t in op.inputs if not k.produces(t) and k.id in depends.get(t.id, ())]
+                    if through:
+                        ok, reason = False, f"{through[0].name} depends on the kernel itself (would form a cycle)"
+                if ok:
+                    scored.append((k, score(k, op)))
+                else:
+                    refusals.setdefault(k.id, []).append((f"{op.op} ({op.name})", reason))
+            chosen = choose(scored)
+            if chosen is not None:
+                join(chosen, op)
+                for other, _ in scored:
+                    if other is not chosen and _merge(chosen, other, depends, refusals, position):
+                        for member in other.ops:
+                            kernel_of[member.id] = chosen
+                        kernels.remove(other)
+            else:
+                chosen = start(max((k.id for k in kernels), default=-1) + 1, op)
+                kernels.append(chosen)
+            kernel_of[op.id] = chosen
+        mine = upstream | {chosen.id} if chosen is not None else upstream
+        for t in op.outputs:
+            depends[t.id] = mine
+    kernels.sort(key=lambda k: position[k.ops[0].id])
+    renumber = {k.id: i for i, k in enumerate(kernels)}
+    refusals = {renumber[k]: v for k, v in refusals.items() if k in renumber}
+    for k in kernels:
+        k.id = renumber[k.id]
+    for k in kernels:
+        report.append({"kernel": k.id, "template": k.template, "ops": [f"{o.op} ({o.name})" for o in k.ops],
+                       "not_fused": refusals.get(k.id, [])})
+    return kernels, kernel_of
+
+
+def _merge(into: Kernel, other: Kernel, depends: dict, refusals: dict, position: dict) -> bool:
+    """Move every op of `other` into `into` when each may join and no path leaves and re-enters."""
+    both = into.op_ids | other.op_ids
+    for a, b in ((into, other), (other, into)):
+        for member in a.ops:
+            for t in member.inputs:
+                if t.op.id not in both and b.id in depends.get(t.id, ()):
+                    refusals.setdefault(into.id, []).append(
+                        (f"kernel {other.id}", f"{t.name} lies on a path between the kernels (would form a cycle)"))
+                    return False
+    trial = Kernel(into.id, into.template, list(into.ops), into.frame, into.axes, dict(into.space))
+    for member in sorted(other.ops, key=lambda o: position[o.id]):
+        ok, reason = can_fuse(trial, member)
+        if not ok:
+            refusals.setdefault(into.id, []).append((f"kernel {other.id}", reason))
+            return False
+        join(trial, member)
+    trial.ops.sort(key=lambda o: position[o.id])
+    into.template, into.ops, into.frame, into.axes, into.space = trial.template, trial.ops, trial.frame, trial.axes, \
+        trial.space
+    for key, deps in depends.items():
+        if other.id in deps:
+            depends[key] = (deps - {other.id}) | {into.id}
+    return True
+
+
+def _schedule(program: Program, kernel_of: dict[int, Kernel]) -> list:
+    """Nodes (kernels and standalone ops) in a topological order, earliest program position first."""
+    position = {op.id: i for i, op in enumerate(program.operations)}
+    node_of = {op.id: (kernel_of[op.id] if op.id in kernel_of else op) for op in program.operations}
+    nodes = list(dict.fromkeys(node_of.values()))
+    key = {id(n): min(position[o.id] for o in n.ops) if isinstance(n, Kernel) else position[n.id] for n in nodes}
+    members = {id(n): (n.ops if isinstance(n, Kernel) else [n]) for n in nodes}
+    preds: dict[int, set[int]] = {id(n): set() for n in nodes}
+    succs: dict[int, set[int]] = {id(n): set() for n in nodes}
+    for n in nodes:
+        for o in members[id(n)]:
+            for t in o.inputs:
+                p = node_of[t.op.id]
+                if p is not n:
+                    preds[id(n)].add(id(p))
+                    succs[id(p)].add(id(n))
+    by_id = {id(n): n for n in nodes}
+    ready = [(key[id(n)], id(n)) for n in nodes if not preds[id(n)]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, nid = heapq.heappop(ready)
+        order.append(by_id[nid])
+        for s in succs[nid]:
+            preds[s].discard(nid)
+            if not preds[s]:
+                heapq.heappush(ready, (key[s], s))
+    assert len(order) == len(nodes), "the kernel graph has a cycle"
+    return order
+
+
+def _inline_constant(t: Tensor) -> bool:
+    return t.op.op == "constant" and t.type.numel() == 1
+
+
+def _build_kernel(g: Graph, k: Kernel, mapping: dict[int, Tensor], used_outside: set[int]) -> None:
+    body = Graph(f"kernel{k.id}")
+    inner: dict[int, Tensor] = {}
+    inputs: list[Tensor] = []
+    mine = k.op_ids
+    for op in k.ops:
+        for t in op.inputs:
+            if t.id in inner or t.op.id in mine:
+                continue
+            if _inline_constant(t):
+                inner[t.id] = copy_op(body, t.op, [])[0]
+                continue
+            inner[t.id] = body.placeholder(t.shape, t.dtype, name=f"in{len(inputs)}")
+            inputs.append(mapping[t.id])
+        for old, new in zip(op.outputs, copy_op(body, op, [inner[t.id] for t in op.inputs])):
+            inner[old.id] = new
+    outs = [t for op in k.ops for t in op.outputs if t.id in used_outside]
+    name = f"kernel{k.id}_{k.template}"
+    attrs = {"body": Program(body, [inner[t.id] for t in outs], {"frame": k.frame, "axes": k.axes,
+                                                                 "space": {inner[i].id: s for i, s in k.space.items()
+                                                                           if i in inner}}),
+             "template": k.template, "name": name}
+    fused = g._emit("fusion", inputs, attrs, name)
+    for old, new in zip(outs, fused.outputs):
+        mapping[old.id] = new
+
+
+def stitch(program: Program, ctx) -> Program:
+    report: list = []
+    kernels, kernel_of = _group(program, report)
+    used_outside = {t.id for t in program.outputs}
+    for op in program.operations:
+        for t in op.inputs:
+            if t.op.id in kernel_of and kernel_of.get(op.id) is not kernel_of[t.op.id]:
+                used_outside.add(t.id)
+    g = Graph(program.graph.name)
+    mapping: dict[int, Tensor] = {}
+    for node in _schedule(program, kernel_of):
+        if isinstance(node, Kernel):
+            _build_kernel(g, node, mapping, used_outside)
+        else:
+            for old, new in zip(node.outputs, copy_op(g, node, [mapping[t.id] for t in node.inputs])):
+                mapping[old.id] = new
+    if ctx is not None:
+        ctx.fusion_report = report
+    return Program(g, [mapping[t.id] for t in program.outputs], dict(program.notes))
+
+
+del Operation

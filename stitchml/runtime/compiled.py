@@ -1,0 +1,103 @@
+"""From a graph and a signature to an Executable, and the per-graph cache of them.
+
+`compile_graph` extracts the program the targets need, runs the pass
+pipeline and wraps the result. `cached_run` is what `Graph.run` uses on CUDA:
+one executable per signature (feed shapes and dtypes, targets, target ops,
+device) in a bounded LRU cache; every compile after the first says which part
+of the signature changed (`Graph.compile_log`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+
+import torch
+
+from ..dtypes import as_dtype
+from ..errors import FeedError
+from ..ir import Tensor, TensorType
+from ..passes import CompileContext, extract, run_pipeline
+from ..tensor_data import TensorData, resolve_device
+from .eager import check_request
+from .executable import Executable, Signature
+
+log = logging.getLogger("stitchml.compile")
+CACHE_SIZE = int(os.environ.get("STITCHML_EXECUTABLE_CACHE", "16"))
+
+
+def _backend(device: torch.device) -> str:
+    if device.type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "reference"
+        return "triton"
+    return "interpret" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "reference"
+
+
+def _feed_type(key: Tensor, value) -> TensorType:
+    if isinstance(value, TensorType):
+        return value
+    data = value if isinstance(value, TensorData) else TensorData(value)
+    return TensorType(data.shape, data.dtype)
+
+
+def signature_of(graph, feed_types: dict[Tensor, TensorType], targets, target_ops, device) -> Signature:
+    feeds = tuple(sorted((t.op.id, t.name, tuple(tt.shape), tt.dtype.name) for t, tt in feed_types.items()))
+    return Signature(feeds, tuple(t.id for t in targets), tuple(op.id for op in target_ops), str(device))
+
+
+def _check_types(feed_types: dict[Tensor, TensorType]) -> None:
+    for t, tt in feed_types.items():
+        if not isinstance(t, Tensor) or t.op.op != "placeholder":
+            raise FeedError(f"compile: feed keys must be placeholders, got {t!r}")
+        if tt.shape is None or -1 in tt.shape:
+            raise FeedError(f"compile: placeholder {t.name} needs a static shape to compile for, got {tt}")
+        if as_dtype(tt.dtype) != t.dtype or not t.type.accepts(tt.shape):
+            raise FeedError(f"compile: placeholder {t.name} is {t.type}; cannot compile it for {tt}")
+
+
+def compile_graph(graph, feeds: dict, targets, target_ops, device, options: dict) -> Executable:
+    device = resolve_device(device)
+    targets, target_ops = check_request(graph, targets, target_ops)
+    feed_types = {t: _feed_type(t, v) for t, v in feeds.items()}
+    _check_types(feed_types)
+    program = extract(graph, feed_types, targets, target_ops)
+    options = dict(options)
+    if device.type == "cuda":
+        options.setdefault("sm_count", torch.cuda.get_device_properties(device).multi_processor_count)
+    ctx = CompileContext(device=device, backend=options.get("backend", _backend(device)), options=options)
+    program = run_pipeline(program, ctx)
+    return Executable(graph, program, ctx, signature_of(graph, feed_types, targets, target_ops, device), targets)
+
+
+class ExecutableCache:
+    """A graph's compiled executables, least recently used dropped first."""
+
+    def __init__(self, size: int = CACHE_SIZE):
+        self.size = size
+        self.entries: OrderedDict[Signature, Executable] = OrderedDict()
+        self.log: list[str] = []
+
+    def get(self, graph, feeds: dict, targets, target_ops, device) -> Executable:
+        feed_types = {t: _feed_type(t, v) for t, v in (feeds or {}).items()}
+        sig = signature_of(graph, feed_types, targets, target_ops, device)
+        exe = self.entries.get(sig)
+        if exe is not None:
+            self.entries.move_to_end(sig)
+            return exe
+        if self.entries:
+            nearest = next(reversed(self.entries))
+            reason = sig.describe_change(nearest)
+        else:
+            reason = "first run"
+        exe = compile_graph(graph, feeds, targets, target_ops, device, {})
+        message = f"compiled {graph.name!r} for a new signature ({reason}): {exe.kernel_count} kernels, " \
+                  f"heap {exe.intermediates_heap_size} bytes"
+        self.log.append(message)
+        log.info(message)
+        self.entries[sig] = exe
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+        return exe

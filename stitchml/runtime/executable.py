@@ -1,0 +1,436 @@
+"""Executable: a graph compiled for one input signature.
+
+`Graph.compile(feeds={placeholder: TensorType}, targets, target_ops, device)`
+runs the pass pipeline (passes/__init__.py) and returns an Executable:
+
+    >>> import numpy as np, stitchml as sm
+    >>> g = sm.Graph(); x = g.placeholder((4,), sm.float32, name="x")
+    >>> exe = g.compile({x: sm.TensorType((4,), sm.float32)}, [g.exponent(x)], device="cpu")
+    >>> exe.intermediates_heap_size
+    0
+
+A run binds the feeds, the variables' storage, the constants and the arena
+(the caller's `heap`, or one the executable keeps) to value slots, runs the
+pre-bound steps, then writes the assigned variables (end-of-run semantics,
+docs/semantics.md). On CUDA, once a run has warmed the kernels up, the whole
+run is captured as a CUDA graph and later runs replay it.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import FeedError, GraphError
+from ..ir import Operation, Tensor, TensorType
+from ..tensor_data import TensorData
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What an executable is compiled for (MPSGraph compiles per unique input types)."""
+
+    feeds: tuple[tuple[int, str, tuple[int, ...], str], ...]  # (placeholder op id, name, shape, dtype)
+    targets: tuple[int, ...]
+    target_ops: tuple[int, ...]
+    device: str
+
+    def describe_change(self, other: "Signature") -> str:
+        """Which part of the signature differs from `other` (for recompile explanations)."""
+        if self.device != other.device:
+            return f"device {other.device} -> {self.device}"
+        if self.targets != other.targets or self.target_ops != other.target_ops:
+            return "targets or target operations changed"
+        mine = {f[0]: f for f in self.feeds}
+        theirs = {f[0]: f for f in other.feeds}
+        for key in sorted(set(mine) | set(theirs)):
+            a, b = theirs.get(key), mine.get(key)
+            if a != b:
+                name = (b or a)[1]
+                if a is None or b is None:
+                    return f"feed {name} {'added' if a is None else 'removed'}"
+                return f"feed {name}: {a[3]}{list(a[2])} -> {b[3]}{list(b[2])}"
+        return "no change"
+
+
+class Executable:
+    """A compiled run of one graph; see the module docstring."""
+
+    def __init__(self, graph, program, ctx, signature: Signature, targets: list[Tensor]):
+        self.graph = graph
+        self.program = program
+        self.signature = signature
+        self.device = ctx.device
+        self.backend = ctx.backend
+        self.steps = ctx.launches
+        self.plan = ctx.memory_plan
+        self.compile_times = dict(ctx.timings)
+        self._report = ctx.fusion_report
+        self._poison = bool(ctx.options.get("poison"))
+        slots = ctx.slots
+        self._nslots = len(slots) + len(ctx.scratch_slots)
+        self._feeds: list[tuple[int, int, tuple, torch.dtype, str]] = []  # (user op id, slot, shape, dtype, name)
+        self._variables: list[tuple[int, int]] = []  # (user variable op id, slot)
+        self._constants: list[tuple[int, torch.Tensor]] = []
+        self._assigns: list[tuple[int, int]] = []
+        self._in_place: list[tuple[int, int]] = []  # (user variable op id, slot of the value written into it)
+        for op in program.operations:
+            if op.op == "placeholder":
+                t = op.outputs[0]
+                self._feeds.append((op.attrs["source"], slots[t.id], t.shape, t.dtype.torch, t.name))
+            elif op.op == "variable":
+                self._variables.append((op.attrs["source"], slots[op.outputs[0].id]))
+            elif op.op == "constant":
+                self._constants.append((slots[op.outputs[0].id], op.attrs["value"].to(self.device)))
+            elif op.op == "assign_variable":
+                if op.inputs[1].id in self.plan.in_place:  # the kernel writes the variable itself
+                    self._in_place.append((op.inputs[0].op.attrs["source"], slots[op.inputs[1].id]))
+                else:
+                    self._assigns.append((op.inputs[0].op.attrs["source"], slots[op.inputs[1].id]))
+        self._buffers = []  # (slot, offset, nbytes, dtype, shape) for arena buffers
+        self._outputs = []  # (slot, shape, dtype) allocated per run
+        scratch_of = {v: k for k, v in self.plan.scratch.items()}
+        for b in self.plan.buffers.values():
+            if b.kind in ("vendor", "variable"):
+                continue
+            slot = ctx.scratch_slots[scratch_of[b.id]] if b.kind == "scratch" else slots[b.id]
+            if b.kind == "output":
+                self._outputs.append((slot, b.shape, b.dtype))
+            else:
+                self._buffers.append((slot, b.offset, b.nbytes, b.dtype, b.shape))
+        held = {slots[op.outputs[0].id] for op in program.operations if op.op in ("variable", "constant")}
+        self._results = [(user, slots[t.id], slots[t.id] in held or self.plan.place[t.id][0] in ("variable", "constant"))
+                         for user, t in zip(targets, program.outputs)]
+        self._feed_keys = [(_op(graph, source).outputs[0], slot, torch.Size(shape), dtype, name)
+                           for source, slot, shape, dtype, name in self._feeds]
+        self._arena: torch.Tensor | None = None
+        self._bound_arena_ptr = None
+        self._bound: list = []
+        self._lock = threading.Lock()
+        self._graph_state = None  # a _CapturedRun, made after the first run
+        self._capture_ok = None
+        self._template = None  # slots of constants and arena buffers, bound once
+        self._uses_cudnn = None
+        self.runs = 0
+        self.last_profile: list[tuple[str, str, float]] = []
+        self.capture_error: str | None = None
+
+    # -- reports ---------------------------------------------------------------
+    @property
+    def intermediates_heap_size(self) -> int:
+        """Bytes of arena the intermediates need (a caller's heap must be at least this large)."""
+        return self.plan.arena_size
+
+    @property
+    def kernel_count(self) -> int:
+        return sum(1 for s in self.steps if s.kind != "view")
+
+    def fusion_report(self) -> str:
+        """Each kernel with the ops inside it, and why each unfused neighbour stayed out."""
+        lines = []
+        for entry in self._report:
+            lines.append(f"kernel {entry['kernel']} ({entry['template']}): {', '.join(entry['ops'])}")
+            for who, why in entry["not_fused"]:
+                lines.append(f"    not fused: {who}: {why}")
+        for s in self.steps:
+            if s.kind in ("vendor", "view"):
+                lines.append(f"{s.kind} {s.name}")
+        return "\n".join(lines)
+
+    def kernel_sources(self) -> dict[str, str]:
+        """Generated Triton source of every kernel, by kernel name."""
+        return {s.name: s.source for s in self.steps if s.source}
+
+    # -- running -----------------------------------------------------------------
+    def _feed_env(self, env: list, feeds: dict | None) -> None:
+        feeds = feeds or {}
+        for key, slot, shape, dtype, name in self._feed_keys:
+            value = feeds.get(key)
+            if value is None:
+                raise FeedError(f"the executable needs a feed for placeholder {name}")
+            kind = type(value)
+            t = value if kind is torch.Tensor else value._t if kind is TensorData else TensorData(value).torch()
+            if t.dtype != dtype or t.shape != shape:
+                got = f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
+                raise FeedError(f"feed for placeholder {name}: the executable was compiled for {shape} "
+                                f"{str(dtype).replace('torch.', '')}, got {got}; compile again for it")
+            if t.device != self.device:
+                t = t.to(self.device)
+            env[slot] = t if t.is_contiguous() else t.contiguous()
+        if len(feeds) > len(self._feed_keys):
+            for key in feeds:
+                if not isinstance(key, Tensor) or key.graph is not self.graph or key.op.op != "placeholder":
+                    raise FeedError(f"feed keys must be placeholders of the compiled graph, got {key!r}")
+
+    def _storage(self, source: int) -> torch.Tensor:
+        """A variable's value tensor, moved to this device (contiguous) if it lives elsewhere."""
+        values = self.graph._variable_values
+        v = values.get(source)
+        if v is None:
+            v = _op(self.graph, source).attrs["initial_value"].clone()
+        if v.device != self.device or not v.is_contiguous():
+            v = v.to(self.device).contiguous()
+        values[source] = v
+        return v
+
+    def _variable_env(self, env: list) -> None:
+        for source, slot in self._variables:
+            env[slot] = self._storage(source)
+        for source, slot in self._in_place:
+            env[slot] = self._storage(source)
+
+    def _arena_for(self, heap) -> torch.Tensor:
+        if heap is not None:
+            t = heap.torch() if isinstance(heap, TensorData) else heap
+            if t.dtype != torch.uint8 or t.dim() != 1 or t.numel() < self.intermediates_heap_size or \
+                    t.device != self.device:
+                raise GraphError(f"heap: expected a 1-D uint8 buffer of at least {self.intermediates_heap_size} "
+                                 f"bytes on {self.device}, got {tuple(t.shape)} {t.dtype} on {t.device}")
+            return t
+        if self._arena is None:
+            self._arena = torch.empty(max(self.intermediates_heap_size, 1), dtype=torch.uint8, device=self.device)
+        return self._arena
+
+    def _bind_arena(self, env: list, arena: torch.Tensor) -> None:
+        if not self._buffers:
+            return
+        if self._bound_arena_ptr != arena.data_ptr():
+            self._bound = [(slot, arena[off:off + n].view(dtype).view(shape))
+                           for slot, off, n, dtype, shape in self._buffers]
+            self._bound_arena_ptr = arena.data_ptr()
+        for slot, view in self._bound:
+            env[slot] = view
+        if self._poison:
+            arena.view(torch.uint8).fill_(0xFF)  # NaN in every float type: unwritten reads show up
+
+    def run(self, feeds: dict | None = None, outputs: dict | None = None, heap: Any = None,
+            stream: Any = None, profile: bool = False) -> dict[Tensor, TensorData]:
+        """Run once; returns {target: TensorData}. `outputs` maps targets to caller buffers to fill.
+
+        With `profile=True` the run executes step by step (no graph replay) and
+        `last_profile` lists (step, kind, milliseconds).
+        """
+        if stream is None and heap is None and outputs is None and not profile and not self._poison:
+            return self._run_plain(feeds)
+        with self._lock, (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()):
+            arena = self._arena_for(heap)
+            if not profile and self._graph_state is not None and self._graph_state.fits(self, arena):
+                return self._replay(feeds, outputs)
+            env = [None] * self._nslots
+            self._feed_env(env, feeds)
+            self._variable_env(env)
+            for slot, value in self._constants:
+                env[slot] = value
+            self._bind_arena(env, arena)
+            for slot, shape, dtype in self._outputs:
+                env[slot] = torch.empty(shape, dtype=dtype, device=self.device)
+            timer = _StepTimer(self.device) if profile else None
+            flags = self._library_flags()
+            flags.__enter__()
+            for step in self.steps:
+                zones = self._guard_zones(arena, step) if self._poison else ()
+                for zone in zones:
+                    zone.fill_(0xFF)
+                if timer:
+                    timer.start()
+                step.run(env)
+                if timer:
+                    timer.stop(step)
+                for zone in zones:
+                    if bool((zone != 0xFF).any()):
+                        raise GraphError(f"{step.name} wrote past the end of its output buffer")
+            flags.__exit__(None, None, None)
+            if timer:
+                self.last_profile = timer.results()
+            values = self.graph._variable_values
+            for source, slot in self._assigns:
+                values[source].copy_(env[slot])
+            self.runs += 1
+            self.graph.run_count += 1
+            result = self._collect(env, outputs)
+            if self._capturable and self._graph_state is None:
+                self._graph_state = _CapturedRun.capture(self, arena)
+            return result
+
+    def _run_plain(self, feeds: dict | None) -> dict[Tensor, TensorData]:
+        """The common case (own arena, current stream, fresh outputs), with as little host work as possible."""
+        with self._lock:
+            if self._graph_state is not None and self._graph_state.fits(self, self._arena_for(None)):
+                return self._replay(feeds, None)
+            if self._template is None:
+                env = [None] * self._nslots
+                for slot, value in self._constants:
+                    env[slot] = value
+                self._bind_arena(env, self._arena_for(None))
+                self._template = env
+            env = self._template.copy()
+            self._feed_env(env, feeds)
+            if self._variables or self._in_place:
+                self._variable_env(env)
+            device = self.device
+            for slot, shape, dtype in self._outputs:
+                env[slot] = torch.empty(shape, dtype=dtype, device=device)
+            with self._library_flags():
+                for step in self.steps:
+                    step.run(env)
+            if self._assigns:
+                values = self.graph._variable_values
+                for source, slot in self._assigns:
+                    values[source].copy_(env[slot])
+            self.runs += 1
+            self.graph.run_count += 1
+            if self._capturable and self._graph_state is None:
+                result = self._collect(env, None)
+                with self._library_flags():
+                    self._graph_state = _CapturedRun.capture(self, self._arena_for(None))
+                return result
+            wrap = TensorData._wrap
+            return {user: wrap(env[slot].clone() if held else env[slot]) for user, slot, held in self._results}
+
+    def _library_flags(self):
+        """cuDNN may time its algorithms once per shape and keep the fastest (cached by cuDNN)."""
+        if self._uses_cudnn is None:
+            self._uses_cudnn = self.device.type == "cuda" and any(
+                op.op in _CUDNN_OPS or op.op == "fusion" and op.attrs["template"] == "convolution"
+                for op in self.program.operations)
+        if not self._uses_cudnn:
+            return contextlib.nullcontext()
+        cudnn = torch.backends.cudnn
+        return cudnn.flags(enabled=True, benchmark=True, deterministic=cudnn.deterministic,
+                           allow_tf32=cudnn.allow_tf32)
+
+    @property
+    def _capturable(self) -> bool:
+        """Whether runs may be replayed from a CUDA graph: CUDA, several steps, no random draws, no poison."""
+        if self._capture_ok is None:
+            self._capture_ok = (self.device.type == "cuda" and len(self.steps) > 1 and not self._poison
+                                and not any(op.primitive.kind == "random" for op in self.program.operations))
+        return self._capture_ok
+
+    def _replay(self, feeds: dict | None, outputs: dict | None) -> dict[Tensor, TensorData]:
+        state = self._graph_state
+        fed = [None] * self._nslots
+        self._feed_env(fed, feeds)
+        for _, slot, *_ in self._feeds:
+            state.env[slot].copy_(fed[slot])
+        state.graph.replay()
+        self.runs += 1
+        self.graph.run_count += 1
+        return self._collect(state.env, outputs, copy_all=True)
+
+    def _collect(self, env: list, outputs: dict | None, copy_all: bool = False) -> dict[Tensor, TensorData]:
+        result = {}
+        for user, slot, held in self._results:
+            v = env[slot]
+            if outputs and user in outputs:
+                dst = outputs[user].torch() if isinstance(outputs[user], TensorData) else outputs[user]
+                if tuple(dst.shape) != tuple(v.shape) or dst.dtype != v.dtype:
+                    raise GraphError(f"output buffer for {user.name}: expected {tuple(v.shape)} {v.dtype}, "
+                                     f"got {tuple(dst.shape)} {dst.dtype}")
+                dst.copy_(v)
+                result[user] = TensorData._wrap(dst)
+                continue
+            result[user] = TensorData._wrap(v.clone() if held or copy_all else v)
+        return result
+
+    def _guard_zones(self, arena: torch.Tensor, step) -> list[torch.Tensor]:
+        """The guard zones after the arena buffers `step` writes (poison mode)."""
+        zones = []
+        for key in step.writes:
+            b = self.plan.buffers.get(key)
+            if b is not None and b.kind in ("intermediate", "scratch") and self.plan.guard:
+                end = b.offset + (b.nbytes + 63) // 64 * 64 + self.plan.guard
+                zones.append(arena[b.offset + b.nbytes:end])
+        return zones
+
+    def run_async(self, feeds: dict | None = None, on_complete=None, **kwargs):
+        """Queue a run; the handle and callback behave as Graph.run_async's."""
+        from .asyncrun import submit
+
+        return submit(self, lambda: self.run(feeds, **kwargs), on_complete)
+
+
+_CUDNN_OPS = frozenset({"convolution2d", "convolution_transpose2d", "convolution2d_weights_gradient"})
+
+
+class _StepTimer:
+    """Per-step times: CUDA events on a GPU, the wall clock on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+
+    def start(self) -> None:
+        if self.cuda:
+            self.begin = torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.begin = time.perf_counter()
+
+    def stop(self, step) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.marks.append((step, self.begin, end))
+        else:
+            self.marks.append((step, self.begin, time.perf_counter()))
+
+    def results(self) -> list[tuple[str, str, float]]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [(s.name, s.kind, a.elapsed_time(b)) for s, a, b in self.marks]
+        return [(s.name, s.kind, (b - a) * 1e3) for s, a, b in self.marks]
+
+
+class _CapturedRun:
+    """A run recorded as a CUDA graph over static feed, arena and output buffers.
+
+    Replays are valid while the variables' storage and the arena stay where
+    they were at capture; otherwise the executable runs its steps again.
+    """
+
+    def __init__(self, graph, env, arena_ptr: int, variable_ptrs: tuple):
+        self.graph, self.env, self.arena_ptr, self.variable_ptrs = graph, env, arena_ptr, variable_ptrs
+
+    def fits(self, exe: "Executable", arena: torch.Tensor) -> bool:
+        values = exe.graph._variable_values
+        ptrs = tuple(values[s].data_ptr() if s in values else 0 for s, _ in exe._variables + exe._in_place)
+        return arena.data_ptr() == self.arena_ptr and ptrs == self.variable_ptrs
+
+    @staticmethod
+    def capture(exe: "Executable", arena: torch.Tensor) -> "_CapturedRun | None":
+        env = [None] * exe._nslots
+        for _, slot, shape, dtype, _ in exe._feeds:
+            env[slot] = torch.empty(shape, dtype=dtype, device=exe.device)
+        exe._variable_env(env)
+        for slot, value in exe._constants:
+            env[slot] = value
+        exe._bind_arena(env, arena)
+        for slot, shape, dtype in exe._outputs:
+            env[slot] = torch.empty(shape, dtype=dtype, device=exe.device)
+        values = exe.graph._variable_values
+        cuda_graph = torch.cuda.CUDAGraph()
+        try:
+            torch.cuda.synchronize(exe.device)
+            with torch.cuda.graph(cuda_graph):
+                for step in exe.steps:
+                    step.run(env)
+                for source, slot in exe._assigns:
+                    values[source].copy_(env[slot])
+        except Exception as e:  # noqa: BLE001  (a step that syncs with the host cannot be captured)
+            exe._capture_ok = False
+            exe.capture_error = repr(e)
+            return None
+        ptrs = tuple(values[s].data_ptr() for s, _ in exe._variables + exe._in_place)
+        return _CapturedRun(cuda_graph, env, arena.data_ptr(), ptrs)
+
+
+def _op(graph, op_id: int) -> Operation:
+    for op in graph.operations:
+        if op.id == op_id:
+            return op
+    raise GraphError(f"operation {op_id} is not in the graph")
