@@ -1,0 +1,167 @@
+"""Whole training steps: the classifier's gradients against PyTorch, a GAN's two networks in one
+graph against the same computation in PyTorch, a short digits run, determinism and the demo."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import stitchml as sm
+from stitchml import data, nn, optim
+from stitchml.demos import mnist
+
+
+# -- the classifier's network, layer kinds the demo uses ---------------------------------------
+def test_classifier_gradients_match_torch_for_any_batch_size():
+    model = mnist.build((1, 8, 8), seed=3, dtype=sm.float64)
+    g = model.graph
+    grads = g.gradients(model.loss, model.parameters)
+    rng = np.random.default_rng(0)
+    for n in (5, 9):  # two batch sizes through the one placeholder of extent -1
+        x = rng.random((n, 1, 8, 8))
+        y = rng.integers(0, 10, n)
+        out = g.run({model.images: x, model.labels: y}, [model.loss] + [grads[p] for p in model.parameters],
+                    device="cpu")
+        w = [torch.tensor(g.variable_value(p).numpy(), requires_grad=True) for p in model.parameters]
+        h = F.max_pool2d(F.relu(F.conv2d(torch.tensor(x), w[0], w[1], padding=2)), 2)
+        h = F.max_pool2d(F.relu(F.conv2d(h, w[2], w[3], padding=2)), 2)
+        logits = F.relu(h.reshape(n, -1) @ w[4] + w[5]) @ w[6] + w[7]
+        loss = F.cross_entropy(logits, torch.tensor(y))
+        loss.backward()
+        assert out[model.loss].item() == pytest.approx(loss.item(), rel=1e-12)
+        for p, t in zip(model.parameters, w):
+            np.testing.assert_allclose(out[grads[p]].numpy(), t.grad.numpy(), rtol=1e-10, atol=1e-13, err_msg=p.name)
+
+
+# -- two networks in one graph -------------------------------------------------------------------
+def _mlp_weights(rng, sizes):
+    return [(rng.standard_normal((a, b)) * 0.8, rng.standard_normal(b) * 0.1) for a, b in zip(sizes, sizes[1:])]
+
+
+def _mlp(ops, layers, x):
+    for i, (w, b) in enumerate(layers):
+        x = x @ w + b
+        if i < len(layers) - 1:
+            x = ops.tanh(x)
+    return x
+
+
+def _gan_losses(ops, softplus, mean, gen, disc, real, z):
+    """Discriminator: real -> 1, fake -> 0 (logistic loss); generator: non-saturating loss."""
+    fake = _mlp(ops, gen, z)
+    d_real, d_fake = _mlp(ops, disc, real), _mlp(ops, disc, fake)
+    return mean(softplus(-d_real)) + mean(softplus(d_fake)), mean(softplus(-d_fake))
+
+
+def test_gan_two_networks_one_graph_match_torch():
+    rng = np.random.default_rng(7)
+    gen0, disc0 = _mlp_weights(rng, [2, 6, 2]), _mlp_weights(rng, [2, 5, 1])
+    steps = [(rng.standard_normal((16, 2)) * 0.5 + 2.0, rng.standard_normal((16, 2))) for _ in range(8)]
+
+    g = sm.Graph("gan")
+    real = g.placeholder((-1, 2), sm.float64, name="real")
+    z = g.placeholder((-1, 2), sm.float64, name="z")
+    gen = [(g.variable(w, name=f"gen{i}/w"), g.variable(b, name=f"gen{i}/b")) for i, (w, b) in enumerate(gen0)]
+    disc = [(g.variable(w, name=f"disc{i}/w"), g.variable(b, name=f"disc{i}/b")) for i, (w, b) in enumerate(disc0)]
+    d_loss, g_loss = _gan_losses(g, g.softplus, g.reduction_mean, gen, disc, real, z)
+    gen_vars, disc_vars = [v for layer in gen for v in layer], [v for layer in disc for v in layer]
+
+    before = len(g.operations)
+    d_updates = optim.Adam(0.05, beta1=0.5).minimize(g, d_loss, disc_vars)
+    d_ops = g.operations[before:]
+    before = len(g.operations)
+    g_updates = optim.SGD(0.1, momentum=0.5).minimize(g, g_loss, gen_vars)
+    g_ops = g.operations[before:]
+    # The discriminator's gradients never read the generator's weights; the generator's pass
+    # differentiates through the discriminator (its weights appear in the backward ops).
+    reads = lambda ops: {t.id for op in ops for t in op.inputs}  # noqa: E731
+    assert not reads(d_ops) & {v.id for v in gen_vars}
+    assert reads(g_ops) & {v.id for v in disc_vars}
+    assert {op.inputs[0].id for op in d_updates if op.inputs[0].op.op == "variable"} >= {v.id for v in disc_vars}
+
+    t_gen = [(torch.tensor(w, requires_grad=True), torch.tensor(b, requires_grad=True)) for w, b in gen0]
+    t_disc = [(torch.tensor(w, requires_grad=True), torch.tensor(b, requires_grad=True)) for w, b in disc0]
+    t_gen_vars, t_disc_vars = [p for layer in t_gen for p in layer], [p for layer in t_disc for p in layer]
+    d_opt = torch.optim.Adam(t_disc_vars, lr=0.05, betas=(0.5, 0.999))
+    g_opt = torch.optim.SGD(t_gen_vars, lr=0.1, momentum=0.5)
+
+    for step, (real_np, z_np) in enumerate(steps, start=1):
+        out = g.run({real: real_np, z: z_np}, [d_loss, g_loss], d_updates + g_updates, device="cpu")
+        # Both updates of one run see the weights from the start of the run, so torch takes
+        # both gradients before stepping either optimizer.
+        td, tg = _gan_losses(torch, F.softplus, torch.mean, t_gen, t_disc, torch.tensor(real_np), torch.tensor(z_np))
+        d_grads = torch.autograd.grad(td, t_disc_vars, retain_graph=True)
+        g_grads = torch.autograd.grad(tg, t_gen_vars)
+        for p, grad in zip(t_disc_vars + t_gen_vars, d_grads + g_grads):
+            p.grad = grad
+        d_opt.step()
+        g_opt.step()
+        assert out[d_loss].item() == pytest.approx(td.item(), rel=1e-12)
+        assert out[g_loss].item() == pytest.approx(tg.item(), rel=1e-12)
+        for v, t in zip(gen_vars + disc_vars, t_gen_vars + t_disc_vars):
+            np.testing.assert_allclose(g.variable_value(v).numpy(), t.detach().numpy(), rtol=1e-10, atol=1e-10,
+                                       err_msg=f"{v.name} after step {step}")
+    for v, (w, _) in zip(gen_vars[::2] + disc_vars[::2], gen0 + disc0):
+        assert np.abs(g.variable_value(v).numpy() - w).max() > 1e-2, f"{v.name} must have trained"
+
+
+# -- the digit classifier --------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def one_thread():
+    """As the demo does for the 8x8 digits: with pytest -n 2 on two cores, more threads per
+    worker only wait on each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _train_digits(seed, epochs=None, train=None):
+    d = data.load_digits(seed=0)
+    if train is not None:
+        d = d.subset(train, len(d.test_labels))
+    defaults = mnist.DEFAULTS["digits"]
+    model = mnist.build(d.image_shape, seed=seed, learning_rate=defaults["learning_rate"]["adam"])
+    losses = mnist.train(model, d, epochs or defaults["epochs"], defaults["batch_size"], seed=seed, device="cpu",
+                         progress=False)
+    return model, d, losses
+
+
+def test_digits_training_reaches_the_stated_accuracy():
+    """The demo's default run on the 8x8 digits: at least 97% of the held-out fifth."""
+    model, d, losses = _train_digits(seed=0)
+    accuracy = mnist.evaluate(model, d.test_images, d.test_labels, device="cpu")
+    assert accuracy >= 0.97, accuracy
+    assert np.mean(losses[-20:]) < 0.25 * np.mean(losses[:5])
+
+
+def test_training_is_deterministic_with_a_seed():
+    runs = [_train_digits(seed, epochs=1, train=320) for seed in (1, 1, 2)]
+    (a, _, la), (b, _, lb), (c, _, _) = runs
+    assert la == lb
+    for pa, pb, pc in zip(a.parameters, b.parameters, c.parameters):
+        va, vb = a.graph.variable_value(pa).numpy(), b.graph.variable_value(pb).numpy()
+        assert va.tobytes() == vb.tobytes(), f"{pa.name} differs between two runs with the same seed"
+    assert any(not np.array_equal(a.graph.variable_value(pa).numpy(), c.graph.variable_value(pc).numpy())
+               for pa, pc in zip(a.parameters, c.parameters))
+
+
+def test_demo_command_trains_and_writes_weights(tmp_path, capsys):
+    from safetensors.numpy import load_file
+
+    out = tmp_path / "w.safetensors"
+    assert mnist.main(["--epochs", "1", "--seed", "4", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "digits: 1437 training and 360 test images" in printed and "test accuracy" in printed
+    weights = load_file(str(out))
+    assert sorted(weights) == sorted(["conv1/weights", "conv1/bias", "conv2/weights", "conv2/bias",
+                                      "dense1/weights", "dense1/bias", "dense2/weights", "dense2/bias"])
+    assert weights["conv1/weights"].shape == (16, 1, 5, 5) and weights["dense2/weights"].dtype == np.float32
+    fresh = mnist.build((1, 8, 8), seed=4)
+    assert not np.array_equal(fresh.graph.variable_value(fresh.parameters[0]).numpy(), weights["conv1/weights"])
+
+
+def test_demo_reports_a_bad_data_folder(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        mnist.main(["--data", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "expected the MNIST file train-images-idx3-ubyte.gz" in capsys.readouterr().err
