@@ -159,8 +159,12 @@ def load_mnist(directory: str | os.PathLike) -> Dataset:
 def load_digits(test_fraction: float = 0.2, seed: int = 0) -> Dataset:
     """scikit-learn's bundled 8x8 digits (1797 images), split into train and held-out test sets,
     stratified by class with `seed`."""
-    from sklearn.datasets import load_digits as sklearn_digits
-    from sklearn.model_selection import train_test_split
+    try:
+        from sklearn.datasets import load_digits as sklearn_digits
+        from sklearn.model_selection import train_test_split
+    except ImportError:
+        raise DataError("the 8x8 digits ship with scikit-learn, which is not installed: "
+                        "pip install scikit-learn (or stitchml[cli])") from None
 
     digits = sklearn_digits()
     images = (digits.images.astype(np.float32) / 16.0)[:, None]

@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="CPU threads (default: 1 for the 8x8 digits, torch's for MNIST)")
     parser.add_argument("--out", help="write the trained weights here (safetensors)")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda was asked for but no CUDA device is available (see `stitchml doctor`)")
 
     try:
         dataset = data.load_mnist(args.data) if args.data else data.load_digits(seed=args.seed)
