@@ -179,9 +179,9 @@ def _trainable(graph, variables: Sequence[Tensor], where: str) -> list[Tensor]:
 class Optimizer:
     """Builds a training step for a list of variables; subclasses give the update rule.
 
-    `state` maps each trained variable to its optimizer variables (``"velocity"``,
-    ``"momentum"``, ``"step"``...), the names torch.optim uses for the same quantities,
-    so they can be saved and restored with the weights.
+    `state` maps each trained variable to its optimizer's variables, keyed by their role
+    (``"velocity"``, ``"momentum"``, ``"maximum_velocity"``, ``"step"``), so they can be
+    saved and restored with the weights.
     """
 
     def __init__(self) -> None:
@@ -209,7 +209,7 @@ class Optimizer:
             for v in variables:
                 state = dict(shared)
                 updates += self._update(graph, v, gradients[v], state)
-                self.state[v] = state
+                self.state[v] = {role: t for role, t in state.items() if t.op.op == "variable"}
         return updates + shared_updates
 
     def _shared_state(self, graph) -> tuple[dict[str, Tensor], list[Operation]]:

@@ -54,7 +54,12 @@ CASES = {
     "adamw": (lambda: optim.AdamW(0.05, weight_decay=0.3), lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.3)),
     "amsgrad": (lambda: optim.Adam(0.05, amsgrad=True), lambda p: torch.optim.Adam(p, lr=0.05, amsgrad=True)),
 }
-TORCH_STATE = {"velocity": "momentum_buffer", "momentum": "exp_avg", "maximum_velocity": "max_exp_avg_sq"}
+
+
+def _torch_name(role, adam):
+    """torch.optim's state key for one of our state roles."""
+    return {"velocity": "exp_avg_sq" if adam else "momentum_buffer", "momentum": "exp_avg",
+            "maximum_velocity": "max_exp_avg_sq", "step": "step"}[role]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -77,15 +82,12 @@ def test_matches_torch_optim_step_by_step(case):
             np.testing.assert_allclose(g.variable_value(v).numpy(), tparams[k].detach().numpy(), rtol=1e-10,
                                        atol=1e-12, err_msg=f"{case}: {k} after step {step}")
             tstate = topt.state[tparams[k]]
-            for name, var in opt.state[v].items():
-                if name.endswith("_power"):
-                    continue
-                if name == "velocity" and "exp_avg_sq" in tstate:
-                    expected = tstate["exp_avg_sq"]
-                else:
-                    expected = tstate[TORCH_STATE.get(name, name)]
+            adam = isinstance(opt, optim.Adam)
+            assert {_torch_name(role, adam) for role in opt.state[v]} == {key for key, t in tstate.items() if t is not None}
+            for role, var in opt.state[v].items():
+                expected = tstate[_torch_name(role, adam)]
                 np.testing.assert_allclose(g.variable_value(var).numpy(), np.asarray(expected), rtol=1e-10,
-                                           atol=1e-12, err_msg=f"{case}: {name} of {k} after step {step}")
+                                           atol=1e-12, err_msg=f"{case}: {role} of {k} after step {step}")
     moved = max(np.abs(g.variable_value(v).numpy() - weights[k]).max() for k, v in params.items())
     assert moved > 1e-2, "the weights must change for the comparison to mean anything"
 
