@@ -45,14 +45,20 @@ def _mlp(ops, layers, x):
     return x
 
 
-def _gan_losses(ops, softplus, mean, gen, disc, real, z):
-    """Discriminator: real -> 1, fake -> 0 (logistic loss); generator: non-saturating loss."""
+def _gan_losses(ops, softplus, mean, gen, disc, real, z, disc_for_gen=None):
+    """Discriminator: real -> 1, fake -> 0 (logistic loss); generator: the non-saturating loss,
+    through `disc_for_gen` (default: the same discriminator)."""
     fake = _mlp(ops, gen, z)
     d_real, d_fake = _mlp(ops, disc, real), _mlp(ops, disc, fake)
-    return mean(softplus(-d_real)) + mean(softplus(d_fake)), mean(softplus(-d_fake))
+    d_fake_for_gen = d_fake if disc_for_gen is None else _mlp(ops, disc_for_gen, fake)
+    return mean(softplus(-d_real)) + mean(softplus(d_fake)), mean(softplus(-d_fake_for_gen))
 
 
-def test_gan_two_networks_one_graph_match_torch():
+@pytest.mark.parametrize("order", ["simultaneous", "sequential"])
+def test_gan_two_networks_one_graph_match_torch(order):
+    """Both updates in one run. "simultaneous": both passes read the weights from the start of the
+    run. "sequential": the generator's pass reads the discriminator after its update (read_variable
+    under control dependencies), the usual PyTorch loop, still in one run."""
     rng = np.random.default_rng(7)
     gen0, disc0 = _mlp_weights(rng, [2, 6, 2]), _mlp_weights(rng, [2, 5, 1])
     steps = [(rng.standard_normal((16, 2)) * 0.5 + 2.0, rng.standard_normal((16, 2))) for _ in range(8)]
@@ -62,21 +68,27 @@ def test_gan_two_networks_one_graph_match_torch():
     z = g.placeholder((-1, 2), sm.float64, name="z")
     gen = [(g.variable(w, name=f"gen{i}/w"), g.variable(b, name=f"gen{i}/b")) for i, (w, b) in enumerate(gen0)]
     disc = [(g.variable(w, name=f"disc{i}/w"), g.variable(b, name=f"disc{i}/b")) for i, (w, b) in enumerate(disc0)]
-    d_loss, g_loss = _gan_losses(g, g.softplus, g.reduction_mean, gen, disc, real, z)
     gen_vars, disc_vars = [v for layer in gen for v in layer], [v for layer in disc for v in layer]
+    d_loss, g_loss = _gan_losses(g, g.softplus, g.reduction_mean, gen, disc, real, z)
 
     before = len(g.operations)
     d_updates = optim.Adam(0.05, beta1=0.5).minimize(g, d_loss, disc_vars)
     d_ops = g.operations[before:]
+    if order == "sequential":
+        with g.control_dependencies(d_updates):
+            updated = [(g.read_variable(w), g.read_variable(b)) for w, b in disc]
+        _, g_loss = _gan_losses(g, g.softplus, g.reduction_mean, gen, disc, real, z, updated)
     before = len(g.operations)
     g_updates = optim.SGD(0.1, momentum=0.5).minimize(g, g_loss, gen_vars)
     g_ops = g.operations[before:]
     # The discriminator's gradients never read the generator's weights; the generator's pass
     # differentiates through the discriminator (its weights appear in the backward ops).
     reads = lambda ops: {t.id for op in ops for t in op.inputs}  # noqa: E731
+    disc_reads = {v.id for v in disc_vars} | {t.id for layer in (updated if order == "sequential" else []) for t in layer}
     assert not reads(d_ops) & {v.id for v in gen_vars}
-    assert reads(g_ops) & {v.id for v in disc_vars}
-    assert {op.inputs[0].id for op in d_updates if op.inputs[0].op.op == "variable"} >= {v.id for v in disc_vars}
+    assert reads(g_ops) & disc_reads
+    assert {op.inputs[0].id for op in d_updates} >= {v.id for v in disc_vars}
+    assert not {op.inputs[0].id for op in g_updates} & {v.id for v in disc_vars}
 
     t_gen = [(torch.tensor(w, requires_grad=True), torch.tensor(b, requires_grad=True)) for w, b in gen0]
     t_disc = [(torch.tensor(w, requires_grad=True), torch.tensor(b, requires_grad=True)) for w, b in disc0]
@@ -86,14 +98,17 @@ def test_gan_two_networks_one_graph_match_torch():
 
     for step, (real_np, z_np) in enumerate(steps, start=1):
         out = g.run({real: real_np, z: z_np}, [d_loss, g_loss], d_updates + g_updates, device="cpu")
-        # Both updates of one run see the weights from the start of the run, so torch takes
-        # both gradients before stepping either optimizer.
-        td, tg = _gan_losses(torch, F.softplus, torch.mean, t_gen, t_disc, torch.tensor(real_np), torch.tensor(z_np))
-        d_grads = torch.autograd.grad(td, t_disc_vars, retain_graph=True)
-        g_grads = torch.autograd.grad(tg, t_gen_vars)
-        for p, grad in zip(t_disc_vars + t_gen_vars, d_grads + g_grads):
+        batch = (torch.tensor(real_np), torch.tensor(z_np))
+        td, tg = _gan_losses(torch, F.softplus, torch.mean, t_gen, t_disc, *batch)
+        for p, grad in zip(t_disc_vars, torch.autograd.grad(td, t_disc_vars, retain_graph=True)):
             p.grad = grad
-        d_opt.step()
+        if order == "sequential":
+            d_opt.step()
+            _, tg = _gan_losses(torch, F.softplus, torch.mean, t_gen, t_disc, *batch)
+        for p, grad in zip(t_gen_vars, torch.autograd.grad(tg, t_gen_vars)):
+            p.grad = grad
+        if order == "simultaneous":
+            d_opt.step()
         g_opt.step()
         assert out[d_loss].item() == pytest.approx(td.item(), rel=1e-12)
         assert out[g_loss].item() == pytest.approx(tg.item(), rel=1e-12)
