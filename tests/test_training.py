@@ -180,3 +180,33 @@ def test_demo_reports_a_bad_data_folder(tmp_path, capsys):
         mnist.main(["--data", str(tmp_path)])
     assert exit_.value.code == 2
     assert "expected the MNIST file train-images-idx3-ubyte.gz" in capsys.readouterr().err
+
+
+# -- layers -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout, groups", [("NCHW", 1), ("NHWC", 2)])
+def test_conv2d_layer_matches_torch(layout, groups):
+    g = sm.Graph()
+    descriptor = sm.Convolution2DDescriptor(stride=2, padding=1, groups=groups, data_layout=layout)
+    layer = nn.Conv2d(g, 4, 6, 3, descriptor, rng=np.random.default_rng(1), dtype=sm.float64)
+    w, b = (g.variable_value(p).numpy() for p in layer.parameters)
+    assert w.shape == (6, 4 // groups, 3, 3) and np.abs(w).max() <= 1 / np.sqrt(4 // groups * 9)
+    x_nchw = np.random.default_rng(2).standard_normal((2, 4, 7, 7))
+    x_np = x_nchw if layout == "NCHW" else x_nchw.transpose(0, 2, 3, 1).copy()
+    x = g.placeholder(x_np.shape, sm.float64)
+    y = layer(x)
+    out = g.run({x: x_np}, [y], device="cpu")[y].numpy()
+    ref = F.conv2d(torch.tensor(x_nchw), torch.tensor(w), torch.tensor(b), stride=2, padding=1, groups=groups).numpy()
+    np.testing.assert_allclose(out if layout == "NCHW" else out.transpose(0, 3, 1, 2), ref, rtol=1e-12, atol=1e-13)
+
+
+def test_layers_draw_the_same_weights_from_the_same_seed():
+    values = []
+    for seed in (5, 5, 6):
+        g = sm.Graph()
+        layer = nn.Dense(g, 8, 3, rng=np.random.default_rng(seed))
+        values.append([g.variable_value(p).numpy() for p in layer.parameters])
+    assert all(np.array_equal(a, b) for a, b in zip(values[0], values[1]))
+    assert not np.array_equal(values[0][0], values[2][0])
+    assert np.abs(values[0][0]).max() <= 1 / np.sqrt(8) and values[0][1].shape == (3,)
+    with pytest.raises(sm.ShapeError, match="Conv2d: expected a descriptor with weights_layout 'OIHW', got 'HWIO'"):
+        nn.Conv2d(sm.Graph(), 1, 2, 3, sm.Convolution2DDescriptor(weights_layout="HWIO"), rng=np.random.default_rng(0))
