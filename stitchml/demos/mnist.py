@@ -99,8 +99,8 @@ def evaluate(model: Classifier, images: np.ndarray, labels: np.ndarray, *, devic
     """The fraction of `images` classified correctly."""
     right = 0
     for x, y in data.batches(images, labels, batch_size):
-        right += int(model.graph.run({model.images: x, model.labels: y}, [model.correct], device=device)[
-            model.correct].item())
+        out = model.graph.run({model.images: x, model.labels: y}, [model.correct], device=device)
+        right += int(out[model.correct].item())
     return right / len(labels)
 
 
