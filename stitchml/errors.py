@@ -32,3 +32,7 @@ class LayoutError(StitchError, ValueError):
 
 class SerializationError(StitchError, ValueError):
     """A serialized graph is malformed, truncated or of an unknown version."""
+
+
+class DataError(StitchError, ValueError):
+    """A dataset file is missing, damaged or not in the format it claims (stitchml.data)."""
