@@ -40,3 +40,7 @@ class PackageError(StitchError, ValueError):
 
 class PipelineError(StitchError, RuntimeError):
     """A command buffer, encoder, argument table or event is used wrongly (raised before device work)."""
+
+
+class DataError(StitchError, ValueError):
+    """A dataset file is missing, damaged or not in the format it claims (stitchml.data)."""

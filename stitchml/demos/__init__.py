@@ -5,6 +5,7 @@ import importlib
 
 DEMOS = {
     "gelu": "GeLU built from primitives, checked against torch on every device",
+    "mnist": "the digit classifier: convolutions, pooling, dense layers, trained with Adam or SGD",
 }
 
 

@@ -183,6 +183,15 @@ class Executable:
         for source, slot in self._in_place:
             env[slot] = self._storage(source)
 
+    def _bind(self, env: list, arena: torch.Tensor) -> None:
+        """Fill the slots of variables, constants, arena buffers and fresh outputs."""
+        self._variable_env(env)
+        for slot, value in self._constants:
+            env[slot] = value
+        self._bind_arena(env, arena)
+        for slot, shape, dtype in self._outputs:
+            env[slot] = torch.empty(shape, dtype=dtype, device=self.device)
+
     def _arena_for(self, heap) -> torch.Tensor:
         if heap is not None:
             t = heap.torch() if isinstance(heap, TensorData) else heap
@@ -222,12 +231,7 @@ class Executable:
                 return self._replay(feeds, outputs)
             env = [None] * self._nslots
             self._feed_env(env, feeds)
-            self._variable_env(env)
-            for slot, value in self._constants:
-                env[slot] = value
-            self._bind_arena(env, arena)
-            for slot, shape, dtype in self._outputs:
-                env[slot] = torch.empty(shape, dtype=dtype, device=self.device)
+            self._bind(env, arena)
             timer = _StepTimer(self.device) if profile else None
             flags = self._library_flags()
             flags.__enter__()
@@ -406,12 +410,7 @@ class _CapturedRun:
         env = [None] * exe._nslots
         for _, slot, shape, dtype, _ in exe._feeds:
             env[slot] = torch.empty(shape, dtype=dtype, device=exe.device)
-        exe._variable_env(env)
-        for slot, value in exe._constants:
-            env[slot] = value
-        exe._bind_arena(env, arena)
-        for slot, shape, dtype in exe._outputs:
-            env[slot] = torch.empty(shape, dtype=dtype, device=exe.device)
+        exe._bind(env, arena)
         values = exe.graph._variable_values
         cuda_graph = torch.cuda.CUDAGraph()
         try:
