@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
 
     dev = sm.device(args.device)
     env = {"python": platform.python_version(), "torch": torch.__version__, "stitchml": sm.__version__,
-           "device": dev.name, "compiler": "stitching compiler" if hasattr(sm.Graph, "compile") else "eager stand-in"}
+           "device": dev.name}
     if dev.is_cuda:
         env["gpu"] = torch.cuda.get_device_name(dev.torch_device)
         env["cuda"] = torch.version.cuda
