@@ -305,3 +305,28 @@ def test_cuda_pipeline_streams_events_and_timestamps(cnn):
     assert (yout.torch() - want).abs().max().item() <= 1e-4
     spans = {s.name: s for s in upload.timeline + infer.timeline}
     assert spans["main"].start_us >= spans["upload"].end_us - 1.0
+
+
+@pytest.mark.parametrize("name", sorted(zoo.MODELS))
+def test_zoo_pipelines_match_pytorch(name):
+    """Every zoo network, compiled into a pipeline and dispatched from a command buffer."""
+    import warnings
+
+    model, (x,) = zoo.build(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fn = sm.package.from_torch(model, (x,)).function()
+    dev = sm.device("cpu")
+    pipe = _pipeline(fn, dev)
+    (in_name,), (out_name, shape) = list(pipe.input_types), next(iter(pipe.output_shapes.items()))
+    y = dev.new_tensor(shape, sm.float32)
+    cb = dev.new_command_queue().command_buffer()
+    enc = cb.ml_encoder()
+    enc.set_pipeline(pipe)
+    enc.set_argument_table({in_name: sm.TensorData(x), out_name: y})
+    enc.dispatch_network(dev.new_heap(pipe.intermediates_heap_size))
+    enc.end()
+    cb.commit()
+    cb.wait(120)
+    with torch.no_grad():
+        assert (y.torch() - model(x)).abs().max().item() <= 1e-4
