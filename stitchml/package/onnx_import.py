@@ -6,8 +6,8 @@ folded from them (the builder folds ops of small constants). Shape arithmetic
 on symbolic extents (``Shape(x)`` where x has a ``dim_param``) is tracked as
 `Dims`: a vector whose entries are ints or "extent `axis` of tensor t", so
 ``Reshape(x, Concat(Shape(x)[0:1], [-1]))`` becomes a reshape that copies the
-batch extent at run time. The op handlers live in onnx_ops.py, one per ONNX
-operator, in a table keyed by op type.
+batch extent at run time. The op handlers live in onnx_ops.py (with
+onnx_nn.py and onnx_rnn.py), one per ONNX operator, in a table keyed by op type.
 
     pkg = sm.package.from_onnx("resnet18.onnx")
     print(pkg.function("main").inputs[0])      # input: float32[batch, 3, 224, 224]
