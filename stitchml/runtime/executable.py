@@ -18,6 +18,7 @@ run is captured as a CUDA graph and later runs replay it.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -114,7 +115,6 @@ class Executable:
         self._graph_state = None  # a _CapturedRun, made after the first run
         self._capture_ok = None
         self._template = None  # slots of constants and arena buffers, bound once
-        self._uses_cudnn = None
         self.runs = 0
         self.last_profile: list[tuple[str, str, float]] = []
         self.capture_error: str | None = None
@@ -233,8 +233,6 @@ class Executable:
             self._feed_env(env, feeds)
             self._bind(env, arena)
             timer = _StepTimer(self.device) if profile else None
-            flags = self._library_flags()
-            flags.__enter__()
             for step in self.steps:
                 zones = self._guard_zones(arena, step) if self._poison else ()
                 for zone in zones:
@@ -247,7 +245,6 @@ class Executable:
                 for zone in zones:
                     if bool((zone != 0xFF).any()):
                         raise GraphError(f"{step.name} wrote past the end of its output buffer")
-            flags.__exit__(None, None, None)
             if timer:
                 self.last_profile = timer.results()
             values = self.graph._variable_values
@@ -278,9 +275,8 @@ class Executable:
             device = self.device
             for slot, shape, dtype in self._outputs:
                 env[slot] = torch.empty(shape, dtype=dtype, device=device)
-            with self._library_flags():
-                for step in self.steps:
-                    step.run(env)
+            for step in self.steps:
+                step.run(env)
             if self._assigns:
                 values = self.graph._variable_values
                 for source, slot in self._assigns:
@@ -289,29 +285,17 @@ class Executable:
             self.graph.run_count += 1
             if self._capturable and self._graph_state is None:
                 result = self._collect(env, None)
-                with self._library_flags():
-                    self._graph_state = _CapturedRun.capture(self, self._arena_for(None))
+                self._graph_state = _CapturedRun.capture(self, self._arena_for(None))
                 return result
             wrap = TensorData._wrap
             return {user: wrap(env[slot].clone() if held else env[slot]) for user, slot, held in self._results}
-
-    def _library_flags(self):
-        """cuDNN may time its algorithms once per shape and keep the fastest (cached by cuDNN)."""
-        if self._uses_cudnn is None:
-            self._uses_cudnn = self.device.type == "cuda" and any(
-                op.op in _CUDNN_OPS or op.op == "fusion" and op.attrs["template"] == "convolution"
-                for op in self.program.operations)
-        if not self._uses_cudnn:
-            return contextlib.nullcontext()
-        cudnn = torch.backends.cudnn
-        return cudnn.flags(enabled=True, benchmark=True, deterministic=cudnn.deterministic,
-                           allow_tf32=cudnn.allow_tf32)
 
     @property
     def _capturable(self) -> bool:
         """Whether runs may be replayed from a CUDA graph: CUDA, several steps, no random draws, no poison."""
         if self._capture_ok is None:
             self._capture_ok = (self.device.type == "cuda" and len(self.steps) > 1 and not self._poison
+                                and os.environ.get("STITCHML_CUDA_GRAPHS", "1") != "0"
                                 and not any(op.primitive.kind == "random" for op in self.program.operations))
         return self._capture_ok
 
@@ -356,9 +340,6 @@ class Executable:
         from .asyncrun import submit
 
         return submit(self, lambda: self.run(feeds, **kwargs), on_complete)
-
-
-_CUDNN_OPS = frozenset({"convolution2d", "convolution_transpose2d", "convolution2d_weights_gradient"})
 
 
 class _StepTimer:
