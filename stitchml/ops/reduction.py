@@ -82,9 +82,13 @@ def _mean(x, axes, keep_dims):
 
 
 def _prod(x, axes, keep_dims):
+    # torch.prod widens integers to int64; like the sums, keep the input type (bool gives int64)
+    # and accumulate half types in float32.
+    out = torch.int64 if x.dtype == torch.bool else x.dtype
+    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else out
     for a in sorted(axes, reverse=True):
-        x = torch.prod(x, dim=a, keepdim=keep_dims)
-    return x
+        x = torch.prod(x, dim=a, keepdim=keep_dims, dtype=acc)
+    return x.to(out)
 
 
 reduction_sum = _reduction("reduction_sum", _sum, out_dtype=lambda d: dtypes.int64 if d.is_bool else d,
