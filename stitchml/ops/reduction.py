@@ -11,7 +11,7 @@ import torch
 
 from .. import dtypes
 from ..errors import ShapeError
-from ..ir import TensorType, normalize_axes, normalize_axis
+from ..ir import UNKNOWN, TensorType, normalize_axes, normalize_axis
 from ..registry import OPAQUE, REDUCTION, Primitive, builder, register
 
 
@@ -215,6 +215,14 @@ sum_to_shape = register(Primitive(
 @sum_to_shape.def_infer
 def _sum_to_shape_infer(types):
     x, like = types
+    if x.dtype.is_bool:
+        raise ShapeError("expects a numeric operand, got bool")
+    if x.shape is not None and like.shape is not None:
+        lead = len(x.shape) - len(like.shape)
+        fits = lead >= 0 and all(d in (1, UNKNOWN) or e in (d, UNKNOWN) for d, e in zip(like.shape, x.shape[lead:]))
+        if not fits:
+            raise ShapeError(f"shape {x.shape} cannot be summed to shape {like.shape}: {like.shape} does not "
+                             f"broadcast to {x.shape}")
     return TensorType(like.shape, x.dtype)
 
 
@@ -225,7 +233,7 @@ def _sum_to_shape_impl(x, like):
     if lead < 0:
         raise ValueError(f"sum_to_shape: cannot sum shape {tuple(x.shape)} to the larger rank of {tuple(shape)}")
     axes = list(range(lead)) + [lead + i for i, d in enumerate(shape) if d == 1 and x.shape[lead + i] != 1]
-    y = x.sum(dim=axes, keepdim=True) if axes else x
+    y = x.sum(dim=axes, keepdim=True, dtype=x.dtype) if axes else x
     return y.reshape(shape)
 
 
