@@ -136,6 +136,13 @@ class Graph:
         described = ", ".join(f"{t.name}: {t.type}" if isinstance(t, Tensor) else repr(t) for t in inputs) or "none"
         return ShapeError(f"{op}: {message}; inputs: {described}; built at {_user_location()}")
 
+    def _checked(self, op: str, inputs: Sequence[Any], fn, *args):
+        """`fn(*args)` for a builder of `op`: a ShapeError it raises names the op, inputs and user's line."""
+        try:
+            return fn(*args)
+        except ShapeError as e:
+            raise self._error(op, str(e), inputs) from None
+
     def promote(self, *values: Any, name: str = "op") -> list[Tensor]:
         """Bring operands to one dtype (dtypes.py's rule), inserting casts where needed."""
         tensors = [v for v in values if isinstance(v, Tensor)]

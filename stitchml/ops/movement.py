@@ -24,7 +24,7 @@ def _prim(name, doc, kind=MOVEMENT, **kw):
 def _ints(values, what):
     try:
         return tuple(int(v) for v in values)
-    except TypeError:
+    except (TypeError, ValueError):
         raise ShapeError(f"{what} must be a sequence of ints, got {values!r}") from None
 
 
@@ -74,7 +74,7 @@ def _reshape(g, x, shape, name=None):
     x = g.as_tensor(x)
     if isinstance(shape, Tensor):
         return g._emit1("reshape", [x, shape], None, name)
-    return g._emit1("reshape", [x], {"shape": _ints(shape, "shape")}, name)
+    return g._emit1("reshape", [x], {"shape": g._checked("reshape", [x], _ints, shape, "shape")}, name)
 
 
 # -- transpose ----------------------------------------------------------------
@@ -113,13 +113,14 @@ def _transpose(g, x, permutation=None, with_dimension=None, name=None):
     if x.rank is None:
         raise g._error("transpose", "needs a tensor of known rank", [x])
     if with_dimension is not None:
-        a, b = normalize_axis(permutation, x.rank), normalize_axis(with_dimension, x.rank)
+        a = g._checked("transpose", [x], normalize_axis, permutation, x.rank)
+        b = g._checked("transpose", [x], normalize_axis, with_dimension, x.rank)
         perm = list(range(x.rank))
         perm[a], perm[b] = perm[b], perm[a]
     elif permutation is None:
         perm = list(reversed(range(x.rank)))
     else:
-        perm = [p % x.rank if x.rank else p for p in _ints(permutation, "permutation")]
+        perm = [p % x.rank if x.rank else p for p in g._checked("transpose", [x], _ints, permutation, "permutation")]
     return g._emit1("transpose", [x], {"permutation": tuple(perm)}, name)
 
 
@@ -155,7 +156,7 @@ def _expand_dims_vjp(g, op, dy):
 def _expand_dims(g, x, axes, name=None):
     """Add extent-1 axes; ``expand_dims(x, 0)`` makes a batch of one."""
     x = g.as_tensor(x)
-    axes = (axes,) if isinstance(axes, int) else _ints(axes, "axes")
+    axes = (axes,) if isinstance(axes, int) else g._checked("expand_dims", [x], _ints, axes, "axes")
     if x.rank is not None:
         try:
             axes = normalize_axes(axes, x.rank + len(axes))
@@ -245,7 +246,7 @@ def _broadcast_to(g, x, shape, name=None):
         if shape.shape is not None and x.shape == shape.shape and x.type.is_static:
             return x
         return g._emit1("broadcast_to", [x, shape], None, name)
-    shape = _ints(shape, "shape")
+    shape = g._checked("broadcast_to", [x], _ints, shape, "shape")
     if -1 in shape:
         raise g._error("broadcast_to", f"shape {shape} has -1; pass a tensor to take a run-time shape", [x])
     return g._emit1("broadcast_to", [x], {"shape": shape}, name)
@@ -334,16 +335,19 @@ def _split(g, x, sizes, axis=0, name=None):
     """Split along `axis`: into `sizes` equal parts (an int), parts of the given sizes,
     or parts as long as the given tensors are along `axis`. Returns a list."""
     x = g.as_tensor(x)
+    if x.rank is not None:
+        axis = g._checked("split", [x], normalize_axis, axis, x.rank)
     if isinstance(sizes, int):
-        if x.rank is None or x.shape[normalize_axis(axis, x.rank)] == UNKNOWN:
+        if x.rank is None or x.shape[axis] == UNKNOWN:
             raise g._error("split", "an equal split needs a known extent along the axis", [x])
-        extent = x.shape[normalize_axis(axis, x.rank)]
+        extent = x.shape[axis]
         if sizes <= 0 or extent % sizes:
             raise g._error("split", f"extent {extent} does not split into {sizes} equal parts", [x])
         sizes = [extent // sizes] * sizes
     if sizes and all(isinstance(s, Tensor) for s in sizes):
         return list(g._emit("split", [x, *sizes], {"axis": int(axis)}, name).outputs)
-    return list(g._emit("split", [x], {"axis": int(axis), "sizes": _ints(sizes, "sizes")}, name).outputs)
+    sizes = g._checked("split", [x], _ints, sizes, "sizes")
+    return list(g._emit("split", [x], {"axis": int(axis), "sizes": sizes}, name).outputs)
 
 
 # -- slice -------------------------------------------------------------------------
@@ -400,7 +404,7 @@ def _slice(g, x, starts, ends, strides=None, name=None):
     x = g.as_tensor(x)
     if x.rank is None:
         raise g._error("slice", "needs a tensor of known rank", [x])
-    strides = (1,) * x.rank if strides is None else _ints(strides, "strides")
+    strides = (1,) * x.rank if strides is None else g._checked("slice", [x], _ints, strides, "strides")
     starts = tuple(None if v is None else int(v) for v in starts)
     ends = tuple(None if v is None else int(v) for v in ends)
     return g._emit1("slice", [x], {"starts": starts, "ends": ends, "strides": strides}, name)
@@ -498,7 +502,7 @@ def _pad(g, x, left, right, mode="constant", constant_value=0.0, name=None):
     x = g.as_tensor(x)
     if mode not in _PAD_MODES:
         raise g._error("pad", f"mode {mode!r} is not one of {_PAD_MODES}", [x])
-    left, right = _ints(left, "left"), _ints(right, "right")
+    left, right = g._checked("pad", [x], _ints, left, "left"), g._checked("pad", [x], _ints, right, "right")
     if mode == "constant":
         return g._emit1("pad", [x], {"left": left, "right": right, "constant_value": float(constant_value)}, name)
     if x.rank is None or len(left) != x.rank or len(right) != x.rank:
@@ -544,7 +548,8 @@ def _tile_vjp(g, op, dy):
 @builder("tile")
 def _tile(g, x, multiples, name=None):
     """Repeat `x` (MPSGraph tileTensor, NumPy tile with one entry per axis)."""
-    return g._emit1("tile", [g.as_tensor(x)], {"multiples": _ints(multiples, "multiples")}, name)
+    x = g.as_tensor(x)
+    return g._emit1("tile", [x], {"multiples": g._checked("tile", [x], _ints, multiples, "multiples")}, name)
 
 
 reverse = _prim("reverse", "Reverse the order of elements along `axes`.")
@@ -609,7 +614,7 @@ def _gather(g, x, indices, axis=0, name=None):
     """``x.take(indices, axis)``: out shape = x[:axis] + indices + x[axis+1:]."""
     x, indices = g.as_tensor(x), g.as_tensor(indices)
     if x.rank is not None:
-        axis = normalize_axis(axis, x.rank)
+        axis = g._checked("gather", [x, indices], normalize_axis, axis, x.rank)
     return g._emit1("gather", [x, indices], {"axis": int(axis)}, name)
 
 
@@ -648,7 +653,7 @@ def _scatter_add(g, data, indices, updates, axis=0, name=None):
     data, indices = g.as_tensor(data), g.as_tensor(indices)
     updates = g.as_tensor(updates, data.dtype)
     if data.rank is not None:
-        axis = normalize_axis(axis, data.rank)
+        axis = g._checked("scatter_add", [data, indices, updates], normalize_axis, axis, data.rank)
     return g._emit1("scatter_add", [data, indices, updates], {"axis": int(axis)}, name)
 
 
@@ -679,7 +684,7 @@ def _gather_along_axis(g, x, indices, axis, name=None):
     """Pick one element per index along `axis` (MPSGraph gatherAlongAxis)."""
     x, indices = g.as_tensor(x), g.as_tensor(indices)
     if x.rank is not None:
-        axis = normalize_axis(axis, x.rank)
+        axis = g._checked("gather_along_axis", [x, indices], normalize_axis, axis, x.rank)
     return g._emit1("gather_along_axis", [x, indices], {"axis": int(axis)}, name)
 
 
@@ -710,7 +715,7 @@ def _scatter_add_along_axis(g, data, indices, updates, axis, name=None):
     data, indices = g.as_tensor(data), g.as_tensor(indices)
     updates = g.as_tensor(updates, data.dtype)
     if data.rank is not None:
-        axis = normalize_axis(axis, data.rank)
+        axis = g._checked("scatter_add_along_axis", [data, indices, updates], normalize_axis, axis, data.rank)
     return g._emit1("scatter_add_along_axis", [data, indices, updates], {"axis": int(axis)}, name)
 
 
