@@ -597,6 +597,7 @@ def _gather_infer(types, axis):
 
 @gather.def_impl
 def _gather_impl(x, indices, axis):
+    axis %= x.dim()  # a negative axis stays in the IR when the rank was unknown while building
     flat = _wrap(indices.reshape(-1), x.shape[axis])
     out = x.index_select(axis, flat)
     return out.reshape(x.shape[:axis] + indices.shape + x.shape[axis + 1:])
@@ -637,6 +638,7 @@ def _scatter_add_infer(types, axis):
 
 @scatter_add.def_impl
 def _scatter_add_impl(data, indices, updates, axis):
+    axis %= data.dim()
     flat = _wrap(indices.reshape(-1), data.shape[axis])
     upd = updates.reshape(data.shape[:axis] + (flat.numel(),) + data.shape[axis + 1:])
     return data.index_add(axis, flat, upd)
