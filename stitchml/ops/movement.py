@@ -267,6 +267,8 @@ def _concat_infer(types, axis):
     rank = ranked[0].rank
     if any(t.rank != rank for t in ranked):
         raise ShapeError(f"ranks differ: {', '.join(str(t.shape) for t in ranked)}")
+    if rank == 0:
+        raise ShapeError("cannot concatenate scalars; expand_dims them first")
     axis = normalize_axis(axis, rank)
     out = []
     for i in range(rank):
