@@ -509,6 +509,8 @@ def _pad(g, x, left, right, mode="constant", constant_value=0.0, name=None):
         return g._emit1("pad", [x], {"left": left, "right": right, "constant_value": float(constant_value)}, name)
     if x.rank is None or len(left) != x.rank or len(right) != x.rank:
         raise g._error("pad", f"left and right padding need one entry per axis, got {left} and {right}", [x])
+    if any(p < 0 for p in left + right):
+        raise g._error("pad", f"padding must be >= 0, got {left} and {right}", [x])
     for axis, (a, b) in enumerate(zip(left, right)):
         if a == b == 0:
             continue
