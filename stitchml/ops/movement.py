@@ -417,7 +417,13 @@ slice_gradient = _prim("slice_gradient", "Zeros shaped like `like`, with `dy` wr
 
 @slice_gradient.def_infer
 def _slice_gradient_infer(types, starts, ends, strides):
-    return TensorType(types[1].shape, types[0].dtype)
+    dy, like = types
+    if dy.shape is not None and like.shape is not None:
+        sliced = _slice_infer([like], starts, ends, strides).shape
+        if len(sliced) != len(dy.shape) or any(a != b and UNKNOWN not in (a, b) for a, b in zip(sliced, dy.shape)):
+            raise ShapeError(f"the gradient has shape {dy.shape}, but the slice of the gradient's target {like.shape} "
+                             f"has shape {sliced}")
+    return TensorType(like.shape, dy.dtype)
 
 
 @slice_gradient.def_impl
