@@ -709,6 +709,11 @@ def _scatter_add_along_axis_infer(types, axis):
     _check_indices(idx)
     if upd.dtype != data.dtype:
         raise ShapeError(f"updates dtype {upd.dtype} differs from data dtype {data.dtype}")
+    if data.rank is not None and idx.rank is not None and data.rank != idx.rank:
+        raise ShapeError(f"indices need the rank of the input ({data.rank}), got {idx.rank}")
+    if idx.shape is not None and upd.shape is not None and (
+            len(idx.shape) != len(upd.shape) or any(a != b and UNKNOWN not in (a, b) for a, b in zip(idx.shape, upd.shape))):
+        raise ShapeError(f"updates must have the indices' shape {idx.shape}, got {upd.shape}")
     return data
 
 
