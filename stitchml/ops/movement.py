@@ -736,7 +736,8 @@ def _scatter_add_along_axis(g, data, indices, updates, axis, name=None):
     return g._emit1("scatter_add_along_axis", [data, indices, updates], {"axis": int(axis)}, name)
 
 
-one_hot = _prim("one_hot", "on_value where the position along `axis` equals the index, else off_value.",
+one_hot = _prim("one_hot", "on_value where the position along `axis` equals the index, else off_value "
+                "(indices outside [0, depth) give all off_value, as in TensorFlow).",
                 kind=OPAQUE, differentiable=False)
 
 
@@ -753,7 +754,8 @@ def _one_hot_infer(types, depth, axis, dtype, on_value, off_value):
 
 @one_hot.def_impl
 def _one_hot_impl(indices, depth, axis, dtype, on_value, off_value):
-    hit = torch.nn.functional.one_hot(indices.long().clamp(min=0), depth).bool() & (indices >= 0).unsqueeze(-1)
+    # A comparison, not F.one_hot: that raises for depth 0 and for indices >= depth, which are all off here.
+    hit = indices.long().unsqueeze(-1) == torch.arange(depth, device=indices.device)
     dt = dtypes.as_dtype(dtype).torch
     out = torch.where(hit, torch.tensor(on_value, dtype=dt, device=indices.device),
                       torch.tensor(off_value, dtype=dt, device=indices.device))
@@ -762,7 +764,7 @@ def _one_hot_impl(indices, depth, axis, dtype, on_value, off_value):
 
 @builder("one_hot")
 def _one_hot(g, indices, depth, axis=-1, dtype=dtypes.float32, on_value=1.0, off_value=0.0, name=None):
-    """One-hot encode integer `indices` into a new axis of extent `depth` (negative indices: all off)."""
+    """One-hot encode integer `indices` into a new axis of extent `depth` (indices outside [0, depth): all off)."""
     indices = g.as_tensor(indices)
     if depth < 0:
         raise g._error("one_hot", f"depth must be >= 0, got {depth}", [indices])
