@@ -776,13 +776,25 @@ def _one_hot(g, indices, depth, axis=-1, dtype=dtypes.float32, on_value=1.0, off
 # -- x[...] ----------------------------------------------------------------------
 @builder("index")
 def _index(g, x, key, name=None):
-    """NumPy basic indexing: ints, slices (any step), None, Ellipsis, and one integer tensor."""
+    """NumPy basic indexing: ints, slices (any step), None, Ellipsis, and one integer tensor.
+
+    As in NumPy, the tensor's axes take its place when the ints and the tensor
+    stand next to each other in the key, and come first otherwise.
+    """
     x = g.as_tensor(x)
     key = key if isinstance(key, tuple) else (key,)
     if x.rank is None:
         raise g._error("index", "indexing needs a tensor of known rank", [x])
     if sum(k is Ellipsis for k in key) > 1:
         raise g._error("index", "an index can hold at most one Ellipsis", [x])
+    for k in key:
+        if isinstance(k, bool) or not (k is None or k is Ellipsis or isinstance(k, (int, builtins.slice, Tensor))):
+            raise g._error("index", f"unsupported index {k!r}", [x])
+    tensors = [k for k in key if isinstance(k, Tensor)]
+    if len(tensors) > 1:
+        raise g._error("index", "only one tensor index is supported; use gather", [x])
+    if tensors and tensors[0].rank is None:
+        raise g._error("index", "a tensor index needs a known rank", [x, tensors[0]])
     used = sum(1 for k in key if k is not None and k is not Ellipsis)
     if used > x.rank:
         raise g._error("index", f"too many indices ({used}) for rank {x.rank}", [x])
@@ -790,16 +802,20 @@ def _index(g, x, key, name=None):
         i = key.index(Ellipsis)
         key = key[:i] + (builtins.slice(None),) * (x.rank - used) + key[i + 1:]
     key = key + (builtins.slice(None),) * (x.rank - sum(1 for k in key if k is not None))
+    # NumPy: with a tensor present, ints are advanced indices too; apart (a slice or None between
+    # them), the tensor's axes go first.
+    advanced = [i for i, k in enumerate(key) if isinstance(k, (int, Tensor))]
+    first = bool(tensors) and advanced != list(range(advanced[0], advanced[0] + len(advanced)))
     starts, ends, strides, drop, new_axes, tensor_axis = [], [], [], [], [], None
-    axis = 0
-    for out_pos, k in enumerate(key):
+    axis, out_axis = 0, tensors[0].rank if first else 0
+    for k in key:
         if k is None:
-            new_axes.append(out_pos)
+            new_axes.append(out_axis)
+            out_axis += 1
             continue
         if isinstance(k, Tensor):
-            if tensor_axis is not None:
-                raise g._error("index", "only one tensor index is supported; use gather", [x])
             tensor_axis = axis
+            out_axis += 0 if first else k.rank
             k = builtins.slice(None)
         if isinstance(k, int):
             n = x.shape[axis]
@@ -809,15 +825,14 @@ def _index(g, x, key, name=None):
                 raise g._error("index", f"negative index {k} on axis {axis} of unknown extent", [x])
             k = k % n if n != UNKNOWN else k
             starts.append(k), ends.append(k + 1), strides.append(1), drop.append(axis)
-        elif isinstance(k, builtins.slice):
+        else:
             step = 1 if k.step is None else int(k.step)
             if step == 0:
                 raise g._error("index", "slice step cannot be zero", [x])
             starts.append(k.start)
             ends.append(k.stop)
             strides.append(step)
-        else:
-            raise g._error("index", f"unsupported index {k!r}", [x])
+            out_axis += 0 if tensor_axis == axis else 1
         axis += 1
     y = x
     trivial = all(s in (0, None) and e is None and st == 1 for s, e, st in zip(starts, ends, strides))
@@ -825,9 +840,12 @@ def _index(g, x, key, name=None):
         y = g.slice(y, starts, ends, strides)
     if drop:
         y = g.squeeze(y, drop)
-    if tensor_axis is not None:
-        t = next(k for k in key if isinstance(k, Tensor))
-        y = g.gather(y, t, tensor_axis - sum(1 for d in drop if d < tensor_axis))
+    if tensors:
+        at = tensor_axis - sum(1 for d in drop if d < tensor_axis)
+        y = g.gather(y, tensors[0], at)
+        if first and at:
+            r = tensors[0].rank
+            y = g.transpose(y, list(range(at, at + r)) + [i for i in range(y.rank) if not at <= i < at + r])
     if new_axes:
         y = g.expand_dims(y, new_axes)
     return y if y is not x else g.identity(x)
