@@ -529,7 +529,10 @@ def _avg_pooling2d(g, source, descriptor=None, name=None):
     source = g.as_tensor(source)
     if not source.dtype.is_floating:
         raise g._error("avg_pooling2d", f"expects a floating-point source, got {source.dtype}", [source])
-    return g._emit1("avg_pooling2d", [source], _attrs_of(descriptor, Pooling2DDescriptor, g, "avg_pooling2d", [source]), name)
+    attrs = _attrs_of(descriptor, Pooling2DDescriptor, g, "avg_pooling2d", [source])
+    if attrs["dilation"] != (1, 1):
+        raise g._error("avg_pooling2d", f"supports dilation 1 only, got {attrs['dilation']}", [source])
+    return g._emit1("avg_pooling2d", [source], attrs, name)
 
 
 del asdict
