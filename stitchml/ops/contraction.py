@@ -436,23 +436,14 @@ def _pool_impl(kind):
     def impl(x, **attrs):
         layout = attrs["data_layout"]
         x = _to_nchw(x, layout)
-        kernel, stride, dil = attrs["kernel_size"], attrs["stride"], attrs["dilation"]
-        pad = _resolve_padding(attrs["padding"], x.shape[2:], kernel, stride, dil)
-        spec = (pad[2], pad[3], pad[0], pad[1])
+        spec, out = _pool_geometry(x, attrs)
         if kind == "max":
             fill = float("-inf") if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
-            y = F.max_pool2d(F.pad(x, spec, value=fill), kernel, stride, 0, dil, ceil_mode=attrs["ceil_mode"])
+            y = _pooled(F.max_pool2d, F.pad(x, spec, value=fill), attrs, out)
         else:
-            if dil != (1, 1):
-                raise ValueError("avg_pooling2d supports dilation 1 only")
-            xp = F.pad(x, spec)
-            sums = F.avg_pool2d(xp, kernel, stride, 0, attrs["ceil_mode"], True, divisor_override=1)
-            if attrs["include_zero_padding"]:
-                ones = F.pad(torch.ones_like(x[:1, :1]), spec, value=1.0)
-            else:
-                ones = F.pad(torch.ones_like(x[:1, :1]), spec)
-            counts = F.avg_pool2d(ones, kernel, stride, 0, attrs["ceil_mode"], True, divisor_override=1)
-            y = sums / counts
+            sums = _pooled(_window_sum, F.pad(x, spec), attrs, out)
+            ones = F.pad(torch.ones_like(x[:1, :1]), spec, value=1.0 if attrs["include_zero_padding"] else 0.0)
+            y = sums / _pooled(_window_sum, ones, attrs, out)
         return _from_nchw(y, layout)
 
     return impl
@@ -505,10 +496,12 @@ max_pooling2d_select = register(Primitive(
 def _max_pool_select_impl(values, x, **attrs):
     layout = attrs["data_layout"]
     xv, vv = _to_nchw(x, layout), _to_nchw(values, layout)
-    kernel, stride, dil = attrs["kernel_size"], attrs["stride"], attrs["dilation"]
-    pad = _resolve_padding(attrs["padding"], xv.shape[2:], kernel, stride, dil)
-    spec = (pad[2], pad[3], pad[0], pad[1])
-    _, idx = F.max_pool2d(F.pad(xv, spec, value=float("-inf")), kernel, stride, 0, dil, attrs["ceil_mode"], True)
+    spec, out = _pool_geometry(xv, attrs)
+
+    def argmax(xp, kernel, stride, padding, dilation, ceil_mode):
+        return F.max_pool2d(xp, kernel, stride, padding, dilation, ceil_mode, return_indices=True)[1]
+
+    idx = _pooled(argmax, F.pad(xv, spec, value=float("-inf")), attrs, out)
     picked = F.pad(vv, spec).flatten(2).gather(2, idx.flatten(2)).reshape(idx.shape)
     return _from_nchw(picked, layout)
 
