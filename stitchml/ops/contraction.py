@@ -379,7 +379,7 @@ def _convolution_transpose2d(g, source, weights, descriptor=None, output_shape=N
     elif output_shape is not None:
         raise g._error("convolution_transpose2d", "output_shape must be a tensor whose shape to take", inputs)
     else:
-        attrs["output_padding"] = _pair(output_padding, "output_padding")
+        attrs["output_padding"] = g._checked("convolution_transpose2d", inputs, _pair, output_padding, "output_padding")
     return g._emit1("convolution_transpose2d", inputs, attrs, name)
 
 
@@ -430,6 +430,29 @@ def _pool_infer(types, **attrs):
         hw = (_window_out(h, kernel[0], stride[0], dil[0], pad[0], pad[1], attrs["ceil_mode"]),
               _window_out(w, kernel[1], stride[1], dil[1], pad[2], pad[3], attrs["ceil_mode"]))
     return TensorType(_layout_shape(n, c, *hw, attrs["data_layout"]), x.dtype)
+
+
+def _pool_geometry(x, attrs):
+    """Explicit padding (for F.pad) and the output extents of the shape rule, for an NCHW input."""
+    kernel, stride, dil = attrs["kernel_size"], attrs["stride"], attrs["dilation"]
+    pad = _resolve_padding(attrs["padding"], x.shape[2:], kernel, stride, dil)
+    out = tuple(_window_out(x.shape[2 + a], kernel[a], stride[a], dil[a], pad[2 * a], pad[2 * a + 1],
+                            attrs["ceil_mode"]) for a in range(2))
+    return (pad[2], pad[3], pad[0], pad[1]), out
+
+
+def _pooled(fn, xp, attrs, out):
+    """`fn` over windows of the padded input, cut to the shape rule's extents.
+
+    torch sees the padding as input, so in ceil mode it keeps a last window that
+    starts in the bottom/right padding; PyTorch's own rule (and ours) drops it.
+    """
+    y = fn(xp, attrs["kernel_size"], attrs["stride"], 0, attrs["dilation"], ceil_mode=attrs["ceil_mode"])
+    return y[:, :, :out[0], :out[1]]
+
+
+def _window_sum(xp, kernel, stride, padding, dilation, ceil_mode):
+    return F.avg_pool2d(xp, kernel, stride, padding, ceil_mode, True, divisor_override=1)
 
 
 def _pool_impl(kind):
