@@ -83,8 +83,11 @@ def log_sum_exp(g, x, axes=-1, keep_dims=False):
     """``log(sum(exp(x)))`` over `axes`, computed stably."""
     x = _float(g, x)
     m = g.stop_gradient(g.reduction_maximum(x, axes, keep_dims=True))
-    s = g.logarithm(g.reduction_sum(g.exponent(x - m), axes, keep_dims=True)) + m
-    return s if keep_dims else g.squeeze(s, axes if not isinstance(axes, int) else (axes,))
+    # Where the maximum is infinite (a slice of -inf, say) shift by 0, not inf - inf = NaN: torch.logsumexp's rule.
+    m = g.select(g.is_finite(m), m, 0.0)
+    s = g.logarithm(g.reduction_sum(g.exponent(x - m), axes, keep_dims=keep_dims))
+    # The reduction over m's extent-1 axes drops them without needing the rank (squeeze does).
+    return s + (m if keep_dims else g.reduction_maximum(m, axes))
 
 
 @composite
