@@ -63,13 +63,29 @@ def _to_torch(value: Any, dtype: DType | None) -> torch.Tensor:
     if hasattr(value, "__dlpack__"):
         return torch.from_dlpack(value)
     if isinstance(value, (bool, int, float)) or isinstance(value, (list, tuple)):
-        if dtype is None:
-            return torch.as_tensor(value, dtype=_infer_python_dtype(value).torch)
-        return torch.as_tensor(value, dtype=dtype.torch)
+        inferred = _infer_python_dtype(value)
+        if dtype is not None and dtype.is_integer and inferred.is_integer:
+            _check_int_range(value, dtype)
+        try:
+            return torch.as_tensor(value, dtype=(dtype or inferred).torch)
+        except RuntimeError as e:  # an int beyond int64
+            raise ValueError(f"cannot represent {value!r} as {dtype or inferred}: {e}") from None
     raise TypeError(
         f"cannot make TensorData from {type(value).__name__}; expected a NumPy array, torch tensor, "
         "an object with __dlpack__, a Python scalar or a nested list"
     )
+
+
+def _check_int_range(value: Any, dtype: DType) -> None:
+    """As NumPy 2: a Python int that an integer type cannot hold is an error, not a wrap-around."""
+    info = torch.iinfo(dtype.torch)
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif not info.min <= v <= info.max:
+            raise ValueError(f"value {v} is out of range for {dtype} [{info.min}, {info.max}]")
 
 
 def _infer_python_dtype(value: Any) -> DType:
