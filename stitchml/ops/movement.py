@@ -548,11 +548,19 @@ tile.def_impl(lambda x, multiples: x.repeat(multiples))
 @tile.def_vjp
 def _tile_vjp(g, op, dy):
     x, multiples = op.inputs[0], op.attrs["multiples"]
-    if not x.type.is_static:
-        raise g._error("tile", "the gradient of tile needs a static input shape", [x])
-    split_shape = [v for m, d in zip(multiples, x.shape) for v in (m, d)]
-    summed = g.reduction_sum(g.reshape(dy, split_shape), tuple(range(0, 2 * x.rank, 2)))
-    return [summed]
+    if 0 in multiples:
+        return [g.broadcast_to(g.constant(0, dy.dtype), x)]
+    if x.type.is_static:
+        split_shape = [v for m, d in zip(multiples, x.shape) for v in (m, d)]
+        return [g.reduction_sum(g.reshape(dy, split_shape), tuple(range(0, 2 * x.rank, 2)))]
+    # Extents known only at run time: cut dy into the copies along each axis (each as long as x) and add them.
+    for axis, m in enumerate(multiples):
+        if m > 1:
+            pieces = g.split(dy, [x] * m, axis)
+            dy = pieces[0]
+            for piece in pieces[1:]:
+                dy = dy + piece
+    return [dy]
 
 
 @builder("tile")
