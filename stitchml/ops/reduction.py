@@ -137,9 +137,19 @@ reduction_minimum.def_vjp(_extremum_vjp)
 
 @reduction_product.def_vjp
 def _product_vjp(g, op, dy):
-    # prod / x: exact for nonzero inputs; zeros in the input give inf/NaN here (documented limitation).
-    x = op.inputs[0]
-    return [_restore(g, op, dy * op.outputs[0]) / x]
+    # d prod / d x_i is the product of the other elements. Where x_i != 0 that is prod / x_i. At a zero
+    # it is (product of the nonzero elements) * (product of the other zeros), the latter written so that
+    # its value and first derivative are exact: 1 with one zero, with two the other zero as S - x_i
+    # (S: the sum of the zeros), 0 with more. So first and second derivatives match PyTorch's.
+    x, axes = op.inputs[0], op.attrs["axes"]
+    is_zero = g.equal(x, 0.0)
+    safe = g.select(is_zero, 1.0, x)
+    nonzero_product = g.reduction_product(safe, axes, keep_dims=True)
+    zeros = g.reduction_sum(g.cast(is_zero, x.dtype), axes, keep_dims=True)
+    zero_sum = g.reduction_sum(g.select(is_zero, x, 0.0), axes, keep_dims=True)
+    other_zeros = g.select(g.equal(zeros, 1.0), 1.0, g.select(g.equal(zeros, 2.0), zero_sum - x, 0.0))
+    elsewhere = _restore(g, op, op.outputs[0]) / safe
+    return [_restore(g, op, dy) * g.select(is_zero, nonzero_product * other_zeros, elsewhere)]
 
 
 def _arg_reduction(name, fn):
