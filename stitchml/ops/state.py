@@ -103,6 +103,11 @@ def _variable_impl(ctx, **attrs):
     return ctx.variable(ctx.op)
 
 
+@variable.def_vjp
+def _variable_vjp(g, op, dy):
+    return []  # a source: gradients stop here, at the `wrt` tensor
+
+
 @builder("variable")
 def _variable(g, initial_value, dtype=None, name=None) -> Tensor:
     """A variable holding `initial_value` until an `assign_variable` changes it."""
