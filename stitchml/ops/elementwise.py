@@ -219,7 +219,8 @@ power = binary("power", torch.pow, "libdevice.pow({0}, {1})", allow="numeric")
 @power.def_vjp
 def _power_vjp(g, op, dy):
     x, y = op.inputs
-    dx = dy * y * g.power(x, y - 1.0)
+    # y x**(y-1), taken as 0 where y == 0 (as PyTorch): 0 * 0**-1 would be NaN at x == 0.
+    dx = g.select(g.equal(y, 0.0), 0.0, dy * y * g.power(x, y - 1.0))
     # d/dy x**y = x**y log x, taken as 0 where x == 0 (the limit for y > 0).
     safe_log = g.logarithm(g.select(g.equal(x, 0.0), 1.0, x))
     return [dx, dy * op.outputs[0] * safe_log]
