@@ -228,13 +228,25 @@ def _power_vjp(g, op, dy):
 
 maximum = binary("maximum", torch.maximum, "tl.maximum({0}, {1}, tl.PropagateNan.ALL)",
                  doc="Elementwise maximum; NaN if either operand is NaN.")
-maximum.def_vjp(lambda g, op, dy: [g.select(op.inputs[0] >= op.inputs[1], dy, 0.0),
-                                   g.select(op.inputs[0] >= op.inputs[1], 0.0, dy)])
+
+
+def _extremum_vjp(wins):
+    """The operand that `wins` (strictly) gets dy; ties share it evenly, as in PyTorch."""
+
+    def vjp(g, op, dy):
+        a, b = op.inputs
+        tie = g.equal(a, b)
+        half = dy * 0.5
+        return [g.select(tie, half, g.select(wins(a, b), dy, 0.0)), g.select(tie, half, g.select(wins(b, a), dy, 0.0))]
+
+    return vjp
+
+
+maximum.def_vjp(_extremum_vjp(lambda a, b: a > b))
 
 minimum = binary("minimum", torch.minimum, "tl.minimum({0}, {1}, tl.PropagateNan.ALL)",
                  doc="Elementwise minimum; NaN if either operand is NaN.")
-minimum.def_vjp(lambda g, op, dy: [g.select(op.inputs[0] <= op.inputs[1], dy, 0.0),
-                                   g.select(op.inputs[0] <= op.inputs[1], 0.0, dy)])
+minimum.def_vjp(_extremum_vjp(lambda a, b: a < b))
 
 atan2 = binary("atan2", torch.atan2, "libdevice.atan2({0}, {1})", float_only=True,
                doc="atan2(primary, secondary): the angle of the point (secondary, primary).")
