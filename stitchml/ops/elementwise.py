@@ -324,8 +324,10 @@ def _clamp(g, x, min_value, max_value, name=None):
 @clamp.def_vjp
 def _clamp_vjp(g, op, dy):
     x, lo, hi = op.inputs
+    # Whichever of x, lo, hi the result is gets dy; with crossed bounds (lo > hi) that is hi.
     inside = g.logical_and(x >= lo, x <= hi)
-    return [g.select(inside, dy, 0.0), g.select(x < lo, dy, 0.0), g.select(x > hi, dy, 0.0)]
+    return [g.select(inside, dy, 0.0), g.select(g.logical_and(x < lo, lo <= hi), dy, 0.0),
+            g.select(g.logical_or(x > hi, hi < lo), dy, 0.0)]
 
 
 # -- cast -----------------------------------------------------------------------
