@@ -10,7 +10,7 @@ import torch
 
 import stitchml as sm
 
-from .core import ALL, FLOATS, NUMERIC, ErrorInput, OpInfo, P, Sample, make, to_bool, to_float
+from .core import ALL, FLOATS, NUMERIC, ErrorInput, OpInfo, P, Sample, exact, make, to_bool, to_float
 from .samples import chain, elementwise, fixed
 
 SPECIALS = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1.5, -2.0]
@@ -19,7 +19,7 @@ TIES = [-2.0, -1.0, 0.0, 1.0, 2.0]
 
 def _np(fn):
     """A NumPy function as a reference over torch tensors."""
-    return lambda *xs, **kw: torch.from_numpy(np.asarray(fn(*(x.numpy() for x in xs), **kw)))
+    return lambda *xs, **kw: torch.from_numpy(np.asarray(fn(*(x.detach().numpy() for x in xs), **kw)))
 
 
 def _float_errors():
@@ -101,11 +101,11 @@ PREDICATES = [
 
 
 # -- binary -----------------------------------------------------------------------------
-def _binary(name, ref, dtypes, equivalent, domains=None, values=None, extra=None, errors=None, **kw):
+def _binary(name, ref, dtypes, equivalent, domains=None, values=None, extra=None, errors=None, grad=True, **kw):
     def all_errors():
         return _broadcast_errors() + list((errors or (lambda: ()))())
 
-    return OpInfo(name, elementwise(2, domains, values, extra=extra), ref, dtypes, equivalent=equivalent,
+    return OpInfo(name, elementwise(2, domains, values, extra=extra, grad=grad), ref, dtypes, equivalent=equivalent,
                   errors=all_errors, second_order=kw.pop("second_order", True), **kw)
 
 
@@ -127,15 +127,22 @@ def _integer_zero_division():
 
 
 _DIVISORS = [-3.0, -2.0, -1.0, 1.0, 2.0, 3.0]
+
+
+def _smooth_division(record, dtype, rng):
+    """Away from integer quotients (the jumps of floor): the samples for gradient checks."""
+    if dtype.is_floating:
+        a = make((2, 3), dtype, rng)
+        b = make((3,), dtype, rng, 0.5, 3.0) * torch.tensor([1, -1, 1], dtype=dtype.torch)
+        yield Sample((a, b), name="smooth")
 _ties = fixed("ties", [1.0, 2.0, 3.0, -1.0], [1.0, 0.0, 3.0, -1.0], grad=True)
 _nans = fixed("nan", [math.nan, 1.0, 2.0, math.nan], [1.0, math.nan, 0.0, math.nan], dtypes=FLOATS)
 
 
 def _power_extra(record, dtype, rng):
     if dtype.is_floating:
-        # 0 ** 0 and 0 ** 1: PyTorch's gradient is 0 and 1 there (the rule must not produce NaN).
-        yield Sample((torch.tensor([0.0, 0.0, 2.0], dtype=dtype.torch), torch.tensor([0.0, 1.0, 0.0], dtype=dtype.torch)),
-                     name="zero-base")
+        # 0 ** 0 and 0 ** 1; no finite differences across x = 0 (see test_power_gradient_at_zero_base).
+        yield Sample((exact([0.0, 0.0, 2.0], dtype), exact([0.0, 1.0, 0.0], dtype)), name="zero-base", grad=False)
 
 
 def _power_samples(record, dtype, rng):
@@ -160,8 +167,10 @@ BINARY = [
     _binary("division", lambda a, b: a / b, ALL, "np.true_divide / torch.div / /", domains=[(-3.0, 3.0), (0.5, 3.0)],
             out_dtype=to_float),
     _binary("floor_division", _floor_division, NUMERIC, "np.floor_divide / //", values=[range(-7, 8), _DIVISORS],
+            grad=False, extra=_smooth_division,
             errors=lambda: _numeric_errors(2) + _integer_zero_division()),
     _binary("modulo", _modulo, NUMERIC, "np.mod / torch.remainder / %", values=[range(-7, 8), _DIVISORS],
+            grad=False, extra=_smooth_division,
             errors=lambda: _numeric_errors(2) + _integer_zero_division()),
     OpInfo("power", _power_samples, torch.pow, NUMERIC, equivalent="np.power / torch.pow / **", second_order=True,
            errors=lambda: _broadcast_errors() + _numeric_errors(2)),
@@ -210,9 +219,10 @@ def _clamp_samples(record, dtype, rng):
 
 
 def _clamp_ref(x, lo=None, hi=None, min_value=None, max_value=None):
-    lo = min_value if lo is None else lo
-    hi = max_value if hi is None else hi
-    return torch.clamp(x, lo, hi)
+    # The documented definition; torch.clamp's gradient fails for broadcast tensor bounds.
+    lo = torch.as_tensor(min_value if lo is None else lo, dtype=x.dtype)
+    hi = torch.as_tensor(max_value if hi is None else hi, dtype=x.dtype)
+    return torch.minimum(torch.maximum(x, lo), hi)
 
 
 TERNARY = [
@@ -229,12 +239,17 @@ TERNARY = [
 def _cast_samples(record, dtype, rng):
     for target in ALL:
         low = 0.0 if not target.is_signed or not dtype.is_signed else -100.0
-        yield Sample((make((2, 3), dtype, rng, low, 100.0),), {"dtype": target}, name=f"to-{target}")
+        # Finite differences cannot see through rounding to a narrower type: float64 targets only.
+        yield Sample((make((2, 3), dtype, rng, low, 100.0),), {"dtype": target}, name=f"to-{target}",
+                     grad=target is sm.float64)
     yield Sample((make((3, 4), dtype, rng, 0.0, 100.0, layout="transposed"),), {"dtype": sm.int32},
                  name="transposed")
 
 
 def _cast_ref(x, dtype):
+    if x.dtype.is_floating_point and dtype.is_floating:
+        return x.to(dtype.torch)  # rounding to nearest even, as NumPy; differentiable for the gradient checks
+    x = x.detach()
     if dtype is sm.bfloat16:
         return torch.from_numpy(x.numpy().astype(ml_dtypes.bfloat16).view(np.uint16)).view(torch.bfloat16)
     return torch.from_numpy(x.numpy().astype(dtype.numpy))

@@ -34,7 +34,8 @@ def _reduction_samples(low=-3.0, high=3.0, empty_axis=True):
             yield Sample((make((3, 4), dtype, rng, low, high, layout=layout),), {"axes": 0}, name=layout)
         yield Sample((make((0, 3), dtype, rng),), {"axes": 1}, name="zero-size-kept")
         if empty_axis:
-            yield Sample((make((0, 3), dtype, rng),), {"axes": 0}, name="zero-size-reduced")
+            # No gradient check: the mean of nothing is NaN.
+            yield Sample((make((0, 3), dtype, rng),), {"axes": 0}, name="zero-size-reduced", grad=False)
         more = [(make((5, 1, 2), dtype, rng, low, high),)] + [(make((1, 0, 3), dtype, rng),)] * empty_axis
         yield Sample((make((2, 3, 4), dtype, rng, low, high),), {"axes": (1,), "keep_dims": True}, name="dynamic",
                      more=tuple(more))
