@@ -64,12 +64,10 @@ def _to_torch(value: Any, dtype: DType | None) -> torch.Tensor:
         return torch.from_dlpack(value)
     if isinstance(value, (bool, int, float)) or isinstance(value, (list, tuple)):
         inferred = _infer_python_dtype(value)
-        if dtype is not None and dtype.is_integer and inferred.is_integer:
-            _check_int_range(value, dtype)
-        try:
-            return torch.as_tensor(value, dtype=(dtype or inferred).torch)
-        except RuntimeError as e:  # an int beyond int64
-            raise ValueError(f"cannot represent {value!r} as {dtype or inferred}: {e}") from None
+        target = dtype or inferred
+        if target.is_integer and inferred.is_integer:
+            _check_int_range(value, target)
+        return torch.as_tensor(value, dtype=target.torch)
     raise TypeError(
         f"cannot make TensorData from {type(value).__name__}; expected a NumPy array, torch tensor, "
         "an object with __dlpack__, a Python scalar or a nested list"
@@ -89,11 +87,12 @@ def _check_int_range(value: Any, dtype: DType) -> None:
 
 
 def _infer_python_dtype(value: Any) -> DType:
-    """bool < int < float over all leaves of a scalar or nested list."""
-    category = 0
+    """bool < int < float over all leaves of a scalar or nested list (no leaves: float, as NumPy and torch)."""
+    category, leaves = 0, 0
     stack = [value]
     while stack:
         v = stack.pop()
+        leaves += not isinstance(v, (list, tuple))
         if isinstance(v, (list, tuple)):
             stack.extend(v)
         elif isinstance(v, (bool, np.bool_)):
@@ -104,6 +103,8 @@ def _infer_python_dtype(value: Any) -> DType:
             category = 2
         else:
             raise TypeError(f"nested list holds a {type(v).__name__}; expected bool, int or float")
+    if not leaves:
+        return dtypes.default_float
     return (dtypes.bool_, dtypes.default_int, dtypes.default_float)[category]
 
 
