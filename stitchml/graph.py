@@ -255,7 +255,7 @@ class Graph:
         """Queue a run; returns a handle with .wait(), .result(), .done().
 
         Runs of one graph execute in the order they were queued.
-        `on_complete(result_or_exception)` is called when the run ends.
+        `on_complete(results, error)` is called when the run ends, with one of the two None.
         """
         from .runtime.asyncrun import submit
 
