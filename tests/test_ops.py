@@ -19,6 +19,7 @@ from stitchml.registry import BUILDERS, COMPOSITES, REGISTRY
 
 from opdb import OPS, build, expected, feeds_for, modes
 from opdb.core import P, as_outputs, assert_close, ref_args
+from opdb.ops_md import render as render_ops_md
 
 CASES = [pytest.param(r, d, id=f"{r.name}-{d}") for r in OPS.values() for d in r.dtypes]
 
@@ -193,3 +194,15 @@ def test_comparisons_give_bool(op):
     g = sm.Graph()
     assert getattr(g, op)(g.placeholder((2,), sm.float16), g.placeholder((2,), sm.int32)).dtype is sm.bool
     assert g.is_nan(g.placeholder((2,), sm.bfloat16)).dtype is sm.bool
+
+
+def test_ops_md_is_up_to_date():
+    """docs/ops.md is generated from the registry and the database; regenerate it when either changes."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "ops.md")
+    text = render_ops_md(OPS)
+    if os.environ.get("STITCHML_REGENERATE"):
+        with open(path, "w") as f:
+            f.write(text)
+    with open(path) as f:
+        assert f.read() == text, ("docs/ops.md is out of date; run "
+                                  "STITCHML_REGENERATE=1 python -m pytest tests/test_ops.py -k ops_md")
