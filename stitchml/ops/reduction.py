@@ -105,9 +105,10 @@ reduction_product = _reduction("reduction_product", _prod, out_dtype=lambda d: d
 def _restore(g, op, y):
     """Bring a reduced tensor back to broadcastable form against the input."""
     x = op.inputs[0]
-    if not op.attrs["keep_dims"]:
-        axes = op.attrs["axes"]
-        y = g.expand_dims(y, tuple(range(x.rank)) if axes is None else axes)
+    axes = op.attrs["axes"]
+    # axes=None (kept only when x's rank is unknown) reduced to a scalar, which broadcasts as it is.
+    if not op.attrs["keep_dims"] and axes is not None:
+        y = g.expand_dims(y, axes)
     return y
 
 
