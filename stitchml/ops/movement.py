@@ -387,6 +387,8 @@ def _slice_index(x, starts, ends, strides):
 
 @slice.def_impl
 def _slice_impl(x, starts, ends, strides):
+    if len(starts) != x.dim():  # built on a tensor of unknown rank
+        raise ValueError(f"starts, ends and strides have {len(starts)} entries for a tensor of rank {x.dim()}")
     for axis, ix in enumerate(_slice_index(x, starts, ends, strides)):
         if isinstance(ix, torch.Tensor):
             x = x.index_select(axis, ix)
@@ -404,8 +406,8 @@ def _slice_vjp(g, op, dy):
 def _slice(g, x, starts, ends, strides=None, name=None):
     """``x[starts[0]:ends[0]:strides[0], ...]`` (MPSGraph sliceTensor); None in starts or ends as in Python."""
     x = g.as_tensor(x)
-    if x.rank is None:
-        raise g._error("slice", "needs a tensor of known rank", [x])
+    if x.rank is None and strides is None:
+        raise g._error("slice", "needs a tensor of known rank, or strides", [x])
     strides = (1,) * x.rank if strides is None else g._checked("slice", [x], _ints, strides, "strides")
     starts = tuple(None if v is None else int(v) for v in starts)
     ends = tuple(None if v is None else int(v) for v in ends)
@@ -478,7 +480,7 @@ def _pad_impl(x, left, right, constant_value):
 @pad.def_vjp
 def _pad_vjp(g, op, dy):
     left, right = op.attrs["left"], op.attrs["right"]
-    return [g.slice(dy, left, [-r if r else None for r in right])]
+    return [g.slice(dy, left, [-r if r else None for r in right], (1,) * len(left))]
 
 
 _PAD_MODES = ("constant", "reflect", "symmetric", "edge", "periodic")
