@@ -173,8 +173,7 @@ def _slice_samples(record, dtype, rng):
     for name, shape, (starts, ends, strides) in _SLICES:
         for layout in (("contiguous", "transposed") if len(shape) == 2 else ("contiguous",)):
             yield Sample((make(shape, dtype, rng, layout=layout),), {"starts": starts, "ends": ends, "strides": strides},
-                         name=f"{name}/{layout}", unranked=False,
-                         more=((make(tuple(d + 3 for d in shape), dtype, rng),),))
+                         name=f"{name}/{layout}", more=((make(tuple(d + 3 for d in shape), dtype, rng),),))
 
 
 def _slice_ref(x, starts, ends, strides):
@@ -294,7 +293,9 @@ RECORDS = [
            errors=lambda: [ErrorInput((P((2, 3)),), {"starts": (0,), "ends": (1,)}, match="need 2 entries each"),
                            ErrorInput((P((2, 3)),), {"starts": (0, 0), "ends": (1, 1), "strides": (1, 0)},
                                       match="must be nonzero"),
-                           ErrorInput((P(None),), {"starts": (0,), "ends": (1,)}, match="needs a tensor of known rank")]),
+                           ErrorInput((P(None),), {"starts": (0,), "ends": (1,)}, match="needs a tensor of known rank"),
+                           _runtime_mismatch((P(None),), (_f32(2, 3),), {"starts": (0,), "ends": (1,), "strides": (1,)},
+                                             match="1 entries for a tensor of rank 2")]),
     OpInfo("slice_gradient", _slice_gradient_samples, _slice_gradient_ref, ALL, second_order=True,
            equivalent="the adjoint of slice",
            errors=lambda: [ErrorInput((P((2, 2)), P((5, 4))), {"starts": (1, 0), "ends": (4, None),
