@@ -17,7 +17,7 @@ import torch
 import stitchml as sm
 from stitchml.registry import BUILDERS, COMPOSITES, REGISTRY
 
-from opdb import OPS, build, expected, feeds_for, modes
+from opdb import OPS, KnownFailure, build, expected, feeds_for, modes
 from opdb.core import P, as_outputs, assert_close, ref_args
 from opdb.ops_md import render as render_ops_md
 
@@ -206,3 +206,26 @@ def test_ops_md_is_up_to_date():
     with open(path) as f:
         assert f.read() == text, ("docs/ops.md is out of date; run "
                                   "STITCHML_REGENERATE=1 python -m pytest tests/test_ops.py -k ops_md")
+
+
+def test_known_failures_are_strict():
+    """A known failure must fail; once it passes, the check says to remove the entry."""
+    kf = KnownFailure("reference", reason="an example")
+    with expected(kf, "a failing check"):
+        raise AssertionError("still broken")
+    with pytest.raises(AssertionError, match="passes now: remove the entry"):
+        with expected(kf, "a fixed check"):
+            pass
+    record = OPS["matrix_multiplication"]
+    assert record.known_failure("gradient", sm.float64, "matrix/unranked") is not None
+    assert record.known_failure("gradient", sm.float64, "matrix") is None
+
+
+def test_an_implementation_that_disagrees_with_its_dtype_rule_is_reported():
+    """The interpreter checks every result against the IR: a wrong dtype names the op and says why."""
+    g = sm.Graph()
+    x = g.placeholder((2,), sm.int8)
+    bad = g._emit1("cast", [x], {"dtype": sm.int16})
+    bad.op.attrs["dtype"] = sm.int32  # the implementation now produces another type than the IR says
+    with pytest.raises(sm.ExecutionError, match="produced torch.int32 where the graph says int16.*disagree"):
+        g.run({x: np.zeros(2, np.int8)}, [bad], device="cpu")
