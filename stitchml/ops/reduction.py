@@ -104,7 +104,6 @@ reduction_product = _reduction("reduction_product", _prod, out_dtype=lambda d: d
 
 def _restore(g, op, y):
     """Bring a reduced tensor back to broadcastable form against the input."""
-    x = op.inputs[0]
     axes = op.attrs["axes"]
     # axes=None (kept only when x's rank is unknown) reduced to a scalar, which broadcasts as it is.
     if not op.attrs["keep_dims"] and axes is not None:
