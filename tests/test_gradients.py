@@ -82,8 +82,8 @@ def _check_first_order(record, sample, mode):
     grads = case.built.graph.gradients(case.loss, case.wrt)
     got = case.run([grads[t] for t in case.wrt])
     for i, g_ in zip(case.wrt_index, got):
-        assert tuple(g_.shape) == tuple(sample.args[i].shape), f"{record.name}: the gradient of in{i} has shape " \
-                                                               f"{tuple(g_.shape)}, the input {tuple(sample.args[i].shape)}"
+        want_shape = tuple(sample.args[i].shape)
+        assert tuple(g_.shape) == want_shape, f"{record.name}: d/d in{i} has shape {tuple(g_.shape)}, not {want_shape}"
     inputs = case.torch_inputs()
     want = _torch_grad(case.torch_loss(inputs), [inputs[i] for i in case.wrt_index])
     for i, (a, b) in enumerate(zip(got, want)):

@@ -65,7 +65,7 @@ def test_round_trip_keeps_control_dependencies_scopes_and_ids(tmp_path):
         y = g.softmax(x @ w)
     step = g.assign_variable(w, w * 0.5)
     with g.control_dependencies([step]):
-        after = g.read_variable(w, name="after")
+        g.read_variable(w, name="after")
     grads = g.gradients(g.reduction_sum(y), [w])
     loaded = _round_trip(g, tmp_path)
     assert str(loaded) == str(g)

@@ -214,7 +214,8 @@ def test_from_buffer_zero_size_and_rank_zero():
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"shape": (2, 2), "strides": (1, 2)}, "the innermost stride must be 1; got strides (1, 2)"),
-    ({"shape": (3, 3), "strides": (4, 1)}, "address element 10, but the buffer holds 10 elements of float32 (40 bytes)"),
+    ({"shape": (3, 3), "strides": (4, 1)},
+     "address element 10, but the buffer holds 10 elements of float32 (40 bytes)"),
     ({"shape": (2, 2), "offset": 7}, "address element 10"),
     ({"shape": (2, 2), "strides": (-2, 1)}, "strides must be >= 0; got (-2, 1)"),
     ({"shape": (2,), "offset": -1}, "offset must be >= 0; got -1"),

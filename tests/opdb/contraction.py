@@ -18,8 +18,8 @@ import stitchml as sm
 
 from .core import FLOATS, NUMERIC, ErrorInput, KnownFailure, OpInfo, P, Sample, adjoint, make, to_float, vjp
 
-_CONV_TOL = {sm.float16: (5e-3, 5e-3), sm.bfloat16: (3e-2, 3e-2), sm.float32: (1e-5, 1e-5),
-             sm.float64: (1e-10, 1e-12)}
+# The gradient of max pooling adds up to 9 window contributions per element, in bfloat16.
+_SUMMED_BF16_TOL = {sm.bfloat16: (2e-2, 2e-2)}
 
 
 # -- matrix_multiplication ----------------------------------------------------------------------
@@ -329,17 +329,17 @@ def _emit_build(op):
     return lambda g, *xs, descriptor: g._emit1(op, list(xs), sm.Pooling2DDescriptor(**descriptor).attrs())
 
 
-def _pool_errors(op):
-    return lambda: [ErrorInput((P((2, 5, 5)),), {"descriptor": {}}, match="needs rank 4"),
-                    ErrorInput((P((1, 1, 5, 5)),), {"descriptor": {"kernel_size": 0}}, match="must be >= 1"),
-                    ErrorInput((P((1, 1, 5, 5)),), {"descriptor": {"padding": 3}}, match="wider than the window"),
-                    ErrorInput((P((1, 1, 5, 5)),), {"descriptor": {"data_layout": "NCWH"}}, match="data_layout"),
-                    ErrorInput((P((1, 1, 1, 1)),), {"descriptor": {"kernel_size": 3}}, match="larger than the padded")]
+def _pool_errors():
+    return [ErrorInput((P((2, 5, 5)),), {"descriptor": {}}, match="needs rank 4"),
+            ErrorInput((P((1, 1, 5, 5)),), {"descriptor": {"kernel_size": 0}}, match="must be >= 1"),
+            ErrorInput((P((1, 1, 5, 5)),), {"descriptor": {"padding": 3}}, match="wider than the window"),
+            ErrorInput((P((1, 1, 5, 5)),), {"descriptor": {"data_layout": "NCWH"}}, match="data_layout"),
+            ErrorInput((P((1, 1, 1, 1)),), {"descriptor": {"kernel_size": 3}}, match="larger than the padded")]
 
 
 RECORDS = [
     OpInfo("matrix_multiplication", _matmul_samples, _matmul_ref, NUMERIC, out_dtype=to_float, float_only=True,
-           second_order=True, tol=_CONV_TOL, equivalent="np.matmul / torch.matmul / @",
+           second_order=True, equivalent="np.matmul / torch.matmul / @",
            known_failures=(KnownFailure(
                "gradient", sample="/unranked",
                reason="the rule transposes the operands' last two axes, and a transpose stores a permutation, "
@@ -348,30 +348,30 @@ RECORDS = [
                            ErrorInput((P((2, 2, 3)), P((3, 3, 4))), match="do not broadcast"),
                            ErrorInput((P((-1, 3)), P((-1, 4))), error=sm.ExecutionError, match="failed on inputs",
                                       feeds=(np.ones((2, 3), np.float32), np.ones((2, 4), np.float32)))]),
-    OpInfo("convolution2d", _conv_samples, _conv_apply, FLOATS, build=_conv_build, tol=_CONV_TOL,
+    OpInfo("convolution2d", _conv_samples, _conv_apply, FLOATS, build=_conv_build,
            errors=_conv_errors, equivalent="torch.nn.functional.conv2d (padding 'same' as TensorFlow)"),
     OpInfo("convolution_transpose2d", _transpose_samples, _transpose_ref, FLOATS, build=_transpose_build,
-           tol=_CONV_TOL, equivalent="torch.nn.functional.conv_transpose2d",
+           equivalent="torch.nn.functional.conv_transpose2d",
            errors=lambda: [ErrorInput((P((1, 3, 2, 2)), P((3, 2, 3, 3))), {"descriptor": {}, "output_padding": (1,)},
                                       match="output_padding must be an int or a pair"),
                            ErrorInput((P((1, 4, 2, 2)), P((3, 2, 3, 3))), {"descriptor": {}},
                                       match="source channels 4 != the weights' output channels 3")]),
     OpInfo("convolution2d_weights_gradient", _weights_gradient_samples, _weights_gradient_ref, FLOATS,
-           build=_weights_gradient_build, tol=_CONV_TOL, builder=False, equivalent="torch.nn.grad.conv2d_weight"),
+           build=_weights_gradient_build, builder=False, equivalent="torch.nn.grad.conv2d_weight"),
     OpInfo("max_pooling2d", _pool_samples, max_pool_ref, NUMERIC, build=_pool_build("max_pooling2d"),
-           errors=_pool_errors("max_pooling2d"), equivalent="torch.nn.functional.max_pool2d"),
+           errors=_pool_errors, equivalent="torch.nn.functional.max_pool2d"),
     OpInfo("avg_pooling2d", _pool_samples, avg_pool_ref, FLOATS, build=_pool_build("avg_pooling2d"),
-           tol=_CONV_TOL, equivalent="torch.nn.functional.avg_pool2d",
-           errors=lambda: _pool_errors("avg_pooling2d")() + [
+           equivalent="torch.nn.functional.avg_pool2d",
+           errors=lambda: _pool_errors() + [
                ErrorInput((P((1, 1, 5, 5), sm.int32),), {"descriptor": {}}, match="floating-point source"),
                ErrorInput((P((1, 1, 5, 5)),), {"descriptor": {"dilation": 2}}, match="dilation 1")]),
     OpInfo("max_pooling2d_gradient", _pool_gradient_samples,
            lambda dy, x, descriptor: vjp(lambda z: max_pool_ref(z, descriptor=descriptor), x, dy), FLOATS,
-           build=_emit_build("max_pooling2d_gradient"), builder=False, tol=_CONV_TOL,
+           build=_emit_build("max_pooling2d_gradient"), builder=False, tol=_SUMMED_BF16_TOL,
            equivalent="torch.ops.aten.max_pool2d_with_indices_backward"),
     OpInfo("avg_pooling2d_gradient", _pool_gradient_samples,
            lambda dy, x, descriptor: adjoint(lambda z: avg_pool_ref(z, descriptor=descriptor), x, dy), FLOATS,
-           build=_emit_build("avg_pooling2d_gradient"), tol=_CONV_TOL, builder=False, second_order=True,
+           build=_emit_build("avg_pooling2d_gradient"), builder=False, second_order=True,
            equivalent="torch.ops.aten.avg_pool2d_backward"),
     OpInfo("max_pooling2d_select", _select_samples, lambda v, x, descriptor: _select_ref(v, x, descriptor=descriptor),
            FLOATS, build=_emit_build("max_pooling2d_select"), builder=False,

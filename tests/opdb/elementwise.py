@@ -197,7 +197,8 @@ def _select_samples(record, dtype, rng):
         more = tuple(tuple(a.shape) for a in s.more[0]) if s.more else None
 
         def args(sh, layout="contiguous"):
-            return (make(sh[0], sm.bool, rng, layout=layout),) + tuple(make(x, dtype, rng, layout=layout) for x in sh[1:])
+            values = tuple(make(x, dtype, rng, layout=layout) for x in sh[1:])
+            return (make(sh[0], sm.bool, rng, layout=layout),) + values
 
         layout = "transposed" if s.name == "transposed" else "sliced" if s.name == "sliced" else "contiguous"
         yield Sample(args(shapes, layout), name=s.name, more=(args(more),) if more else ())

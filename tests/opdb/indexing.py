@@ -196,5 +196,6 @@ RECORDS = [
                         ErrorInput((P((3,), sm.int64),), {"depth": -1}, match="depth must be >= 0"),
                         ErrorInput((P((3,), sm.int64),), {"depth": 3, "axis": 3}, match="out of range")]),
     OpInfo("index", _index_samples, _index_ref, NUMERIC + (sm.bool,), errors=_index_errors,
-           build=lambda g, x, *tensors, key: g.index(x, _key(key, tensors)), equivalent="x[key] (NumPy basic indexing)"),
+           build=lambda g, x, *tensors, key: g.index(x, _key(key, tensors)),
+           equivalent="x[key] (NumPy indexing: one integer tensor at most)"),
 ]

@@ -172,8 +172,9 @@ def _np_slices(starts, ends, strides):
 def _slice_samples(record, dtype, rng):
     for name, shape, (starts, ends, strides) in _SLICES:
         for layout in (("contiguous", "transposed") if len(shape) == 2 else ("contiguous",)):
-            yield Sample((make(shape, dtype, rng, layout=layout),), {"starts": starts, "ends": ends, "strides": strides},
-                         name=f"{name}/{layout}", more=((make(tuple(d + 3 for d in shape), dtype, rng),),))
+            kwargs = {"starts": starts, "ends": ends, "strides": strides}
+            yield Sample((make(shape, dtype, rng, layout=layout),), kwargs, name=f"{name}/{layout}",
+                         more=((make(tuple(d + 3 for d in shape), dtype, rng),),))
 
 
 def _slice_ref(x, starts, ends, strides):

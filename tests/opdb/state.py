@@ -78,7 +78,8 @@ def _assign_errors():
     init = {"initial": torch.zeros(3)}
     return [ErrorInput((P((3,), sm.float64),), init, build=_assign_build, match="differs from the variable's float32"),
             ErrorInput((P((4,)),), init, build=_assign_build, match="cannot be assigned to a variable of shape (3,)"),
-            ErrorInput((P((-1,)),), init, build=_assign_build, error=sm.ExecutionError, match="the value has shape (2,)",
+            ErrorInput((P((-1,)),), init, build=_assign_build, error=sm.ExecutionError,
+                       match="the value has shape (2,)",
                        feeds=(np.ones(2, np.float32),)),
             ErrorInput((P((3,)),), build=lambda g, x: g.assign_variable(x, x), match="expected a variable")]
 
@@ -120,10 +121,10 @@ def _check_normal(got, *like, shape=None, dtype, mean=0.0, standard_deviation=1.
         assert abs(v.mean() - mean) < 0.1 * standard_deviation and abs(v.std() / standard_deviation - 1) < 0.1
 
 
-def _random_errors(op):
-    return lambda: [ErrorInput((), {"shape": (2,), "dtype": sm.int32}, match="floating-point dtype"),
-                    ErrorInput((), {"shape": (-1, 2)}, match="must be static"),
-                    ErrorInput((), {"shape": (2,), "dtype": "complex64"}, match="unsupported dtype")]
+def _random_errors():
+    return [ErrorInput((), {"shape": (2,), "dtype": sm.int32}, match="floating-point dtype"),
+            ErrorInput((), {"shape": (-1, 2)}, match="must be static"),
+            ErrorInput((), {"shape": (2,), "dtype": "complex64"}, match="unsupported dtype")]
 
 
 RECORDS = [
@@ -139,9 +140,9 @@ RECORDS = [
     OpInfo("assign_variable", _assign_samples, lambda x, initial: x.clone(), ALL, build=_assign_build,
            errors=_assign_errors, equivalent="torch.Tensor.copy_ (applied at the end of the run)"),
     OpInfo("random_uniform", _random_samples({"minimum": -2.0, "maximum": 3.0}), None, FLOATS,
-           build=_random_build("random_uniform"), check=_check_uniform, errors=_random_errors("random_uniform"),
+           build=_random_build("random_uniform"), check=_check_uniform, errors=_random_errors,
            out_dtype=lambda dtype, kwargs: kwargs["dtype"], equivalent="torch.rand (seeded per run)"),
     OpInfo("random_normal", _random_samples({"mean": 1.0, "standard_deviation": 2.0}), None, FLOATS,
-           build=_random_build("random_normal"), check=_check_normal, errors=_random_errors("random_normal"),
+           build=_random_build("random_normal"), check=_check_normal, errors=_random_errors,
            out_dtype=lambda dtype, kwargs: kwargs["dtype"], equivalent="torch.randn (seeded per run)"),
 ]
