@@ -1,7 +1,12 @@
 """The op database: one `OpInfo` record per builder method and per gradient-only primitive.
 
 `OPS` maps each name to its record; the record modules hold them family by
-family (elementwise, reduction, movement, contraction, state, composites).
+family (elementwise, reduction, movement, indexing, contraction, state,
+composites). To add an op, add one record to its family's module: its name,
+samples (the generators of samples.py cover most shapes), a reference written
+with NumPy or PyTorch without StitchML, its dtypes, error inputs and its
+NumPy/PyTorch equivalent. test_ops.py then fails until the record exists,
+and its test of docs/ops.md says how to regenerate the table.
 """
 from __future__ import annotations
 

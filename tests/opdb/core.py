@@ -25,7 +25,6 @@ from stitchml.registry import REGISTRY
 
 FLOATS: tuple[DType, ...] = (sm.float16, sm.bfloat16, sm.float32, sm.float64)
 INTS: tuple[DType, ...] = (sm.int8, sm.uint8, sm.int16, sm.int32, sm.int64)
-SIGNED_INTS: tuple[DType, ...] = (sm.int8, sm.int16, sm.int32, sm.int64)
 NUMERIC: tuple[DType, ...] = FLOATS + INTS
 ALL: tuple[DType, ...] = NUMERIC + (sm.bool,)
 
@@ -46,9 +45,9 @@ class Sample:
     `more` holds further tuples of args (same ranks and dtypes, other sizes)
     fed to the same graph in later runs when its placeholders have -1 extents.
     `dynamic` overrides the placeholder shapes of the dynamic variant (default:
-    every extent -1; False: the builder needs every extent); `unranked=False` keeps it out of the unknown-rank variant
-    (its builder needs the rank). `grad=False` keeps a sample out of gradient
-    checks (a kink, a tie, a pole).
+    every extent -1; False: the builder needs every extent). `unranked=False`
+    keeps it out of the unknown-rank variant (its builder needs the rank).
+    `grad=False` keeps it out of gradient checks (a kink, a tie, a pole).
     """
 
     args: tuple
@@ -115,6 +114,7 @@ def to_float(dtype: DType, kwargs: dict) -> DType:
 
 
 def to_bool(dtype: DType, kwargs: dict) -> DType:
+    """The result dtype of comparisons and predicates."""
     return sm.bool
 
 
@@ -149,10 +149,6 @@ class OpInfo:
         if self.differentiable is None:
             self.differentiable = prim.differentiable if prim else True
 
-    @property
-    def primitive(self):
-        return REGISTRY.get(self.name)
-
     def call(self, g: sm.Graph, tensors: Sequence[sm.Tensor], kwargs: dict) -> list[sm.Tensor]:
         """Build the op on `tensors`; always a list of output tensors."""
         if self.build is not None:
@@ -164,9 +160,9 @@ class OpInfo:
     def tolerance(self, dtype: DType) -> tuple[float, float]:
         return self.tol.get(dtype, DEFAULT_TOL.get(dtype, (0.0, 0.0)))
 
-    def rng(self, dtype: DType, salt: str = "") -> np.random.Generator:
+    def rng(self, dtype: DType) -> np.random.Generator:
         """A generator seeded by (op, dtype): every run of the suite sees the same inputs."""
-        return np.random.default_rng(zlib.crc32(f"{self.name}/{dtype}/{salt}".encode()))
+        return np.random.default_rng(zlib.crc32(f"{self.name}/{dtype}".encode()))
 
     def samples_for(self, dtype: DType) -> list[Sample]:
         return list(self.samples(self, dtype, self.rng(dtype)))
