@@ -306,3 +306,26 @@ def test_dropout_gradient():
     out, got = _run(g, {x: xv}, y, grad)
     np.testing.assert_allclose(got, np.where(out != 0, 1 / 0.7, 0.0), rtol=1e-12)
     assert 0.25 < (got == 0).mean() < 0.35
+
+
+def test_unused_outputs_of_a_multi_output_op_get_zero_cotangents():
+    g = sm.Graph()
+    x = g.placeholder((2, 6), F64)
+    first, _, third = g.split(x, 3, axis=1)
+    loss = g.reduction_sum(g.sin(first)) + g.reduction_sum(third * third)
+    xv = np.random.default_rng(3).standard_normal((2, 6))
+    (got,) = _run(g, {x: xv}, g.gradients(loss, [x])[x])
+    want = np.concatenate([np.cos(xv[:, :2]), np.zeros((2, 2)), 2 * xv[:, 4:]], axis=1)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_gradients_keep_each_input_dtype():
+    g = sm.Graph()
+    h, w = g.placeholder((3,), sm.float16), g.variable(np.array([0.5, -1.0, 2.0], np.float32))
+    loss = g.reduction_sum(g.cast(h, sm.float32) * w)
+    grads = g.gradients(loss, [h, w])
+    assert grads[h].dtype is sm.float16 and grads[w].dtype is sm.float32
+    hv = np.array([1.0, 2.0, -3.0], np.float16)
+    gh, gw = _run(g, {h: hv}, grads[h], grads[w])
+    np.testing.assert_array_equal(gh, np.array([0.5, -1.0, 2.0], np.float16))
+    np.testing.assert_array_equal(gw, hv.astype(np.float32))
