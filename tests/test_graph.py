@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 
 import stitchml as sm
 from stitchml.runtime.eager import prune
@@ -257,3 +258,11 @@ def test_dropout_statistics():
         masks.append(out == 0)
     assert not np.array_equal(masks[0], masks[1])
     assert np.array_equal(_value(g, g.dropout(x, 0.0), {x: ones}), ones)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the default device is CUDA where there is one")
+def test_the_default_device_is_the_cpu_without_cuda():
+    g = sm.Graph()
+    x = g.placeholder((2,), F32)
+    out = g.run({x: np.ones(2, np.float32)}, [x + 1.0])
+    assert all(v.device == "cpu" for v in out.values())
