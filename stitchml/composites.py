@@ -10,16 +10,27 @@ from __future__ import annotations
 import math
 
 from . import dtypes
+from .errors import ShapeError
 from .ir import UNKNOWN, Tensor, normalize_axis
 from .registry import builder
 
 
 def composite(fn):
-    """Register `fn(graph, ...)` as a Graph method whose ops are scoped under its name."""
+    """Register `fn(graph, ...)` as a Graph method whose ops are scoped under its name.
+
+    A build error inside names the composite first ("softmax: reduction_maximum:
+    axis 2 is out of range..."), so the user sees the op they called.
+    """
+    name = fn.__name__
 
     def build(g, *args, **kwargs):
-        with g.scope(fn.__name__):
-            return fn(g, *args, **kwargs)
+        with g.scope(name):
+            try:
+                return fn(g, *args, **kwargs)
+            except ShapeError as e:
+                if str(e).startswith(f"{name}:"):
+                    raise
+                raise ShapeError(f"{name}: {e}") from None
 
     build.__name__ = fn.__name__
     build.__doc__ = fn.__doc__
@@ -84,8 +95,11 @@ def log_sum_exp(g, x, axes=-1, keep_dims=False):
     """``log(sum(exp(x)))`` over `axes`, computed stably."""
     x = _float(g, x)
     m = g.stop_gradient(g.reduction_maximum(x, axes, keep_dims=True))
-    s = g.logarithm(g.reduction_sum(g.exponent(x - m), axes, keep_dims=True)) + m
-    return s if keep_dims else g.squeeze(s, axes if not isinstance(axes, int) else (axes,))
+    # Where the maximum is infinite (a slice of -inf, say) shift by 0, not inf - inf = NaN: torch.logsumexp's rule.
+    m = g.select(g.is_finite(m), m, 0.0)
+    s = g.logarithm(g.reduction_sum(g.exponent(x - m), axes, keep_dims=keep_dims))
+    # The reduction over m's extent-1 axes drops them without needing the rank (squeeze does).
+    return s + (m if keep_dims else g.reduction_maximum(m, axes))
 
 
 @composite
@@ -161,7 +175,7 @@ def batch_normalization(g, x, axes=None, gamma=None, beta=None, epsilon=1e-5, ch
     if axes is None:
         if x.rank is None:
             raise g._error("batch_normalization", "axes=None needs a tensor of known rank", [x])
-        c = normalize_axis(channel_axis, x.rank)
+        c = g._checked("batch_normalization", [x], normalize_axis, channel_axis, x.rank)
         axes = tuple(a for a in range(x.rank) if a != c)
     mean = g.reduction_mean(x, axes, keep_dims=True)
     var = variance(g, x, axes, keep_dims=True)

@@ -137,6 +137,13 @@ class Graph:
         described = ", ".join(f"{t.name}: {t.type}" if isinstance(t, Tensor) else repr(t) for t in inputs) or "none"
         return ShapeError(f"{op}: {message}; inputs: {described}; built at {_user_location()}")
 
+    def _checked(self, op: str, inputs: Sequence[Any], fn, *args):
+        """`fn(*args)` for a builder of `op`: a ShapeError it raises names the op, inputs and user's line."""
+        try:
+            return fn(*args)
+        except ShapeError as e:
+            raise self._error(op, str(e), inputs) from None
+
     def promote(self, *values: Any, name: str = "op") -> list[Tensor]:
         """Bring operands to one dtype (dtypes.py's rule), inserting casts where needed."""
         tensors = [v for v in values if isinstance(v, Tensor)]
@@ -267,7 +274,7 @@ class Graph:
         """Queue a run; returns a handle with .wait(), .result(), .done().
 
         Runs of one graph execute in the order they were queued.
-        `on_complete(result_or_exception)` is called when the run ends.
+        `on_complete(results, error)` is called when the run ends, with one of the two None.
         """
         from .runtime.asyncrun import submit
 

@@ -138,45 +138,63 @@ def from_dict(doc: dict, tensors: dict[str, torch.Tensor]):
     for i, rec in enumerate(doc["operations"]):
         where = f"operation #{i}"
         try:
-            opname, op_id, inputs = rec["op"], int(rec["id"]), rec["inputs"]
-            out_recs, deps = rec["outputs"], rec["control_deps"]
-        except (KeyError, TypeError, ValueError) as e:
-            raise SerializationError(f"{where}: malformed record ({e})") from None
-        _require(opname in REGISTRY, f"{where}: unknown op {opname!r}")
-        _require(op_id not in op_by_id, f"{where}: duplicate op id {op_id}")
-        for t in inputs:
-            _require(t in tensor_by_id, f"{where} ({opname}): input tensor {t} is not defined before it")
-        for d in deps:
-            _require(d in op_by_id, f"{where} ({opname}): control dependency {d} is not defined before it")
-        attrs = {k: _decode(v, tensors, f"{where} ({opname}) attribute {k}") for k, v in rec.get("attrs", {}).items()}
-        try:
-            types = [TensorType(None if o["shape"] is None else tuple(o["shape"]), dtypes.as_dtype(o["dtype"]))
-                     for o in out_recs]
-        except (KeyError, TypeError, ShapeError) as e:
-            raise SerializationError(f"{where} ({opname}): bad output type ({e})") from None
-        in_tensors = [tensor_by_id[t] for t in inputs]
-        try:
-            inferred = REGISTRY[opname].infer([t.type for t in in_tensors], **attrs)
-        except (ShapeError, TypeError, KeyError, ValueError) as e:
-            raise SerializationError(f"{where} ({opname}): attributes or inputs do not fit the op ({e})") from None
-        inferred = [inferred] if isinstance(inferred, TensorType) else list(inferred)
-        _require(inferred == types, f"{where} ({opname}): stored output types {[str(t) for t in types]} differ "
-                                    f"from the op's rule {[str(t) for t in inferred]}")
-        op = Operation(g, op_id, opname, tuple(in_tensors), attrs, tuple(op_by_id[d] for d in deps),
-                       str(rec.get("name", f"{opname}_{op_id}")), str(rec.get("location", "")), str(rec.get("scope", "")))
-        outs = []
-        for j, (o, tt) in enumerate(zip(out_recs, types)):
-            tid = int(o["id"])
-            _require(tid not in tensor_by_id, f"{where}: duplicate tensor id {tid}")
-            t = Tensor(g, op, j, tt, str(o.get("name", f"{op.name}:{j}")), tid)
-            tensor_by_id[tid] = t
-            outs.append(t)
-        op.outputs = tuple(outs)
-        op_by_id[op_id] = op
+            op = _read_operation(g, rec, where, tensors, tensor_by_id, op_by_id)
+        except SerializationError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            # A record of the wrong shape (a list for the attributes, a name for an id...): say where.
+            name = rec.get("op") if isinstance(rec, dict) else None
+            raise SerializationError(f"{where}{f' ({name})' if name else ''}: malformed record "
+                                     f"({type(e).__name__}: {e})") from None
+        op_by_id[op.id] = op
         g.operations.append(op)
-    g._next_op = max([int(doc.get("next_op", 0))] + [i + 1 for i in op_by_id])
-    g._next_tensor = max([int(doc.get("next_tensor", 0))] + [i + 1 for i in tensor_by_id])
+    try:
+        g._next_op = max([int(doc.get("next_op", 0))] + [i + 1 for i in op_by_id])
+        g._next_tensor = max([int(doc.get("next_tensor", 0))] + [i + 1 for i in tensor_by_id])
+    except (TypeError, ValueError) as e:
+        raise SerializationError(f"malformed id counters ({e})") from None
     return g
+
+
+def _read_operation(g, rec: dict, where: str, tensors: dict[str, torch.Tensor], tensor_by_id: dict[int, Tensor],
+                    op_by_id: dict[int, Operation]) -> Operation:
+    """One operation record, checked against the ops and tensors read before it."""
+    try:
+        opname, op_id, inputs = rec["op"], int(rec["id"]), rec["inputs"]
+        out_recs, deps = rec["outputs"], rec["control_deps"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise SerializationError(f"{where}: malformed record ({e})") from None
+    _require(opname in REGISTRY, f"{where}: unknown op {opname!r}")
+    _require(op_id not in op_by_id, f"{where}: duplicate op id {op_id}")
+    for t in inputs:
+        _require(t in tensor_by_id, f"{where} ({opname}): input tensor {t} is not defined before it")
+    for d in deps:
+        _require(d in op_by_id, f"{where} ({opname}): control dependency {d} is not defined before it")
+    attrs = {k: _decode(v, tensors, f"{where} ({opname}) attribute {k}") for k, v in rec.get("attrs", {}).items()}
+    try:
+        types = [TensorType(None if o["shape"] is None else tuple(o["shape"]), dtypes.as_dtype(o["dtype"]))
+                 for o in out_recs]
+    except (KeyError, TypeError, ShapeError) as e:
+        raise SerializationError(f"{where} ({opname}): bad output type ({e})") from None
+    in_tensors = [tensor_by_id[t] for t in inputs]
+    try:
+        inferred = REGISTRY[opname].infer([t.type for t in in_tensors], **attrs)
+    except (ShapeError, TypeError, KeyError, ValueError) as e:
+        raise SerializationError(f"{where} ({opname}): attributes or inputs do not fit the op ({e})") from None
+    inferred = [inferred] if isinstance(inferred, TensorType) else list(inferred)
+    _require(inferred == types, f"{where} ({opname}): stored output types {[str(t) for t in types]} differ "
+                                f"from the op's rule {[str(t) for t in inferred]}")
+    op = Operation(g, op_id, opname, tuple(in_tensors), attrs, tuple(op_by_id[d] for d in deps),
+                   str(rec.get("name", f"{opname}_{op_id}")), str(rec.get("location", "")), str(rec.get("scope", "")))
+    outs = []
+    for j, (o, tt) in enumerate(zip(out_recs, types)):
+        tid = int(o["id"])
+        _require(tid not in tensor_by_id, f"{where}: duplicate tensor id {tid}")
+        t = Tensor(g, op, j, tt, str(o.get("name", f"{op.name}:{j}")), tid)
+        tensor_by_id[tid] = t
+        outs.append(t)
+    op.outputs = tuple(outs)
+    return op
 
 
 def save(graph, path: str | os.PathLike) -> None:

@@ -63,21 +63,36 @@ def _to_torch(value: Any, dtype: DType | None) -> torch.Tensor:
     if hasattr(value, "__dlpack__"):
         return torch.from_dlpack(value)
     if isinstance(value, (bool, int, float)) or isinstance(value, (list, tuple)):
-        if dtype is None:
-            return torch.as_tensor(value, dtype=_infer_python_dtype(value).torch)
-        return torch.as_tensor(value, dtype=dtype.torch)
+        inferred = _infer_python_dtype(value)
+        target = dtype or inferred
+        if target.is_integer and inferred.is_integer:
+            _check_int_range(value, target)
+        return torch.as_tensor(value, dtype=target.torch)
     raise TypeError(
         f"cannot make TensorData from {type(value).__name__}; expected a NumPy array, torch tensor, "
         "an object with __dlpack__, a Python scalar or a nested list"
     )
 
 
-def _infer_python_dtype(value: Any) -> DType:
-    """bool < int < float over all leaves of a scalar or nested list."""
-    category = 0
+def _check_int_range(value: Any, dtype: DType) -> None:
+    """As NumPy 2: a Python int that an integer type cannot hold is an error, not a wrap-around."""
+    info = torch.iinfo(dtype.torch)
     stack = [value]
     while stack:
         v = stack.pop()
+        if isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif not info.min <= v <= info.max:
+            raise ValueError(f"value {v} is out of range for {dtype} [{info.min}, {info.max}]")
+
+
+def _infer_python_dtype(value: Any) -> DType:
+    """bool < int < float over all leaves of a scalar or nested list (no leaves: float, as NumPy and torch)."""
+    category, leaves = 0, 0
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        leaves += not isinstance(v, (list, tuple))
         if isinstance(v, (list, tuple)):
             stack.extend(v)
         elif isinstance(v, (bool, np.bool_)):
@@ -88,6 +103,8 @@ def _infer_python_dtype(value: Any) -> DType:
             category = 2
         else:
             raise TypeError(f"nested list holds a {type(v).__name__}; expected bool, int or float")
+    if not leaves:
+        return dtypes.default_float
     return (dtypes.bool_, dtypes.default_int, dtypes.default_float)[category]
 
 

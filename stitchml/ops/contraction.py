@@ -379,7 +379,7 @@ def _convolution_transpose2d(g, source, weights, descriptor=None, output_shape=N
     elif output_shape is not None:
         raise g._error("convolution_transpose2d", "output_shape must be a tensor whose shape to take", inputs)
     else:
-        attrs["output_padding"] = _pair(output_padding, "output_padding")
+        attrs["output_padding"] = g._checked("convolution_transpose2d", inputs, _pair, output_padding, "output_padding")
     return g._emit1("convolution_transpose2d", inputs, attrs, name)
 
 
@@ -432,27 +432,41 @@ def _pool_infer(types, **attrs):
     return TensorType(_layout_shape(n, c, *hw, attrs["data_layout"]), x.dtype)
 
 
+def _pool_geometry(x, attrs):
+    """Explicit padding (for F.pad) and the output extents of the shape rule, for an NCHW input."""
+    kernel, stride, dil = attrs["kernel_size"], attrs["stride"], attrs["dilation"]
+    pad = _resolve_padding(attrs["padding"], x.shape[2:], kernel, stride, dil)
+    out = tuple(_window_out(x.shape[2 + a], kernel[a], stride[a], dil[a], pad[2 * a], pad[2 * a + 1],
+                            attrs["ceil_mode"]) for a in range(2))
+    return (pad[2], pad[3], pad[0], pad[1]), out
+
+
+def _pooled(fn, xp, attrs, out):
+    """`fn` over windows of the padded input, cut to the shape rule's extents.
+
+    torch sees the padding as input, so in ceil mode it keeps a last window that
+    starts in the bottom/right padding; PyTorch's own rule (and ours) drops it.
+    """
+    y = fn(xp, attrs["kernel_size"], attrs["stride"], 0, attrs["dilation"], ceil_mode=attrs["ceil_mode"])
+    return y[:, :, :out[0], :out[1]]
+
+
+def _window_sum(xp, kernel, stride, padding, dilation, ceil_mode):
+    return F.avg_pool2d(xp, kernel, stride, padding, ceil_mode, True, divisor_override=1)
+
+
 def _pool_impl(kind):
     def impl(x, **attrs):
         layout = attrs["data_layout"]
         x = _to_nchw(x, layout)
-        kernel, stride, dil = attrs["kernel_size"], attrs["stride"], attrs["dilation"]
-        pad = _resolve_padding(attrs["padding"], x.shape[2:], kernel, stride, dil)
-        spec = (pad[2], pad[3], pad[0], pad[1])
+        spec, out = _pool_geometry(x, attrs)
         if kind == "max":
             fill = float("-inf") if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
-            y = F.max_pool2d(F.pad(x, spec, value=fill), kernel, stride, 0, dil, ceil_mode=attrs["ceil_mode"])
+            y = _pooled(F.max_pool2d, F.pad(x, spec, value=fill), attrs, out)
         else:
-            if dil != (1, 1):
-                raise ValueError("avg_pooling2d supports dilation 1 only")
-            xp = F.pad(x, spec)
-            sums = F.avg_pool2d(xp, kernel, stride, 0, attrs["ceil_mode"], True, divisor_override=1)
-            if attrs["include_zero_padding"]:
-                ones = F.pad(torch.ones_like(x[:1, :1]), spec, value=1.0)
-            else:
-                ones = F.pad(torch.ones_like(x[:1, :1]), spec)
-            counts = F.avg_pool2d(ones, kernel, stride, 0, attrs["ceil_mode"], True, divisor_override=1)
-            y = sums / counts
+            sums = _pooled(_window_sum, F.pad(x, spec), attrs, out)
+            ones = F.pad(torch.ones_like(x[:1, :1]), spec, value=1.0 if attrs["include_zero_padding"] else 0.0)
+            y = sums / _pooled(_window_sum, ones, attrs, out)
         return _from_nchw(y, layout)
 
     return impl
@@ -505,10 +519,12 @@ max_pooling2d_select = register(Primitive(
 def _max_pool_select_impl(values, x, **attrs):
     layout = attrs["data_layout"]
     xv, vv = _to_nchw(x, layout), _to_nchw(values, layout)
-    kernel, stride, dil = attrs["kernel_size"], attrs["stride"], attrs["dilation"]
-    pad = _resolve_padding(attrs["padding"], xv.shape[2:], kernel, stride, dil)
-    spec = (pad[2], pad[3], pad[0], pad[1])
-    _, idx = F.max_pool2d(F.pad(xv, spec, value=float("-inf")), kernel, stride, 0, dil, attrs["ceil_mode"], True)
+    spec, out = _pool_geometry(xv, attrs)
+
+    def argmax(xp, kernel, stride, padding, dilation, ceil_mode):
+        return F.max_pool2d(xp, kernel, stride, padding, dilation, ceil_mode, return_indices=True)[1]
+
+    idx = _pooled(argmax, F.pad(xv, spec, value=float("-inf")), attrs, out)
     picked = F.pad(vv, spec).flatten(2).gather(2, idx.flatten(2)).reshape(idx.shape)
     return _from_nchw(picked, layout)
 
@@ -529,7 +545,10 @@ def _avg_pooling2d(g, source, descriptor=None, name=None):
     source = g.as_tensor(source)
     if not source.dtype.is_floating:
         raise g._error("avg_pooling2d", f"expects a floating-point source, got {source.dtype}", [source])
-    return g._emit1("avg_pooling2d", [source], _attrs_of(descriptor, Pooling2DDescriptor, g, "avg_pooling2d", [source]), name)
+    attrs = _attrs_of(descriptor, Pooling2DDescriptor, g, "avg_pooling2d", [source])
+    if attrs["dilation"] != (1, 1):
+        raise g._error("avg_pooling2d", f"supports dilation 1 only, got {attrs['dilation']}", [source])
+    return g._emit1("avg_pooling2d", [source], attrs, name)
 
 
 del asdict

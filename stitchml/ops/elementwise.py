@@ -96,109 +96,121 @@ identity.def_vjp(lambda g, op, dy: [dy])
 stop_gradient = unary("stop_gradient", lambda x: x, "{0}", differentiable=False,
                       doc="The input unchanged; no gradient flows back through it.")
 
-negative = unary("negative", torch.neg, "-{0}", allow="numeric")
+negative = unary("negative", torch.neg, "-{0}", allow="numeric", doc="-x.")
 negative.def_vjp(lambda g, op, dy: [-dy])
 
-absolute = unary("absolute", torch.abs, "tl.abs({0})", allow="numeric")
+absolute = unary("absolute", torch.abs, "tl.abs({0})", allow="numeric", doc="|x|.")
 absolute.def_vjp(lambda g, op, dy: [dy * g.sign(op.inputs[0])])
 
-sign = unary("sign", torch.sign, "tl.where({0} > 0, 1, tl.where({0} < 0, -1, 0))", allow="numeric")
+sign = unary("sign", torch.sign, "tl.where({0} > 0, 1, tl.where({0} < 0, -1, 0))", allow="numeric",
+             doc="-1, 0 or 1: the sign of x (0 for 0).")
 sign.def_vjp(_zeros_like_vjp)
 
-exponent = unary("exponent", torch.exp, "tl.exp({0})", float_only=True)
+exponent = unary("exponent", torch.exp, "tl.exp({0})", float_only=True, doc="e ** x.")
 exponent.def_vjp(lambda g, op, dy: [dy * op.outputs[0]])
 
-exponent_base2 = unary("exponent_base2", torch.exp2, "tl.exp2({0})", float_only=True)
+exponent_base2 = unary("exponent_base2", torch.exp2, "tl.exp2({0})", float_only=True, doc="2 ** x.")
 exponent_base2.def_vjp(lambda g, op, dy: [dy * op.outputs[0] * math.log(2.0)])
 
 exponent_base10 = unary("exponent_base10", lambda x: torch.pow(10.0, x).to(x.dtype),
-                        "tl.exp2({0} * 3.321928094887362)", float_only=True)
+                        "tl.exp2({0} * 3.321928094887362)", float_only=True, doc="10 ** x.")
 exponent_base10.def_vjp(lambda g, op, dy: [dy * op.outputs[0] * math.log(10.0)])
 
-logarithm = unary("logarithm", torch.log, "tl.log({0})", float_only=True)
+logarithm = unary("logarithm", torch.log, "tl.log({0})", float_only=True,
+                  doc="The natural logarithm of x.")
 logarithm.def_vjp(lambda g, op, dy: [dy / op.inputs[0]])
 
-logarithm_base2 = unary("logarithm_base2", torch.log2, "tl.log2({0})", float_only=True)
+logarithm_base2 = unary("logarithm_base2", torch.log2, "tl.log2({0})", float_only=True,
+                        doc="The base-2 logarithm of x.")
 logarithm_base2.def_vjp(lambda g, op, dy: [dy / (op.inputs[0] * math.log(2.0))])
 
-logarithm_base10 = unary("logarithm_base10", torch.log10, "tl.log({0}) * 0.4342944819032518", float_only=True)
+logarithm_base10 = unary("logarithm_base10", torch.log10, "tl.log({0}) * 0.4342944819032518", float_only=True,
+                         doc="The base-10 logarithm of x.")
 logarithm_base10.def_vjp(lambda g, op, dy: [dy / (op.inputs[0] * math.log(10.0))])
 
-square = unary("square", torch.square, "{0} * {0}", allow="numeric")
+square = unary("square", torch.square, "{0} * {0}", allow="numeric", doc="x * x.")
 square.def_vjp(lambda g, op, dy: [dy * 2.0 * op.inputs[0]])
 
-square_root = unary("square_root", torch.sqrt, "tl.sqrt_rn({0})", float_only=True)
+square_root = unary("square_root", torch.sqrt, "tl.sqrt_rn({0})", float_only=True,
+                    doc="The square root of x.")
 square_root.def_vjp(lambda g, op, dy: [dy * 0.5 / op.outputs[0]])
 
-reverse_square_root = unary("reverse_square_root", torch.rsqrt, "tl.rsqrt({0})", float_only=True)
+reverse_square_root = unary("reverse_square_root", torch.rsqrt, "tl.rsqrt({0})", float_only=True,
+                            doc="1 / sqrt(x).")
 reverse_square_root.def_vjp(lambda g, op, dy: [dy * -0.5 * op.outputs[0] / op.inputs[0]])
 
-reciprocal = unary("reciprocal", torch.reciprocal, "1.0 / {0}", float_only=True)
+reciprocal = unary("reciprocal", torch.reciprocal, "1.0 / {0}", float_only=True, doc="1 / x.")
 reciprocal.def_vjp(lambda g, op, dy: [-dy * op.outputs[0] * op.outputs[0]])
 
-sin = unary("sin", torch.sin, "tl.sin({0})", float_only=True)
+sin = unary("sin", torch.sin, "tl.sin({0})", float_only=True, doc="Sine of x (radians).")
 sin.def_vjp(lambda g, op, dy: [dy * g.cos(op.inputs[0])])
 
-cos = unary("cos", torch.cos, "tl.cos({0})", float_only=True)
+cos = unary("cos", torch.cos, "tl.cos({0})", float_only=True, doc="Cosine of x (radians).")
 cos.def_vjp(lambda g, op, dy: [-dy * g.sin(op.inputs[0])])
 
-tan = unary("tan", torch.tan, "libdevice.tan({0})", float_only=True)
+tan = unary("tan", torch.tan, "libdevice.tan({0})", float_only=True, doc="Tangent of x (radians).")
 tan.def_vjp(lambda g, op, dy: [dy * (1.0 + op.outputs[0] * op.outputs[0])])
 
-asin = unary("asin", torch.asin, "libdevice.asin({0})", float_only=True)
+asin = unary("asin", torch.asin, "libdevice.asin({0})", float_only=True,
+             doc="Inverse sine, in [-pi/2, pi/2].")
 asin.def_vjp(lambda g, op, dy: [dy * g.reverse_square_root(1.0 - op.inputs[0] * op.inputs[0])])
 
-acos = unary("acos", torch.acos, "libdevice.acos({0})", float_only=True)
+acos = unary("acos", torch.acos, "libdevice.acos({0})", float_only=True, doc="Inverse cosine, in [0, pi].")
 acos.def_vjp(lambda g, op, dy: [-dy * g.reverse_square_root(1.0 - op.inputs[0] * op.inputs[0])])
 
-atan = unary("atan", torch.atan, "libdevice.atan({0})", float_only=True)
+atan = unary("atan", torch.atan, "libdevice.atan({0})", float_only=True,
+             doc="Inverse tangent, in (-pi/2, pi/2).")
 atan.def_vjp(lambda g, op, dy: [dy / (1.0 + op.inputs[0] * op.inputs[0])])
 
-sinh = unary("sinh", torch.sinh, "libdevice.sinh({0})", float_only=True)
+sinh = unary("sinh", torch.sinh, "libdevice.sinh({0})", float_only=True, doc="Hyperbolic sine.")
 sinh.def_vjp(lambda g, op, dy: [dy * g.cosh(op.inputs[0])])
 
-cosh = unary("cosh", torch.cosh, "libdevice.cosh({0})", float_only=True)
+cosh = unary("cosh", torch.cosh, "libdevice.cosh({0})", float_only=True, doc="Hyperbolic cosine.")
 cosh.def_vjp(lambda g, op, dy: [dy * g.sinh(op.inputs[0])])
 
-tanh = unary("tanh", torch.tanh, "libdevice.tanh({0})", float_only=True)
+tanh = unary("tanh", torch.tanh, "libdevice.tanh({0})", float_only=True, doc="Hyperbolic tangent.")
 tanh.def_vjp(lambda g, op, dy: [dy * (1.0 - op.outputs[0] * op.outputs[0])])
 
-erf = unary("erf", torch.erf, "tl.erf({0})", float_only=True)
+erf = unary("erf", torch.erf, "tl.erf({0})", float_only=True, doc="The error function.")
 erf.def_vjp(lambda g, op, dy: [dy * (2.0 / math.sqrt(math.pi)) * g.exponent(-op.inputs[0] * op.inputs[0])])
 
-sigmoid = unary("sigmoid", torch.sigmoid, "tl.sigmoid({0})", float_only=True)
+sigmoid = unary("sigmoid", torch.sigmoid, "tl.sigmoid({0})", float_only=True, doc="1 / (1 + exp(-x)).")
 sigmoid.def_vjp(lambda g, op, dy: [dy * op.outputs[0] * (1.0 - op.outputs[0])])
 
-relu = unary("relu", torch.relu, "tl.maximum({0}, 0)", allow="numeric")
+relu = unary("relu", torch.relu, "tl.maximum({0}, 0)", allow="numeric", doc="max(x, 0).")
 relu.def_vjp(lambda g, op, dy: [g.select(op.inputs[0] > 0, dy, 0.0)])
 
-floor = unary("floor", torch.floor, "tl.floor({0})", allow="float")
+floor = unary("floor", torch.floor, "tl.floor({0})", allow="float", doc="The largest integer <= x.")
 floor.def_vjp(_zeros_like_vjp)
 
-ceil = unary("ceil", torch.ceil, "tl.ceil({0})", allow="float")
+ceil = unary("ceil", torch.ceil, "tl.ceil({0})", allow="float", doc="The smallest integer >= x.")
 ceil.def_vjp(_zeros_like_vjp)
 
 round = unary("round", torch.round, "libdevice.rint({0})", allow="float",
               doc="Round half to even, like NumPy and PyTorch.")
 round.def_vjp(_zeros_like_vjp)
 
-truncate = unary("truncate", torch.trunc, "libdevice.trunc({0})", allow="float")
+truncate = unary("truncate", torch.trunc, "libdevice.trunc({0})", allow="float",
+                 doc="x rounded toward zero.")
 truncate.def_vjp(_zeros_like_vjp)
 
-is_nan = unary("is_nan", torch.isnan, "{0} != {0}", out="bool", differentiable=False)
-is_infinite = unary("is_infinite", torch.isinf, "libdevice.isinf({0}) != 0", out="bool", differentiable=False)
+is_nan = unary("is_nan", torch.isnan, "{0} != {0}", out="bool", differentiable=False,
+               doc="True where x is NaN.")
+is_infinite = unary("is_infinite", torch.isinf, "libdevice.isinf({0}) != 0", out="bool", differentiable=False,
+                    doc="True where x is +inf or -inf.")
 is_finite = unary("is_finite", torch.isfinite, "({0} == {0}) & (libdevice.isinf({0}) == 0)", out="bool",
-                  differentiable=False)
-logical_not = unary("logical_not", torch.logical_not, "{0} == 0", to_bool=True, differentiable=False)
+                  differentiable=False, doc="True where x is neither NaN nor infinite.")
+logical_not = unary("logical_not", torch.logical_not, "{0} == 0", to_bool=True, differentiable=False,
+                    doc="True where x is zero (false).")
 
 # -- binary math ----------------------------------------------------------------
-addition = binary("addition", torch.add, "{0} + {1}")
+addition = binary("addition", torch.add, "{0} + {1}", doc="a + b (for bool: or).")
 addition.def_vjp(lambda g, op, dy: [dy, dy])
 
-subtraction = binary("subtraction", torch.sub, "{0} - {1}", allow="numeric")
+subtraction = binary("subtraction", torch.sub, "{0} - {1}", allow="numeric", doc="a - b.")
 subtraction.def_vjp(lambda g, op, dy: [dy, -dy])
 
-multiplication = binary("multiplication", torch.mul, "{0} * {1}")
+multiplication = binary("multiplication", torch.mul, "{0} * {1}", doc="a * b (for bool: and).")
 multiplication.def_vjp(lambda g, op, dy: [dy * op.inputs[1], dy * op.inputs[0]])
 
 division = binary("division", torch.div, "{0} / {1}", float_only=True,
@@ -213,13 +225,15 @@ modulo = binary("modulo", torch.remainder, "{0} - tl.floor({0} / {1}) * {1}", al
                 doc="a - floor(a / b) * b: the result takes the sign of b, like Python's %.")
 modulo.def_vjp(lambda g, op, dy: [dy, -dy * g.floor_division(op.inputs[0], op.inputs[1])])
 
-power = binary("power", torch.pow, "libdevice.pow({0}, {1})", allow="numeric")
+power = binary("power", torch.pow, "libdevice.pow({0}, {1})", allow="numeric",
+               doc="a ** b; an integer base needs a non-negative exponent.")
 
 
 @power.def_vjp
 def _power_vjp(g, op, dy):
     x, y = op.inputs
-    dx = dy * y * g.power(x, y - 1.0)
+    # y x**(y-1), taken as 0 where y == 0 (as PyTorch): 0 * 0**-1 would be NaN at x == 0.
+    dx = g.select(g.equal(y, 0.0), 0.0, dy * y * g.power(x, y - 1.0))
     # d/dy x**y = x**y log x, taken as 0 where x == 0 (the limit for y > 0).
     safe_log = g.logarithm(g.select(g.equal(x, 0.0), 1.0, x))
     return [dx, dy * op.outputs[0] * safe_log]
@@ -227,13 +241,25 @@ def _power_vjp(g, op, dy):
 
 maximum = binary("maximum", torch.maximum, "tl.maximum({0}, {1}, tl.PropagateNan.ALL)",
                  doc="Elementwise maximum; NaN if either operand is NaN.")
-maximum.def_vjp(lambda g, op, dy: [g.select(op.inputs[0] >= op.inputs[1], dy, 0.0),
-                                   g.select(op.inputs[0] >= op.inputs[1], 0.0, dy)])
+
+
+def _extremum_vjp(wins):
+    """The operand that `wins` (strictly) gets dy; ties share it evenly, as in PyTorch."""
+
+    def vjp(g, op, dy):
+        a, b = op.inputs
+        tie = g.equal(a, b)
+        half = dy * 0.5
+        return [g.select(tie, half, g.select(wins(a, b), dy, 0.0)), g.select(tie, half, g.select(wins(b, a), dy, 0.0))]
+
+    return vjp
+
+
+maximum.def_vjp(_extremum_vjp(lambda a, b: a > b))
 
 minimum = binary("minimum", torch.minimum, "tl.minimum({0}, {1}, tl.PropagateNan.ALL)",
                  doc="Elementwise minimum; NaN if either operand is NaN.")
-minimum.def_vjp(lambda g, op, dy: [g.select(op.inputs[0] <= op.inputs[1], dy, 0.0),
-                                   g.select(op.inputs[0] <= op.inputs[1], 0.0, dy)])
+minimum.def_vjp(_extremum_vjp(lambda a, b: a < b))
 
 atan2 = binary("atan2", torch.atan2, "libdevice.atan2({0}, {1})", float_only=True,
                doc="atan2(primary, secondary): the angle of the point (secondary, primary).")
@@ -254,11 +280,14 @@ for _name, _fn, _expr in (
     ("greater_than", torch.gt, "{0} > {1}"),
     ("greater_than_or_equal_to", torch.ge, "{0} >= {1}"),
 ):
-    binary(_name, _fn, _expr, out="bool", differentiable=False)
+    binary(_name, _fn, _expr, out="bool", differentiable=False, doc=_expr.format("a", "b") + ", as bool.")
 
-logical_and = binary("logical_and", torch.logical_and, "{0} & {1}", to_bool=True, differentiable=False)
-logical_or = binary("logical_or", torch.logical_or, "{0} | {1}", to_bool=True, differentiable=False)
-logical_xor = binary("logical_xor", torch.logical_xor, "{0} ^ {1}", to_bool=True, differentiable=False)
+logical_and = binary("logical_and", torch.logical_and, "{0} & {1}", to_bool=True, differentiable=False,
+                     doc="a and b; nonzero operands are true.")
+logical_or = binary("logical_or", torch.logical_or, "{0} | {1}", to_bool=True, differentiable=False,
+                    doc="a or b; nonzero operands are true.")
+logical_xor = binary("logical_xor", torch.logical_xor, "{0} ^ {1}", to_bool=True, differentiable=False,
+                     doc="a xor b; nonzero operands are true.")
 
 # -- ternary ------------------------------------------------------------------
 select = register(Primitive(
@@ -311,8 +340,10 @@ def _clamp(g, x, min_value, max_value, name=None):
 @clamp.def_vjp
 def _clamp_vjp(g, op, dy):
     x, lo, hi = op.inputs
+    # Whichever of x, lo, hi the result is gets dy; with crossed bounds (lo > hi) that is hi.
     inside = g.logical_and(x >= lo, x <= hi)
-    return [g.select(inside, dy, 0.0), g.select(x < lo, dy, 0.0), g.select(x > hi, dy, 0.0)]
+    return [g.select(inside, dy, 0.0), g.select(g.logical_and(x < lo, lo <= hi), dy, 0.0),
+            g.select(g.logical_or(x > hi, hi < lo), dy, 0.0)]
 
 
 # -- cast -----------------------------------------------------------------------

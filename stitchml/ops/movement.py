@@ -24,7 +24,7 @@ def _prim(name, doc, kind=MOVEMENT, **kw):
 def _ints(values, what):
     try:
         return tuple(int(v) for v in values)
-    except TypeError:
+    except (TypeError, ValueError):
         raise ShapeError(f"{what} must be a sequence of ints, got {values!r}") from None
 
 
@@ -74,7 +74,7 @@ def _reshape(g, x, shape, name=None):
     x = g.as_tensor(x)
     if isinstance(shape, Tensor):
         return g._emit1("reshape", [x, shape], None, name)
-    return g._emit1("reshape", [x], {"shape": _ints(shape, "shape")}, name)
+    return g._emit1("reshape", [x], {"shape": g._checked("reshape", [x], _ints, shape, "shape")}, name)
 
 
 # -- transpose ----------------------------------------------------------------
@@ -113,13 +113,14 @@ def _transpose(g, x, permutation=None, with_dimension=None, name=None):
     if x.rank is None:
         raise g._error("transpose", "needs a tensor of known rank", [x])
     if with_dimension is not None:
-        a, b = normalize_axis(permutation, x.rank), normalize_axis(with_dimension, x.rank)
+        a = g._checked("transpose", [x], normalize_axis, permutation, x.rank)
+        b = g._checked("transpose", [x], normalize_axis, with_dimension, x.rank)
         perm = list(range(x.rank))
         perm[a], perm[b] = perm[b], perm[a]
     elif permutation is None:
         perm = list(reversed(range(x.rank)))
     else:
-        perm = [p % x.rank if x.rank else p for p in _ints(permutation, "permutation")]
+        perm = [p % x.rank if x.rank else p for p in g._checked("transpose", [x], _ints, permutation, "permutation")]
     return g._emit1("transpose", [x], {"permutation": tuple(perm)}, name)
 
 
@@ -155,7 +156,7 @@ def _expand_dims_vjp(g, op, dy):
 def _expand_dims(g, x, axes, name=None):
     """Add extent-1 axes; ``expand_dims(x, 0)`` makes a batch of one."""
     x = g.as_tensor(x)
-    axes = (axes,) if isinstance(axes, int) else _ints(axes, "axes")
+    axes = (axes,) if isinstance(axes, int) else g._checked("expand_dims", [x], _ints, axes, "axes")
     if x.rank is not None:
         try:
             axes = normalize_axes(axes, x.rank + len(axes))
@@ -245,7 +246,7 @@ def _broadcast_to(g, x, shape, name=None):
         if shape.shape is not None and x.shape == shape.shape and x.type.is_static:
             return x
         return g._emit1("broadcast_to", [x, shape], None, name)
-    shape = _ints(shape, "shape")
+    shape = g._checked("broadcast_to", [x], _ints, shape, "shape")
     if -1 in shape:
         raise g._error("broadcast_to", f"shape {shape} has -1; pass a tensor to take a run-time shape", [x])
     return g._emit1("broadcast_to", [x], {"shape": shape}, name)
@@ -266,6 +267,8 @@ def _concat_infer(types, axis):
     rank = ranked[0].rank
     if any(t.rank != rank for t in ranked):
         raise ShapeError(f"ranks differ: {', '.join(str(t.shape) for t in ranked)}")
+    if rank == 0:
+        raise ShapeError("cannot concatenate scalars; expand_dims them first")
     axis = normalize_axis(axis, rank)
     out = []
     for i in range(rank):
@@ -334,16 +337,19 @@ def _split(g, x, sizes, axis=0, name=None):
     """Split along `axis`: into `sizes` equal parts (an int), parts of the given sizes,
     or parts as long as the given tensors are along `axis`. Returns a list."""
     x = g.as_tensor(x)
+    if x.rank is not None:
+        axis = g._checked("split", [x], normalize_axis, axis, x.rank)
     if isinstance(sizes, int):
-        if x.rank is None or x.shape[normalize_axis(axis, x.rank)] == UNKNOWN:
+        if x.rank is None or x.shape[axis] == UNKNOWN:
             raise g._error("split", "an equal split needs a known extent along the axis", [x])
-        extent = x.shape[normalize_axis(axis, x.rank)]
+        extent = x.shape[axis]
         if sizes <= 0 or extent % sizes:
             raise g._error("split", f"extent {extent} does not split into {sizes} equal parts", [x])
         sizes = [extent // sizes] * sizes
     if sizes and all(isinstance(s, Tensor) for s in sizes):
         return list(g._emit("split", [x, *sizes], {"axis": int(axis)}, name).outputs)
-    return list(g._emit("split", [x], {"axis": int(axis), "sizes": _ints(sizes, "sizes")}, name).outputs)
+    sizes = g._checked("split", [x], _ints, sizes, "sizes")
+    return list(g._emit("split", [x], {"axis": int(axis), "sizes": sizes}, name).outputs)
 
 
 # -- slice -------------------------------------------------------------------------
@@ -381,6 +387,8 @@ def _slice_index(x, starts, ends, strides):
 
 @slice.def_impl
 def _slice_impl(x, starts, ends, strides):
+    if len(starts) != x.dim():  # built on a tensor of unknown rank
+        raise ValueError(f"starts, ends and strides have {len(starts)} entries for a tensor of rank {x.dim()}")
     for axis, ix in enumerate(_slice_index(x, starts, ends, strides)):
         if isinstance(ix, torch.Tensor):
             x = x.index_select(axis, ix)
@@ -398,9 +406,9 @@ def _slice_vjp(g, op, dy):
 def _slice(g, x, starts, ends, strides=None, name=None):
     """``x[starts[0]:ends[0]:strides[0], ...]`` (MPSGraph sliceTensor); None in starts or ends as in Python."""
     x = g.as_tensor(x)
-    if x.rank is None:
-        raise g._error("slice", "needs a tensor of known rank", [x])
-    strides = (1,) * x.rank if strides is None else _ints(strides, "strides")
+    if x.rank is None and strides is None:
+        raise g._error("slice", "needs a tensor of known rank, or strides", [x])
+    strides = (1,) * x.rank if strides is None else g._checked("slice", [x], _ints, strides, "strides")
     starts = tuple(None if v is None else int(v) for v in starts)
     ends = tuple(None if v is None else int(v) for v in ends)
     return g._emit1("slice", [x], {"starts": starts, "ends": ends, "strides": strides}, name)
@@ -411,7 +419,13 @@ slice_gradient = _prim("slice_gradient", "Zeros shaped like `like`, with `dy` wr
 
 @slice_gradient.def_infer
 def _slice_gradient_infer(types, starts, ends, strides):
-    return TensorType(types[1].shape, types[0].dtype)
+    dy, like = types
+    if dy.shape is not None and like.shape is not None:
+        sliced = _slice_infer([like], starts, ends, strides).shape
+        if len(sliced) != len(dy.shape) or any(a != b and UNKNOWN not in (a, b) for a, b in zip(sliced, dy.shape)):
+            raise ShapeError(f"the gradient has shape {dy.shape}, but the slice of the gradient's target {like.shape} "
+                             f"has shape {sliced}")
+    return TensorType(like.shape, dy.dtype)
 
 
 @slice_gradient.def_impl
@@ -466,7 +480,7 @@ def _pad_impl(x, left, right, constant_value):
 @pad.def_vjp
 def _pad_vjp(g, op, dy):
     left, right = op.attrs["left"], op.attrs["right"]
-    return [g.slice(dy, left, [-r if r else None for r in right])]
+    return [g.slice(dy, left, [-r if r else None for r in right], (1,) * len(left))]
 
 
 _PAD_MODES = ("constant", "reflect", "symmetric", "edge", "periodic")
@@ -498,11 +512,13 @@ def _pad(g, x, left, right, mode="constant", constant_value=0.0, name=None):
     x = g.as_tensor(x)
     if mode not in _PAD_MODES:
         raise g._error("pad", f"mode {mode!r} is not one of {_PAD_MODES}", [x])
-    left, right = _ints(left, "left"), _ints(right, "right")
+    left, right = g._checked("pad", [x], _ints, left, "left"), g._checked("pad", [x], _ints, right, "right")
     if mode == "constant":
         return g._emit1("pad", [x], {"left": left, "right": right, "constant_value": float(constant_value)}, name)
     if x.rank is None or len(left) != x.rank or len(right) != x.rank:
         raise g._error("pad", f"left and right padding need one entry per axis, got {left} and {right}", [x])
+    if any(p < 0 for p in left + right):
+        raise g._error("pad", f"padding must be >= 0, got {left} and {right}", [x])
     for axis, (a, b) in enumerate(zip(left, right)):
         if a == b == 0:
             continue
@@ -534,17 +550,26 @@ tile.def_impl(lambda x, multiples: x.repeat(multiples))
 @tile.def_vjp
 def _tile_vjp(g, op, dy):
     x, multiples = op.inputs[0], op.attrs["multiples"]
-    if not x.type.is_static:
-        raise g._error("tile", "the gradient of tile needs a static input shape", [x])
-    split_shape = [v for m, d in zip(multiples, x.shape) for v in (m, d)]
-    summed = g.reduction_sum(g.reshape(dy, split_shape), tuple(range(0, 2 * x.rank, 2)))
-    return [summed]
+    if 0 in multiples:
+        return [g.broadcast_to(g.constant(0, dy.dtype), x)]
+    if x.type.is_static:
+        split_shape = [v for m, d in zip(multiples, x.shape) for v in (m, d)]
+        return [g.reduction_sum(g.reshape(dy, split_shape), tuple(range(0, 2 * x.rank, 2)))]
+    # Extents known only at run time: cut dy into the copies along each axis (each as long as x) and add them.
+    for axis, m in enumerate(multiples):
+        if m > 1:
+            pieces = g.split(dy, [x] * m, axis)
+            dy = pieces[0]
+            for piece in pieces[1:]:
+                dy = dy + piece
+    return [dy]
 
 
 @builder("tile")
 def _tile(g, x, multiples, name=None):
     """Repeat `x` (MPSGraph tileTensor, NumPy tile with one entry per axis)."""
-    return g._emit1("tile", [g.as_tensor(x)], {"multiples": _ints(multiples, "multiples")}, name)
+    x = g.as_tensor(x)
+    return g._emit1("tile", [x], {"multiples": g._checked("tile", [x], _ints, multiples, "multiples")}, name)
 
 
 reverse = _prim("reverse", "Reverse the order of elements along `axes`.")
@@ -592,6 +617,7 @@ def _gather_infer(types, axis):
 
 @gather.def_impl
 def _gather_impl(x, indices, axis):
+    axis %= x.dim()  # a negative axis stays in the IR when the rank was unknown while building
     flat = _wrap(indices.reshape(-1), x.shape[axis])
     out = x.index_select(axis, flat)
     return out.reshape(x.shape[:axis] + indices.shape + x.shape[axis + 1:])
@@ -609,7 +635,7 @@ def _gather(g, x, indices, axis=0, name=None):
     """``x.take(indices, axis)``: out shape = x[:axis] + indices + x[axis+1:]."""
     x, indices = g.as_tensor(x), g.as_tensor(indices)
     if x.rank is not None:
-        axis = normalize_axis(axis, x.rank)
+        axis = g._checked("gather", [x, indices], normalize_axis, axis, x.rank)
     return g._emit1("gather", [x, indices], {"axis": int(axis)}, name)
 
 
@@ -632,6 +658,7 @@ def _scatter_add_infer(types, axis):
 
 @scatter_add.def_impl
 def _scatter_add_impl(data, indices, updates, axis):
+    axis %= data.dim()
     flat = _wrap(indices.reshape(-1), data.shape[axis])
     upd = updates.reshape(data.shape[:axis] + (flat.numel(),) + data.shape[axis + 1:])
     return data.index_add(axis, flat, upd)
@@ -648,7 +675,7 @@ def _scatter_add(g, data, indices, updates, axis=0, name=None):
     data, indices = g.as_tensor(data), g.as_tensor(indices)
     updates = g.as_tensor(updates, data.dtype)
     if data.rank is not None:
-        axis = normalize_axis(axis, data.rank)
+        axis = g._checked("scatter_add", [data, indices, updates], normalize_axis, axis, data.rank)
     return g._emit1("scatter_add", [data, indices, updates], {"axis": int(axis)}, name)
 
 
@@ -679,7 +706,7 @@ def _gather_along_axis(g, x, indices, axis, name=None):
     """Pick one element per index along `axis` (MPSGraph gatherAlongAxis)."""
     x, indices = g.as_tensor(x), g.as_tensor(indices)
     if x.rank is not None:
-        axis = normalize_axis(axis, x.rank)
+        axis = g._checked("gather_along_axis", [x, indices], normalize_axis, axis, x.rank)
     return g._emit1("gather_along_axis", [x, indices], {"axis": int(axis)}, name)
 
 
@@ -692,6 +719,11 @@ def _scatter_add_along_axis_infer(types, axis):
     _check_indices(idx)
     if upd.dtype != data.dtype:
         raise ShapeError(f"updates dtype {upd.dtype} differs from data dtype {data.dtype}")
+    if data.rank is not None and idx.rank is not None and data.rank != idx.rank:
+        raise ShapeError(f"indices need the rank of the input ({data.rank}), got {idx.rank}")
+    if idx.shape is not None and upd.shape is not None and (
+            len(idx.shape) != len(upd.shape) or any(a != b and UNKNOWN not in (a, b) for a, b in zip(idx.shape, upd.shape))):
+        raise ShapeError(f"updates must have the indices' shape {idx.shape}, got {upd.shape}")
     return data
 
 
@@ -710,11 +742,12 @@ def _scatter_add_along_axis(g, data, indices, updates, axis, name=None):
     data, indices = g.as_tensor(data), g.as_tensor(indices)
     updates = g.as_tensor(updates, data.dtype)
     if data.rank is not None:
-        axis = normalize_axis(axis, data.rank)
+        axis = g._checked("scatter_add_along_axis", [data, indices, updates], normalize_axis, axis, data.rank)
     return g._emit1("scatter_add_along_axis", [data, indices, updates], {"axis": int(axis)}, name)
 
 
-one_hot = _prim("one_hot", "on_value where the position along `axis` equals the index, else off_value.",
+one_hot = _prim("one_hot", "on_value where the position along `axis` equals the index, else off_value "
+                "(indices outside [0, depth) give all off_value, as in TensorFlow).",
                 kind=OPAQUE, differentiable=False)
 
 
@@ -731,7 +764,8 @@ def _one_hot_infer(types, depth, axis, dtype, on_value, off_value):
 
 @one_hot.def_impl
 def _one_hot_impl(indices, depth, axis, dtype, on_value, off_value):
-    hit = torch.nn.functional.one_hot(indices.long().clamp(min=0), depth).bool() & (indices >= 0).unsqueeze(-1)
+    # A comparison, not F.one_hot: that raises for depth 0 and for indices >= depth, which are all off here.
+    hit = indices.long().unsqueeze(-1) == torch.arange(depth, device=indices.device)
     dt = dtypes.as_dtype(dtype).torch
     out = torch.full(hit.shape, off_value, dtype=dt, device=indices.device).masked_fill_(hit, on_value)
     return out.movedim(-1, axis % out.dim())
@@ -739,7 +773,7 @@ def _one_hot_impl(indices, depth, axis, dtype, on_value, off_value):
 
 @builder("one_hot")
 def _one_hot(g, indices, depth, axis=-1, dtype=dtypes.float32, on_value=1.0, off_value=0.0, name=None):
-    """One-hot encode integer `indices` into a new axis of extent `depth` (negative indices: all off)."""
+    """One-hot encode integer `indices` into a new axis of extent `depth` (indices outside [0, depth): all off)."""
     indices = g.as_tensor(indices)
     if depth < 0:
         raise g._error("one_hot", f"depth must be >= 0, got {depth}", [indices])
@@ -751,13 +785,25 @@ def _one_hot(g, indices, depth, axis=-1, dtype=dtypes.float32, on_value=1.0, off
 # -- x[...] ----------------------------------------------------------------------
 @builder("index")
 def _index(g, x, key, name=None):
-    """NumPy basic indexing: ints, slices (any step), None, Ellipsis, and one integer tensor."""
+    """NumPy basic indexing: ints, slices (any step), None, Ellipsis, and one integer tensor.
+
+    As in NumPy, the tensor's axes take its place when the ints and the tensor
+    stand next to each other in the key, and come first otherwise.
+    """
     x = g.as_tensor(x)
     key = key if isinstance(key, tuple) else (key,)
     if x.rank is None:
         raise g._error("index", "indexing needs a tensor of known rank", [x])
     if sum(k is Ellipsis for k in key) > 1:
         raise g._error("index", "an index can hold at most one Ellipsis", [x])
+    for k in key:
+        if isinstance(k, bool) or not (k is None or k is Ellipsis or isinstance(k, (int, builtins.slice, Tensor))):
+            raise g._error("index", f"unsupported index {k!r}", [x])
+    tensors = [k for k in key if isinstance(k, Tensor)]
+    if len(tensors) > 1:
+        raise g._error("index", "only one tensor index is supported; use gather", [x])
+    if tensors and tensors[0].rank is None:
+        raise g._error("index", "a tensor index needs a known rank", [x, tensors[0]])
     used = sum(1 for k in key if k is not None and k is not Ellipsis)
     if used > x.rank:
         raise g._error("index", f"too many indices ({used}) for rank {x.rank}", [x])
@@ -765,16 +811,20 @@ def _index(g, x, key, name=None):
         i = key.index(Ellipsis)
         key = key[:i] + (builtins.slice(None),) * (x.rank - used) + key[i + 1:]
     key = key + (builtins.slice(None),) * (x.rank - sum(1 for k in key if k is not None))
+    # NumPy: with a tensor present, ints are advanced indices too; apart (a slice or None between
+    # them), the tensor's axes go first.
+    advanced = [i for i, k in enumerate(key) if isinstance(k, (int, Tensor))]
+    first = bool(tensors) and advanced != list(range(advanced[0], advanced[0] + len(advanced)))
     starts, ends, strides, drop, new_axes, tensor_axis = [], [], [], [], [], None
-    axis = 0
-    for out_pos, k in enumerate(key):
+    axis, out_axis = 0, tensors[0].rank if first else 0
+    for k in key:
         if k is None:
-            new_axes.append(out_pos)
+            new_axes.append(out_axis)
+            out_axis += 1
             continue
         if isinstance(k, Tensor):
-            if tensor_axis is not None:
-                raise g._error("index", "only one tensor index is supported; use gather", [x])
             tensor_axis = axis
+            out_axis += 0 if first else k.rank
             k = builtins.slice(None)
         if isinstance(k, int):
             n = x.shape[axis]
@@ -784,15 +834,14 @@ def _index(g, x, key, name=None):
                 raise g._error("index", f"negative index {k} on axis {axis} of unknown extent", [x])
             k = k % n if n != UNKNOWN else k
             starts.append(k), ends.append(k + 1), strides.append(1), drop.append(axis)
-        elif isinstance(k, builtins.slice):
+        else:
             step = 1 if k.step is None else int(k.step)
             if step == 0:
                 raise g._error("index", "slice step cannot be zero", [x])
             starts.append(k.start)
             ends.append(k.stop)
             strides.append(step)
-        else:
-            raise g._error("index", f"unsupported index {k!r}", [x])
+            out_axis += 0 if tensor_axis == axis else 1
         axis += 1
     y = x
     trivial = all(s in (0, None) and e is None and st == 1 for s, e, st in zip(starts, ends, strides))
@@ -800,9 +849,12 @@ def _index(g, x, key, name=None):
         y = g.slice(y, starts, ends, strides)
     if drop:
         y = g.squeeze(y, drop)
-    if tensor_axis is not None:
-        t = next(k for k in key if isinstance(k, Tensor))
-        y = g.gather(y, t, tensor_axis - sum(1 for d in drop if d < tensor_axis))
+    if tensors:
+        at = tensor_axis - sum(1 for d in drop if d < tensor_axis)
+        y = g.gather(y, tensors[0], at)
+        if first and at:
+            r = tensors[0].rank
+            y = g.transpose(y, list(range(at, at + r)) + [i for i in range(y.rank) if not at <= i < at + r])
     if new_axes:
         y = g.expand_dims(y, new_axes)
     return y if y is not x else g.identity(x)

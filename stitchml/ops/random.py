@@ -58,7 +58,11 @@ random_normal = register(Primitive(
 
 def _emit_random(g, op, shape, seed, dtype, params, name):
     seed = secrets.randbits(31) if seed is None else int(seed)
-    attrs = {"seed": seed, "dtype": dtypes.as_dtype(dtype), **params}
+    try:
+        dtype = dtypes.as_dtype(dtype)
+    except TypeError as e:
+        raise g._error(op, str(e)) from None
+    attrs = {"seed": seed, "dtype": dtype, **params}
     if isinstance(shape, Tensor):
         return g._emit1(op, [shape], attrs, name)
     shape = tuple(int(d) for d in shape)

@@ -11,7 +11,7 @@ import torch
 
 from .. import dtypes
 from ..errors import ShapeError
-from ..ir import TensorType, normalize_axes, normalize_axis
+from ..ir import UNKNOWN, TensorType, normalize_axes, normalize_axis
 from ..registry import OPAQUE, REDUCTION, Primitive, builder, register
 
 
@@ -82,9 +82,13 @@ def _mean(x, axes, keep_dims):
 
 
 def _prod(x, axes, keep_dims):
+    # torch.prod widens integers to int64; like the sums, keep the input type (bool gives int64)
+    # and accumulate half types in float32.
+    out = torch.int64 if x.dtype == torch.bool else x.dtype
+    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else out
     for a in sorted(axes, reverse=True):
-        x = torch.prod(x, dim=a, keepdim=keep_dims)
-    return x
+        x = torch.prod(x, dim=a, keepdim=keep_dims, dtype=acc)
+    return x.to(out)
 
 
 reduction_sum = _reduction("reduction_sum", _sum, out_dtype=lambda d: dtypes.int64 if d.is_bool else d,
@@ -100,10 +104,10 @@ reduction_product = _reduction("reduction_product", _prod, out_dtype=lambda d: d
 
 def _restore(g, op, y):
     """Bring a reduced tensor back to broadcastable form against the input."""
-    x = op.inputs[0]
-    if not op.attrs["keep_dims"]:
-        axes = op.attrs["axes"]
-        y = g.expand_dims(y, tuple(range(x.rank)) if axes is None else axes)
+    axes = op.attrs["axes"]
+    # axes=None (kept only when x's rank is unknown) reduced to a scalar, which broadcasts as it is.
+    if not op.attrs["keep_dims"] and axes is not None:
+        y = g.expand_dims(y, axes)
     return y
 
 
@@ -133,9 +137,19 @@ reduction_minimum.def_vjp(_extremum_vjp)
 
 @reduction_product.def_vjp
 def _product_vjp(g, op, dy):
-    # prod / x: exact for nonzero inputs; zeros in the input give inf/NaN here (documented limitation).
-    x = op.inputs[0]
-    return [_restore(g, op, dy * op.outputs[0]) / x]
+    # d prod / d x_i is the product of the other elements. Where x_i != 0 that is prod / x_i. At a zero
+    # it is (product of the nonzero elements) * (product of the other zeros), the latter written so that
+    # its value and first derivative are exact: 1 with one zero, with two the other zero as S - x_i
+    # (S: the sum of the zeros), 0 with more. So first and second derivatives match PyTorch's.
+    x, axes = op.inputs[0], op.attrs["axes"]
+    is_zero = g.equal(x, 0.0)
+    safe = g.select(is_zero, 1.0, x)
+    nonzero_product = g.reduction_product(safe, axes, keep_dims=True)
+    zeros = g.reduction_sum(g.cast(is_zero, x.dtype), axes, keep_dims=True)
+    zero_sum = g.reduction_sum(g.select(is_zero, x, 0.0), axes, keep_dims=True)
+    other_zeros = g.select(g.equal(zeros, 1.0), 1.0, g.select(g.equal(zeros, 2.0), zero_sum - x, 0.0))
+    elsewhere = _restore(g, op, op.outputs[0]) / safe
+    return [_restore(g, op, dy) * g.select(is_zero, nonzero_product * other_zeros, elsewhere)]
 
 
 def _arg_reduction(name, fn):
@@ -211,6 +225,14 @@ sum_to_shape = register(Primitive(
 @sum_to_shape.def_infer
 def _sum_to_shape_infer(types):
     x, like = types
+    if x.dtype.is_bool:
+        raise ShapeError("expects a numeric operand, got bool")
+    if x.shape is not None and like.shape is not None:
+        lead = len(x.shape) - len(like.shape)
+        fits = lead >= 0 and all(d in (1, UNKNOWN) or e in (d, UNKNOWN) for d, e in zip(like.shape, x.shape[lead:]))
+        if not fits:
+            raise ShapeError(f"shape {x.shape} cannot be summed to shape {like.shape}: {like.shape} does not "
+                             f"broadcast to {x.shape}")
     return TensorType(like.shape, x.dtype)
 
 
@@ -221,7 +243,7 @@ def _sum_to_shape_impl(x, like):
     if lead < 0:
         raise ValueError(f"sum_to_shape: cannot sum shape {tuple(x.shape)} to the larger rank of {tuple(shape)}")
     axes = list(range(lead)) + [lead + i for i, d in enumerate(shape) if d == 1 and x.shape[lead + i] != 1]
-    y = x.sum(dim=axes, keepdim=True) if axes else x
+    y = x.sum(dim=axes, keepdim=True, dtype=x.dtype) if axes else x
     return y.reshape(shape)
 
 

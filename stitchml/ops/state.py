@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .. import dtypes
-from ..errors import GraphError, ShapeError
+from ..errors import ShapeError
 from ..ir import Operation, Tensor, TensorType
 from ..registry import STATE, Primitive, builder, register
 from ..tensor_data import MAX_RANK, TensorData
@@ -103,6 +103,11 @@ def _variable_impl(ctx, **attrs):
     return ctx.variable(ctx.op)
 
 
+@variable.def_vjp
+def _variable_vjp(g, op, dy):
+    return []  # a source: gradients stop here, at the `wrt` tensor
+
+
 @builder("variable")
 def _variable(g, initial_value, dtype=None, name=None) -> Tensor:
     """A variable holding `initial_value` until an `assign_variable` changes it."""
@@ -172,7 +177,7 @@ def _assign_infer(types):
 def _assign_impl(ctx, current, value):
     var = ctx.op.inputs[0]
     if tuple(value.shape) != var.shape:
-        raise GraphError(f"assign_variable: the value has shape {tuple(value.shape)}, the variable {var.shape}")
+        raise ValueError(f"the value has shape {tuple(value.shape)}, the variable {var.shape}")
     ctx.assigned[var.op.id] = value
     return ()
 

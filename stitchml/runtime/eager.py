@@ -124,7 +124,12 @@ def execute(op: Operation, ctx: RunContext, inputs: list[torch.Tensor]) -> tuple
     if len(outs) != len(op.outputs):
         raise ExecutionError(f"{op.op} ({op.name}) returned {len(outs)} results for {len(op.outputs)} outputs")
     for t, v in zip(op.outputs, outs):
-        if v.dtype != t.dtype.torch or not t.type.accepts(tuple(v.shape)):
+        if v.dtype != t.dtype.torch:
+            raise ExecutionError(
+                f"{op.op} ({op.name}, built at {op.location}) produced {v.dtype} where the graph says {t.type}: "
+                f"the op's implementation and its shape-and-dtype rule disagree"
+            )
+        if not t.type.accepts(tuple(v.shape)):
             raise ExecutionError(
                 f"{op.op} ({op.name}, built at {op.location}) produced {tuple(v.shape)} {v.dtype} where the graph "
                 f"says {t.type}: an unknown extent did not match at run time"

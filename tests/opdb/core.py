@@ -1,0 +1,272 @@
+"""The op database's building blocks: records, samples, error inputs, known failures.
+
+An `OpInfo` describes one builder method (a primitive or a composite) the way
+PyTorch's OpInfo and Thunder's opinfos do: how to call it (`build`), sample
+inputs per dtype, a reference written without StitchML (PyTorch or NumPy, in
+float64 for floating inputs), the dtypes it supports, inputs that must fail
+and how, whether it is differentiable, tolerances per dtype, and the known
+failures that must stay listed until fixed. The generic tests (test_ops.py,
+test_gradients.py, test_serialize.py) run every record through the same
+templates, so a new op is one record.
+"""
+from __future__ import annotations
+
+import contextlib
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+import stitchml as sm
+from stitchml.dtypes import DType
+from stitchml.registry import REGISTRY
+
+FLOATS: tuple[DType, ...] = (sm.float16, sm.bfloat16, sm.float32, sm.float64)
+INTS: tuple[DType, ...] = (sm.int8, sm.uint8, sm.int16, sm.int32, sm.int64)
+NUMERIC: tuple[DType, ...] = FLOATS + INTS
+ALL: tuple[DType, ...] = NUMERIC + (sm.bool,)
+
+# (rtol, atol) by result dtype. Half types compute natively, so they get their
+# rounding error; float64 results are compared against a float64 reference.
+DEFAULT_TOL: dict[DType, tuple[float, float]] = {
+    sm.float16: (1e-3, 1e-3),
+    sm.bfloat16: (8e-3, 8e-3),
+    sm.float32: (1.3e-6, 1e-5),
+    sm.float64: (1e-10, 1e-12),
+}
+
+
+@dataclass
+class Sample:
+    """One call of an op: tensor `args` (fed through placeholders), keyword `kwargs`.
+
+    `more` holds further tuples of args (same ranks and dtypes, other sizes)
+    fed to the same graph in later runs when its placeholders have -1 extents.
+    `dynamic` overrides the placeholder shapes of the dynamic variant (default:
+    every extent -1; False: the builder needs every extent). `unranked=False`
+    keeps it out of the unknown-rank variant (its builder needs the rank).
+    `grad=False` keeps it out of gradient checks (a kink, a tie, a pole).
+    """
+
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    name: str = ""
+    more: tuple = ()
+    dynamic: tuple | bool | None = None
+    unranked: bool = True
+    grad: bool = True
+
+    def describe(self) -> str:
+        shapes = ", ".join(f"{tuple(a.shape)}" for a in self.args)
+        return f"{self.name or 'sample'}[{shapes}]{self.kwargs if self.kwargs else ''}"
+
+
+@dataclass
+class P:
+    """A placeholder of an error input: its declared shape and dtype."""
+
+    shape: tuple | None
+    dtype: DType = sm.float32
+
+
+@dataclass
+class ErrorInput:
+    """Arguments that must fail with `error` whose message holds `match`.
+
+    Without `feeds` the error comes while building; with them the graph must
+    build and the run must fail. `op` is the op the message must name (default:
+    the record's name); `build` replaces the record's.
+    """
+
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    error: type = sm.ShapeError
+    match: str = ""
+    feeds: tuple | None = None
+    op: str | None = None
+    build: Callable | None = None
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class KnownFailure:
+    """A check that fails today, for `reason`; matched by test, dtype and sample name.
+
+    A known failure is strict: when the check starts to pass, the test fails
+    and asks for the entry to be removed.
+    """
+
+    test: str  # "reference", "types", "errors", "gradient", "second_order", "serialize"
+    reason: str
+    dtypes: tuple = ()  # empty: every dtype
+    sample: str = ""  # substring of the sample name; empty: every sample
+
+
+def _same(dtype: DType, kwargs: dict) -> DType:
+    return dtype
+
+
+def to_float(dtype: DType, kwargs: dict) -> DType:
+    """The result dtype of ops defined only on floats: integers and bool become float32."""
+    return dtype if dtype.is_floating else sm.float32
+
+
+def to_bool(dtype: DType, kwargs: dict) -> DType:
+    """The result dtype of comparisons and predicates."""
+    return sm.bool
+
+
+@dataclass
+class OpInfo:
+    """One builder method and everything the generic tests need to check it."""
+
+    name: str
+    samples: Callable[["OpInfo", DType, np.random.Generator], Iterable[Sample]]
+    ref: Callable[..., Any] | None  # torch tensors in (float64 where floating) -> tensor(s)
+    dtypes: tuple[DType, ...]
+    build: Callable[..., Any] | None = None  # (graph, *tensors, **kwargs) -> Tensor | sequence; default g.<name>
+    check: Callable[..., None] | None = None  # for ops with no value reference (random): (result, *args, **kw)
+    out_dtype: Callable[[DType, dict], DType] = _same  # (sample dtype, kwargs) -> result dtype
+    float_only: bool | None = None  # integer args go to the reference as float64 (default: the registry's)
+    errors: Callable[[], Iterable[ErrorInput]] = lambda: ()
+    differentiable: bool | None = None  # default: the registry's flag (composites: True)
+    second_order: bool = False
+    inputs: str = "placeholder"  # or "variable": tensor args become variables
+    dynamic: bool = True  # the -1-extent variant builds (else needs known extents: see errors)
+    unranked: bool = True  # the unknown-rank variant builds
+    tol: dict = field(default_factory=dict)
+    grad_tol: tuple[float, float] = (1e-7, 1e-9)
+    known_failures: tuple[KnownFailure, ...] = ()
+    equivalent: str = ""  # NumPy / PyTorch equivalent, for docs/ops.md
+    builder: bool = True  # False: a primitive only gradients emit (no Graph method)
+
+    def __post_init__(self):
+        prim = REGISTRY.get(self.name)
+        if self.float_only is None:
+            self.float_only = bool(prim and prim.float_only)
+        if self.differentiable is None:
+            self.differentiable = prim.differentiable if prim else True
+
+    def call(self, g: sm.Graph, tensors: Sequence[sm.Tensor], kwargs: dict) -> list[sm.Tensor]:
+        """Build the op on `tensors`; always a list of output tensors."""
+        if self.build is not None:
+            out = self.build(g, *tensors, **kwargs)
+        else:
+            out = getattr(g, self.name)(*tensors, **kwargs)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+    def tolerance(self, dtype: DType) -> tuple[float, float]:
+        return self.tol.get(dtype, DEFAULT_TOL.get(dtype, (0.0, 0.0)))
+
+    def rng(self, dtype: DType) -> np.random.Generator:
+        """A generator seeded by (op, dtype): every run of the suite sees the same inputs."""
+        return np.random.default_rng(zlib.crc32(f"{self.name}/{dtype}".encode()))
+
+    def samples_for(self, dtype: DType) -> list[Sample]:
+        return list(self.samples(self, dtype, self.rng(dtype)))
+
+    def known_failure(self, test: str, dtype: DType | None, sample: str = "") -> KnownFailure | None:
+        for kf in self.known_failures:
+            if kf.test == test and (not kf.dtypes or dtype in kf.dtypes) and kf.sample in sample:
+                return kf
+        return None
+
+
+@contextlib.contextmanager
+def expected(kf: KnownFailure | None, what: str) -> Iterator[None]:
+    """Run a check; under a known failure it must fail, and passing is an error."""
+    if kf is None:
+        yield
+        return
+    try:
+        yield
+    except Exception:
+        return
+    raise AssertionError(f"{what} is listed as a known failure ({kf.reason}) but passes now: remove the entry")
+
+
+# -- making inputs ----------------------------------------------------------------
+def make(shape: Sequence[int], dtype: DType, rng: np.random.Generator, low: float = -3.0, high: float = 3.0,
+         layout: str = "contiguous", values: Sequence | None = None) -> torch.Tensor:
+    """A torch tensor of `dtype` and `shape` with values in [low, high).
+
+    `layout` "transposed" gives a non-contiguous permuted view, "sliced" a view
+    taking every other element of a larger last axis, from an offset of one.
+    `values` draws from a fixed set instead (ties, exact integers, specials).
+    """
+    shape = tuple(shape)
+    if layout == "transposed" and len(shape) >= 2:
+        base = make(shape[::-1], dtype, rng, low, high, values=values)
+        return base.permute(*reversed(range(len(shape))))
+    if layout == "sliced" and shape:
+        base = make(shape[:-1] + (2 * shape[-1] + 1,), dtype, rng, low, high, values=values)
+        return base[..., 1::2]
+    if values is not None:
+        pool = np.asarray(values, dtype=np.float64)
+        data = rng.choice(pool[pool >= 0] if not dtype.is_signed else pool, size=shape)
+    elif dtype.is_bool:
+        data = rng.random(shape) < 0.5
+    elif dtype.is_integer:
+        info = torch.iinfo(dtype.torch)
+        lo, hi = max(int(np.floor(low)), info.min), min(int(np.ceil(high)), info.max)
+        data = rng.integers(lo, hi, size=shape, endpoint=True)
+    else:
+        data = rng.uniform(low, high, size=shape)
+    return torch.as_tensor(np.asarray(data)).to(dtype.torch)
+
+
+def exact(values: Sequence, dtype: DType) -> torch.Tensor:
+    """A 1-D tensor of exactly these values (write only values `dtype` can hold)."""
+    return torch.tensor(list(values), dtype=torch.float64).to(dtype.torch)
+
+
+def vjp(fn: Callable[[torch.Tensor], torch.Tensor], at: torch.Tensor, cotangent: torch.Tensor) -> torch.Tensor:
+    """The gradient of `fn` at `at` applied to `cotangent`, by torch autograd, itself differentiable.
+
+    References of gradient primitives are written this way: their definition,
+    not a re-derivation of our rules.
+    """
+    with torch.enable_grad():
+        x = at if at.requires_grad else at.detach().requires_grad_(True)
+        (out,) = torch.autograd.grad(fn(x), x, cotangent, create_graph=True)
+    return out
+
+
+def adjoint(fn: Callable[[torch.Tensor], torch.Tensor], like: torch.Tensor, cotangent: torch.Tensor) -> torch.Tensor:
+    """The adjoint of the linear map `fn` (from tensors shaped like `like`) applied to `cotangent`.
+
+    Computed in float64 (integer cotangents too) and cast back to the cotangent's dtype.
+    """
+    z = torch.zeros(like.shape, dtype=torch.float64)
+    return vjp(fn, z, cotangent.to(torch.float64)).to(cotangent.dtype)
+
+
+def ref_args(record: OpInfo, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The reference's view of the args: floats as float64, and integers too for float-only ops."""
+    return [a.detach().to(torch.float64) if a.dtype.is_floating_point or record.float_only else a.detach()
+            for a in args]
+
+
+def as_outputs(value: Any) -> list[torch.Tensor]:
+    """A reference's result as a list of torch tensors."""
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in as_outputs(v)]
+    if isinstance(value, np.ndarray) or np.isscalar(value):
+        return [torch.as_tensor(np.asarray(value))]
+    return [value]
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, tol: tuple[float, float], what: str) -> None:
+    """Values equal: within `tol` for floating results, exactly otherwise."""
+    expected = torch.as_tensor(expected)
+    assert tuple(actual.shape) == tuple(expected.shape), f"{what}: shape {tuple(actual.shape)}, " \
+                                                         f"expected {tuple(expected.shape)}"
+    if actual.dtype.is_floating_point:
+        torch.testing.assert_close(actual.double(), expected.double(), rtol=tol[0], atol=tol[1], equal_nan=True,
+                                   msg=lambda m: f"{what}: {m}")
+    elif actual.dtype == torch.bool:
+        assert torch.equal(actual, expected.bool()), f"{what}: {actual} != {expected}"
+    else:
+        assert torch.equal(actual.long(), expected.long()), f"{what}: {actual} != {expected}"

@@ -1,0 +1,265 @@
+"""Records of the elementwise primitives: unary and binary math, comparisons, logic,
+select, clamp and cast. References are PyTorch or NumPy in float64."""
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import torch
+
+import stitchml as sm
+
+from .core import ALL, FLOATS, NUMERIC, ErrorInput, OpInfo, P, Sample, exact, make, to_bool, to_float
+from .samples import chain, elementwise, fixed
+
+SPECIALS = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1.5, -2.0]
+TIES = [-2.0, -1.0, 0.0, 1.0, 2.0]
+
+
+def _np(fn):
+    """A NumPy function as a reference over torch tensors."""
+    return lambda *xs, **kw: torch.from_numpy(np.asarray(fn(*(x.detach().numpy() for x in xs), **kw)))
+
+
+def _float_errors():
+    return [ErrorInput((P((3,), sm.int32),), match="expects a floating-point operand")]
+
+
+def _numeric_errors(arity=1):
+    return [ErrorInput((P((3,), sm.bool),) * arity, match="expects a numeric operand, got bool")]
+
+
+def _broadcast_errors(arity=2):
+    """Shapes that never broadcast fail while building; -1 extents that turn out not to, while running."""
+    return [
+        ErrorInput((P((2, 3)), P((4,)), P(()))[:arity], match="do not broadcast"),
+        ErrorInput((P((-1,)), P((-1,)), P(()))[:arity], error=sm.ExecutionError, match="failed on inputs",
+                   feeds=(np.ones(2, np.float32), np.ones(3, np.float32), np.float32(1))[:arity]),
+    ]
+
+
+# -- unary ----------------------------------------------------------------------------
+def _unary(name, ref, dtypes, equivalent, domain=(-3.0, 3.0), extra=None, errors=None, **kw):
+    return OpInfo(name, elementwise(1, [domain], extra=extra), ref, dtypes, equivalent=equivalent,
+                  errors=errors or (lambda: ()), second_order=kw.pop("second_order", True), **kw)
+
+
+def _float_unary(name, ref, equivalent, domain=(-3.0, 3.0), **kw):
+    """A float-only op: integer and bool inputs are promoted to float32."""
+    return _unary(name, ref, ALL, equivalent, domain, out_dtype=to_float, **kw)
+
+
+def _rounding(name, ref, equivalent):
+    halves = fixed("halves", [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.49, -0.51, 3.75], dtypes=FLOATS)
+    return _unary(name, ref, FLOATS, equivalent, extra=halves, errors=_float_errors)
+
+
+UNARY = [
+    _unary("identity", lambda x: x.clone(), ALL, "np.copy / torch.clone"),
+    _unary("stop_gradient", lambda x: x.clone(), ALL, "torch.Tensor.detach"),
+    _unary("negative", torch.neg, NUMERIC, "np.negative / torch.neg", errors=_numeric_errors),
+    _unary("absolute", torch.abs, NUMERIC, "np.abs / torch.abs", errors=_numeric_errors),
+    _unary("sign", torch.sign, NUMERIC, "np.sign / torch.sign", errors=_numeric_errors),
+    _unary("square", torch.square, NUMERIC, "np.square / torch.square", errors=_numeric_errors),
+    _unary("relu", lambda x: torch.where(x > 0, x, torch.zeros_like(x)), NUMERIC, "torch.relu",
+           errors=_numeric_errors),
+    _float_unary("exponent", torch.exp, "np.exp / torch.exp"),
+    _float_unary("exponent_base2", torch.exp2, "np.exp2 / torch.exp2"),
+    _float_unary("exponent_base10", lambda x: 10.0 ** x, "10 ** x"),
+    _float_unary("logarithm", torch.log, "np.log / torch.log", (0.1, 5.0)),
+    _float_unary("logarithm_base2", torch.log2, "np.log2 / torch.log2", (0.1, 5.0)),
+    _float_unary("logarithm_base10", torch.log10, "np.log10 / torch.log10", (0.1, 5.0)),
+    _float_unary("square_root", torch.sqrt, "np.sqrt / torch.sqrt", (0.1, 5.0)),
+    _float_unary("reverse_square_root", lambda x: 1.0 / torch.sqrt(x), "torch.rsqrt", (0.1, 5.0)),
+    _float_unary("reciprocal", lambda x: 1.0 / x, "np.reciprocal / torch.reciprocal", (0.25, 3.0)),
+    _float_unary("sin", torch.sin, "np.sin / torch.sin"),
+    _float_unary("cos", torch.cos, "np.cos / torch.cos"),
+    _float_unary("tan", torch.tan, "np.tan / torch.tan", (-1.2, 1.2)),
+    _float_unary("asin", torch.asin, "np.arcsin / torch.asin", (-0.9, 0.9)),
+    _float_unary("acos", torch.acos, "np.arccos / torch.acos", (-0.9, 0.9)),
+    _float_unary("atan", torch.atan, "np.arctan / torch.atan"),
+    _float_unary("sinh", torch.sinh, "np.sinh / torch.sinh"),
+    _float_unary("cosh", torch.cosh, "np.cosh / torch.cosh"),
+    _float_unary("tanh", torch.tanh, "np.tanh / torch.tanh"),
+    _float_unary("erf", torch.erf, "scipy.special.erf / torch.erf"),
+    _float_unary("sigmoid", lambda x: 1.0 / (1.0 + torch.exp(-x)), "torch.sigmoid"),
+    _rounding("floor", torch.floor, "np.floor / torch.floor"),
+    _rounding("ceil", torch.ceil, "np.ceil / torch.ceil"),
+    _rounding("round", _np(np.round), "np.round / torch.round (half to even)"),
+    _rounding("truncate", torch.trunc, "np.trunc / torch.trunc"),
+]
+
+_specials = fixed("specials", SPECIALS, dtypes=FLOATS)
+PREDICATES = [
+    _unary("is_nan", _np(np.isnan), ALL, "np.isnan / torch.isnan", extra=_specials, out_dtype=to_bool),
+    _unary("is_infinite", _np(np.isinf), ALL, "np.isinf / torch.isinf", extra=_specials, out_dtype=to_bool),
+    _unary("is_finite", _np(np.isfinite), ALL, "np.isfinite / torch.isfinite", extra=_specials, out_dtype=to_bool),
+    _unary("logical_not", _np(np.logical_not), ALL, "np.logical_not / torch.logical_not", out_dtype=to_bool,
+           extra=_specials),
+]
+
+
+# -- binary -----------------------------------------------------------------------------
+def _binary(name, ref, dtypes, equivalent, domains=None, values=None, extra=None, errors=None, grad=True, **kw):
+    def all_errors():
+        return _broadcast_errors() + list((errors or (lambda: ()))())
+
+    return OpInfo(name, elementwise(2, domains, values, extra=extra, grad=grad), ref, dtypes, equivalent=equivalent,
+                  errors=all_errors, second_order=kw.pop("second_order", True), **kw)
+
+
+def _floor_division(a, b):
+    if a.dtype.is_floating_point:
+        return torch.floor(a / b)
+    return _np(np.floor_divide)(a, b)
+
+
+def _modulo(a, b):
+    if a.dtype.is_floating_point:
+        return a - torch.floor(a / b) * b
+    return _np(np.mod)(a, b)
+
+
+def _integer_zero_division():
+    return [ErrorInput((P((2,), sm.int32), P((2,), sm.int32)), error=sm.ExecutionError, match="built at",
+                       feeds=(np.array([1, 2], np.int32), np.array([1, 0], np.int32)))]
+
+
+_DIVISORS = [-3.0, -2.0, -1.0, 1.0, 2.0, 3.0]
+
+
+def _smooth_division(record, dtype, rng):
+    """Away from integer quotients (the jumps of floor): the samples for gradient checks."""
+    if dtype.is_floating:
+        a = make((2, 3), dtype, rng)
+        b = make((3,), dtype, rng, 0.5, 3.0) * torch.tensor([1, -1, 1], dtype=dtype.torch)
+        yield Sample((a, b), name="smooth")
+_ties = fixed("ties", [1.0, 2.0, 3.0, -1.0], [1.0, 0.0, 3.0, -1.0], grad=True)
+_nans = fixed("nan", [math.nan, 1.0, 2.0, math.nan], [1.0, math.nan, 0.0, math.nan], dtypes=FLOATS)
+
+
+def _power_extra(record, dtype, rng):
+    if dtype.is_floating:
+        # 0 ** 0 and 0 ** 1; no finite differences across x = 0 (see test_power_gradient_at_zero_base).
+        yield Sample((exact([0.0, 0.0, 2.0], dtype), exact([0.0, 1.0, 0.0], dtype)), name="zero-base", grad=False)
+
+
+def _power_samples(record, dtype, rng):
+    # Integers to negative powers are an error (as in NumPy): integer exponents stay >= 0.
+    domains = [(0.5, 2.0), (-2.0, 2.0)] if dtype.is_floating else [(0.0, 3.0), (0.0, 3.0)]
+    yield from elementwise(2, domains, extra=_power_extra)(record, dtype, rng)
+
+
+def _comparison(name, fn, equivalent):
+    return _binary(name, fn, ALL, equivalent, values=[TIES, TIES], out_dtype=to_bool)
+
+
+def _logical(name, fn, equivalent):
+    return _binary(name, _np(lambda a, b: fn(a != 0, b != 0)), ALL, equivalent, values=[TIES, TIES],
+                   out_dtype=to_bool)
+
+
+BINARY = [
+    _binary("addition", torch.add, ALL, "np.add / torch.add / +"),
+    _binary("subtraction", torch.sub, NUMERIC, "np.subtract / torch.sub / -", errors=lambda: _numeric_errors(2)),
+    _binary("multiplication", torch.mul, ALL, "np.multiply / torch.mul / *"),
+    _binary("division", lambda a, b: a / b, ALL, "np.true_divide / torch.div / /", domains=[(-3.0, 3.0), (0.5, 3.0)],
+            out_dtype=to_float),
+    _binary("floor_division", _floor_division, NUMERIC, "np.floor_divide / //", values=[range(-7, 8), _DIVISORS],
+            grad=False, extra=_smooth_division,
+            errors=lambda: _numeric_errors(2) + _integer_zero_division()),
+    _binary("modulo", _modulo, NUMERIC, "np.mod / torch.remainder / %", values=[range(-7, 8), _DIVISORS],
+            grad=False, extra=_smooth_division,
+            errors=lambda: _numeric_errors(2) + _integer_zero_division()),
+    OpInfo("power", _power_samples, torch.pow, NUMERIC, equivalent="np.power / torch.pow / **", second_order=True,
+           errors=lambda: _broadcast_errors() + _numeric_errors(2)),
+    _binary("maximum", torch.maximum, ALL, "np.maximum / torch.maximum", extra=chain(_ties, _nans)),
+    _binary("minimum", torch.minimum, ALL, "np.minimum / torch.minimum", extra=chain(_ties, _nans)),
+    _binary("atan2", torch.atan2, ALL, "np.arctan2 / torch.atan2", domains=[(-3.0, 3.0), (0.5, 3.0)],
+            out_dtype=to_float),
+    _comparison("equal", torch.eq, "np.equal / torch.eq / =="),
+    _comparison("not_equal", torch.ne, "np.not_equal / torch.ne / !="),
+    _comparison("less_than", torch.lt, "np.less / torch.lt / <"),
+    _comparison("less_than_or_equal_to", torch.le, "np.less_equal / torch.le / <="),
+    _comparison("greater_than", torch.gt, "np.greater / torch.gt / >"),
+    _comparison("greater_than_or_equal_to", torch.ge, "np.greater_equal / torch.ge / >="),
+    _logical("logical_and", np.logical_and, "np.logical_and / torch.logical_and / &"),
+    _logical("logical_or", np.logical_or, "np.logical_or / torch.logical_or / |"),
+    _logical("logical_xor", np.logical_xor, "np.logical_xor / torch.logical_xor / ^"),
+]
+
+
+# -- select, clamp ------------------------------------------------------------------------
+def _select_samples(record, dtype, rng):
+    for s in elementwise(3)(record, sm.float64, rng):
+        shapes = [tuple(a.shape) for a in s.args]
+        more = tuple(tuple(a.shape) for a in s.more[0]) if s.more else None
+
+        def args(sh, layout="contiguous"):
+            values = tuple(make(x, dtype, rng, layout=layout) for x in sh[1:])
+            return (make(sh[0], sm.bool, rng, layout=layout),) + values
+
+        layout = "transposed" if s.name == "transposed" else "sliced" if s.name == "sliced" else "contiguous"
+        yield Sample(args(shapes, layout), name=s.name, more=(args(more),) if more else ())
+    yield Sample((make((2, 3), sm.float32, rng, values=[0.0, 1.0, -2.0]), make((2, 3), dtype, rng),
+                  make((3,), dtype, rng)), name="numeric-predicate")
+
+
+def _select_ref(p, a, b):
+    return torch.where(p != 0, a, b)
+
+
+def _clamp_samples(record, dtype, rng):
+    yield from elementwise(3, [(-3.0, 3.0), (-2.0, 0.0), (0.0, 2.0)])(record, dtype, rng)
+    if dtype.is_floating:
+        # lower bound above the upper: the result is the upper bound, and so is the gradient's path.
+        yield Sample((make((6,), dtype, rng), make((6,), dtype, rng, 1.0, 2.0), make((6,), dtype, rng, -1.0, 0.0)),
+                     name="crossed-bounds")
+    yield Sample((make((2, 3), dtype, rng),), {"min_value": 0, "max_value": 2}, name="scalar-bounds")
+
+
+def _clamp_ref(x, lo=None, hi=None, min_value=None, max_value=None):
+    # The documented definition; torch.clamp's gradient fails for broadcast tensor bounds.
+    lo = torch.as_tensor(min_value if lo is None else lo, dtype=x.dtype)
+    hi = torch.as_tensor(max_value if hi is None else hi, dtype=x.dtype)
+    return torch.minimum(torch.maximum(x, lo), hi)
+
+
+TERNARY = [
+    OpInfo("select", _select_samples, _select_ref, ALL, equivalent="np.where / torch.where", second_order=True,
+           errors=lambda: [ErrorInput((P((2, 3), sm.bool), P((2, 3)), P((4,))), match="do not broadcast")]),
+    OpInfo("clamp", _clamp_samples, _clamp_ref, NUMERIC, equivalent="np.clip / torch.clamp", second_order=True,
+           build=lambda g, x, *bounds, **kw: g.clamp(x, *bounds, **kw),
+           errors=lambda: [ErrorInput((P((3,), sm.bool), P((3,), sm.bool), P((3,), sm.bool)),
+                                      match="expects a numeric operand")] + _broadcast_errors(3)),
+]
+
+
+# -- cast ---------------------------------------------------------------------------------
+def _cast_samples(record, dtype, rng):
+    for target in ALL:
+        low = 0.0 if not target.is_signed or not dtype.is_signed else -100.0
+        # Finite differences cannot see through rounding to a narrower type: float64 targets only.
+        yield Sample((make((2, 3), dtype, rng, low, 100.0),), {"dtype": target}, name=f"to-{target}",
+                     grad=target is sm.float64)
+    yield Sample((make((3, 4), dtype, rng, 0.0, 100.0, layout="transposed"),), {"dtype": sm.int32},
+                 name="transposed")
+
+
+def _cast_ref(x, dtype):
+    if x.dtype.is_floating_point and dtype.is_floating:
+        return x.to(dtype.torch)  # rounding to nearest even, as NumPy; differentiable for the gradient checks
+    x = x.detach()
+    if dtype is sm.bfloat16:
+        return torch.from_numpy(x.numpy().astype(ml_dtypes.bfloat16).view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(x.numpy().astype(dtype.numpy))
+
+
+CAST = OpInfo(
+    "cast", _cast_samples, _cast_ref, ALL, equivalent="np.ndarray.astype / torch.Tensor.to",
+    out_dtype=lambda dtype, kwargs: kwargs["dtype"],
+    errors=lambda: [ErrorInput((P((3,)),), {"dtype": "complex64"}, match="unsupported dtype")],
+)
+
+RECORDS = UNARY + PREDICATES + BINARY + TERNARY + [CAST]
