@@ -488,9 +488,28 @@ def _pool_gradient_impl(forward):
     return impl
 
 
+def _max_pool_gradient_impl(dy, x, **attrs):
+    """The window maxima's indices and PyTorch's scatter of `dy` to them (no autograd round trip)."""
+    layout = attrs["data_layout"]
+    xv, dyv = _to_nchw(x, layout), _to_nchw(dy, layout)
+    spec, out = _pool_geometry(xv, attrs)
+    fill = float("-inf") if xv.dtype.is_floating_point else torch.iinfo(xv.dtype).min
+    xp = F.pad(xv, spec, value=fill)
+    window = (attrs["kernel_size"], attrs["stride"], [0, 0], attrs["dilation"], attrs["ceil_mode"])
+    full, indices = torch.ops.aten.max_pool2d_with_indices(xp, *window)
+    if tuple(full.shape[2:]) != tuple(out):  # a last window the shape rule drops gets no cotangent
+        grad = torch.zeros_like(full)
+        grad[:, :, :out[0], :out[1]] = dyv
+    else:
+        grad = dyv.contiguous()
+    dxp = torch.ops.aten.max_pool2d_with_indices_backward(grad, xp, *window, indices)
+    h, w = xv.shape[2:]
+    return _from_nchw(dxp[:, :, spec[2]:spec[2] + h, spec[0]:spec[0] + w], layout)
+
+
 max_pooling2d_gradient = register(Primitive(
     "max_pooling2d_gradient", OPAQUE, infer=lambda types, **attrs: TensorType(types[1].shape, types[0].dtype),
-    impl=_pool_gradient_impl(max_pooling2d.impl), doc="Route `dy` back to each window's maximum: inputs (dy, source).",
+    impl=_max_pool_gradient_impl, doc="Route `dy` back to each window's maximum: inputs (dy, source).",
 ))
 avg_pooling2d_gradient = register(Primitive(
     "avg_pooling2d_gradient", OPAQUE, infer=lambda types, **attrs: TensorType(types[1].shape, types[0].dtype),
