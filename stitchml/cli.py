@@ -3,6 +3,7 @@
     $ stitchml doctor
     $ stitchml demo gelu --device cpu
     $ stitchml package build model.onnx -o model.smpkg
+    $ stitchml package build model.onnx -o model.smpkg --kernels-for x=8,3,64,64
     $ stitchml package inspect model.smpkg
 """
 from __future__ import annotations
@@ -50,15 +51,34 @@ def demo(args) -> int:
     return demos.run(args.name, args.rest)
 
 
+def _dimensions(specs: list[str]) -> dict[str, tuple[int, ...]]:
+    """{"x": (8, 3, 64, 64)} from ["x=8,3,64,64"]."""
+    dims = {}
+    for spec in specs:
+        name, sep, extents = spec.partition("=")
+        try:
+            shape = tuple(int(d) for d in extents.split(","))
+        except ValueError:
+            shape = None
+        if not sep or not name or shape is None or name in dims:
+            raise ValueError(f"--kernels-for {spec!r}: expected NAME=D0,D1,... with integer extents, once per input")
+        dims[name] = shape
+    return dims
+
+
 def package_build(args) -> int:
-    """Build a package from an ONNX model."""
+    """Build a package from an ONNX model (and compile its kernels for given input dimensions)."""
     from .errors import PackageError
     from .package import from_onnx
 
     try:
+        dims = _dimensions(args.kernels_for)
         pkg = from_onnx(args.model, name=args.function)
+        if dims:
+            entry = pkg.compile_kernels(args.function, dims, device=args.device)
+            print(f"compiled kernels for {entry.input_dimensions} on {entry.target['arch']}")
         pkg.save(args.output)
-    except PackageError as e:
+    except (PackageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"wrote {args.output}")
@@ -92,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model", help="an ONNX model file (opset 13 or later)")
     p.add_argument("-o", "--output", required=True, help="the package to write (a directory when it ends with /)")
     p.add_argument("--function", default="main", help="the function's name in the package (default: main)")
+    p.add_argument("--kernels-for", action="append", default=[], metavar="NAME=D0,D1,...",
+                   help="compile the kernels for these input dimensions and carry them in the package "
+                        "(once per input with symbolic extents; needs a GPU)")
+    p.add_argument("--device", default="cuda", help="where --kernels-for compiles (default: cuda)")
     p.set_defaults(fn=package_build)
     p = pkg.add_parser("inspect", help=package_inspect.__doc__)
     p.add_argument("package", help="a package file or directory")

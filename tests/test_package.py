@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import stitchml as sm
-from stitchml.package import Package, container, current_target
+from stitchml.package import Package, container, current_target, kernels
 from stitchml.package import package as package_mod
 
 
@@ -113,12 +113,14 @@ def test_cli_build_and_inspect(tmp_path, capsys):
 def test_kernels_found_for_matching_target_only(tmp_path):
     pkg = _package()
     here = current_target("cpu")
-    pkg.add_kernels("main", {"x": (8, 3)}, here, b"kernel-cache-bytes", compiler="test")
-    pkg.add_kernels("main", {"x": (8, 3)}, {"arch": "sm_90", "triton": "3.6.0"}, b"other")
+    sm90 = {"arch": "sm_90", "triton": "3.6.0"}
+    mine = kernels.pack(kernels.Bundle(here, {"by": "test"}, {}, {}))
+    pkg.add_kernels("main", {"x": (8, 3)}, here, mine, compiler="test")
+    pkg.add_kernels("main", {"x": (8, 3)}, sm90, kernels.pack(kernels.Bundle(sm90, {}, {}, {})))
     pkg.save(tmp_path / "k.smpkg")
     loaded = sm.load_package(tmp_path / "k.smpkg")
     blob, why = loaded.find_kernels("main", {"x": (8, 3)}, here)
-    assert blob == b"kernel-cache-bytes"
+    assert blob == mine
     blob, why = loaded.find_kernels("main", {"x": (8, 3)}, {"arch": "sm_80", "triton": "3.6.0"})
     assert blob is None and "sm_90" in why and "sm_80" in why
     blob, why = loaded.find_kernels("main", {"x": (4, 3)}, here)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import stitchml as sm
-from stitchml.package import Package, current_target, zoo
+from stitchml.package import Package, current_target, kernels, zoo
 
 
 @pytest.fixture(scope="module")
@@ -221,13 +221,15 @@ def test_package_kernels_absent_or_mismatched_compile_and_say_so(tmp_path):
     fn = _scale_fn()
     pkg = fn.package
     assert "no compiled kernels" in _pipeline(fn, dev, {"x": (2, 4)}).kernel_note
-    pkg.add_kernels("main", {"x": (2, 4)}, {"arch": "sm_90", "triton": "3.6.0"}, b"cache")
+    sm90 = {"arch": "sm_90", "triton": "3.6.0"}
+    pkg.add_kernels("main", {"x": (2, 4)}, sm90, kernels.pack(kernels.Bundle(sm90, {}, {}, {})))
     pkg.save(tmp_path / "k.smpkg")
     loaded = sm.load_package(tmp_path / "k.smpkg").function()
     note = _pipeline(loaded, dev, {"x": (2, 4)}).kernel_note
     assert note.startswith("compiled here") and "sm_90" in note and "cpu" in note
-    pkg.add_kernels("main", {"x": (2, 4)}, current_target("cpu"), b"cache")
-    assert _pipeline(fn, dev, {"x": (2, 4)}).kernel_note.startswith("using kernels")
+    here = current_target("cpu")
+    pkg.add_kernels("main", {"x": (2, 4)}, here, kernels.pack(kernels.Bundle(here, {}, {}, {})))
+    assert _pipeline(fn, dev, {"x": (2, 4)}).kernel_note.startswith("using the package's compiled kernels (0 kernels")
 
 
 # -- what a dispatch does with the caller's memory -------------------------------------------------------

@@ -71,6 +71,9 @@ class Chooser:
         self.candidates = candidates
         self.chosen: str | None = None
         self.timings: dict[str, float] = {}
+        # Set when every candidate must run once even if a decision is stored: compiling kernels for a
+        # package has to compile each candidate's kernels, since the machine that loads it may choose another.
+        self.remeasure = False
 
     def __call__(self, env: list) -> None:
         if self.chosen is None:
@@ -80,7 +83,7 @@ class Chooser:
     def _decide(self, env: list) -> str:
         if len(self.candidates) == 1:
             return next(iter(self.candidates))
-        known = _load().get(self.key)
+        known = None if self.remeasure else _load().get(self.key)
         if known in self.candidates:
             return known
         if torch.cuda.is_current_stream_capturing():

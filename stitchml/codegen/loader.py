@@ -32,14 +32,30 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def file_name(source: str) -> str:
+    """The name of the file that holds `source`: ``k`` and the first 32 hex digits of its SHA-256."""
+    return f"k{hashlib.sha256(source.encode()).hexdigest()[:32]}.py"
+
+
+def forget() -> None:
+    """Import every kernel anew from now on.
+
+    Triton keeps what it compiled on the JIT function objects, so a fresh
+    import is what makes it compile again (package.kernels collects what a
+    compile writes into Triton's cache).
+    """
+    with _lock:
+        _loaded.clear()
+
+
 def load(name: str, source: str):
     """The `@triton.jit` function `name` defined by `source`."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:32]
-    key = f"{digest}_{'interp' if interpreting() else 'jit'}"
+    fname = file_name(source)
+    key = f"{fname[1:-3]}_{'interp' if interpreting() else 'jit'}"
     with _lock:
         module = _loaded.get(key)
         if module is None:
-            path = os.path.join(cache_dir(), f"k{digest}.py")
+            path = os.path.join(cache_dir(), fname)
             if os.path.exists(path):
                 stats["reused_files"] += 1
             else:

@@ -8,11 +8,12 @@ extents). On disk (container.py) a package is::
     manifest.json                     format, version, producer, functions, kernels, parts table
     functions/<name>.json             the function's IR (serialize.py's graph format)
     functions/<name>.safetensors      its weights and other tensor attributes
-    kernels/<...>                     optional precompiled kernels, per target
+    kernels/<function>-<n>.bin        optional compiled kernels, per input dimensions and target
 
 docs/packages.md describes every field. Loading checks every part (hashes,
 sizes, paths), the IR (known ops, types re-inferred) and that the signature
-agrees with the graph; nothing in a package is ever executed as code.
+agrees with the graph; nothing in a package is ever executed as code (kernels.py
+says what compiled kernels carry and how a pipeline uses them).
 
     >>> import numpy as np, stitchml as sm
     >>> g = sm.Graph(); x = g.placeholder((-1, 3), sm.float32, name="x")
@@ -33,7 +34,7 @@ from ..errors import PackageError, SerializationError
 from ..ir import UNKNOWN, Tensor, TensorType
 from ..serialize import from_dict, to_dict
 from ..tensor_data import TensorData
-from . import container
+from . import container, kernels as bundles
 
 FORMAT = "stitchml.package"
 VERSION = 1
@@ -63,7 +64,7 @@ class Port:
 
 @dataclass(frozen=True)
 class KernelEntry:
-    """Precompiled kernels for one function, input dimensions and target (GPU arch, Triton version)."""
+    """Compiled kernels (a kernels.py bundle) for one function, input dimensions and target."""
 
     function: str
     input_dimensions: dict[str, tuple[int, ...]]
@@ -73,7 +74,8 @@ class KernelEntry:
 
 
 def current_target(device: Any = "cpu") -> dict[str, str]:
-    """What compiled kernels must have been built for to run here."""
+    """What compiled kernels must have been built for to run here: GPU arch, Triton version and, on a
+    GPU, the digest of Triton's build and backend that its cache keys depend on (`kernels.triton_build`)."""
     import torch
 
     try:
@@ -85,8 +87,16 @@ def current_target(device: Any = "cpu") -> dict[str, str]:
     dev = torch.device(device)
     if dev.type == "cuda":
         major, minor = torch.cuda.get_device_capability(dev)
-        return {"arch": f"sm_{major}{minor}", "triton": triton_version}
+        target = {"arch": f"sm_{major}{minor}", "triton": triton_version}
+        with torch.cuda.device(dev):
+            build = bundles.triton_build() if triton_version != "none" else None
+        return target if build is None else {**target, "triton_build": build}
     return {"arch": "cpu", "triton": triton_version}
+
+
+def _describe(target: dict[str, str]) -> str:
+    build = f" (build {target['triton_build']})" if "triton_build" in target else ""
+    return f"{target.get('arch')}/triton {target.get('triton')}{build}"
 
 
 class Function:
@@ -203,12 +213,39 @@ class Package:
         return self.functions[name]
 
     # -- compiled kernels ---------------------------------------------------------
+    def compile_kernels(self, function: str, input_dimensions: dict[str, Sequence[int]],
+                        device: Any = "cuda") -> KernelEntry:
+        """Compile `function` for these input dimensions on a CUDA device and carry the kernels.
+
+        A pipeline made for the same dimensions on a machine of the same target then compiles
+        nothing (kernels.py). Needs a GPU: ``pkg.compile_kernels("main", {"x": (8, 3, 64, 64)})``.
+        """
+        from .. import __version__
+
+        dims, target, blob = bundles.build(self.function(function), input_dimensions, device)
+        return self.add_kernels(function, dims, target, blob, compiler=f"stitchml {__version__}")
+
     def add_kernels(self, function: str, input_dimensions: dict[str, Sequence[int]], target: dict[str, str],
                     blob: bytes, compiler: str = "") -> KernelEntry:
-        """Attach a compiled-kernel cache (the compiler's format) built for `target`."""
+        """Attach a kernel bundle (kernels.py) built for `target`, in place of one for the same function,
+        dimensions and target. `input_dimensions` names every input, as `MLPipeline.input_dimensions` does."""
         self.function(function)
-        part = f"kernels/{function}-{len(self.kernels)}.bin"
-        entry = KernelEntry(function, {k: tuple(v) for k, v in input_dimensions.items()}, dict(target), part, compiler)
+        bundle = bundles.unpack(blob, f"add_kernels({function!r})")
+        if bundle.target != dict(target):
+            raise PackageError(f"add_kernels({function!r}): the bundle was built for {_describe(bundle.target)}, "
+                               f"the entry says {_describe(target)}")
+        dims = {k: tuple(int(d) for d in v) for k, v in input_dimensions.items()}
+        old = next((k for k in self.kernels if (k.function, k.input_dimensions, k.target) == (function, dims, target)),
+                   None)
+        if old is not None:
+            self.kernels.remove(old)
+            part = old.part
+        else:
+            n = len(self.kernels)
+            while f"kernels/{function}-{n}.bin" in self._kernel_parts:
+                n += 1
+            part = f"kernels/{function}-{n}.bin"
+        entry = KernelEntry(function, dims, dict(target), part, compiler)
         self.kernels.append(entry)
         self._kernel_parts[part] = bytes(blob)
         return entry
@@ -220,11 +257,11 @@ class Package:
         candidates = [k for k in self.kernels if k.function == function and k.input_dimensions == dims]
         for k in candidates:
             if k.target == target:
-                return self._kernel_parts[k.part], f"using kernels built for {k.target}"
+                return self._kernel_parts[k.part], f"built for {_describe(k.target)}"
         if not candidates:
             return None, f"the package has no compiled kernels for {function!r} with these input dimensions"
-        built = ", ".join(f"{k.target.get('arch')}/triton {k.target.get('triton')}" for k in candidates)
-        return None, f"the package's kernels target {built}, this machine is {target['arch']}/triton {target['triton']}"
+        built = ", ".join(_describe(k.target) for k in candidates)
+        return None, f"the package's kernels target {built}, this machine is {_describe(target)}"
 
     # -- saving -----------------------------------------------------------------------
     def manifest_and_parts(self) -> tuple[dict, dict[str, bytes]]:
@@ -342,6 +379,9 @@ def _load_kernels(manifest: dict, functions: dict, parts: dict[str, bytes]) -> t
                                              for v in dims.values()), where, "input_dimensions must map names to extents")
         _need(isinstance(target, dict) and all(isinstance(v, str) for v in target.values()), where,
               "target must map strings to strings")
+        bundle = bundles.unpack(parts[r["part"]], f"{where} part {r['part']}")
+        _need(bundle.target == target, where,
+              f"the bundle was built for {_describe(bundle.target)}, the entry says {_describe(target)}")
         entries.append(KernelEntry(r["function"], {k: tuple(v) for k, v in dims.items()}, target, r["part"],
                                    str(r.get("compiler", ""))))
         blobs[r["part"]] = parts[r["part"]]

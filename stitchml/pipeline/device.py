@@ -139,12 +139,17 @@ def device(name: str = "cpu") -> Device:
 
 
 class MLPipelineDescriptor:
-    """What to compile: a package function and the dimensions of each input."""
+    """What to compile: a package function and the dimensions of each input.
+
+    `use_package_kernels` (default True): install the compiled kernels the package carries for
+    these dimensions and this machine before compiling; False compiles everything here.
+    """
 
     def __init__(self, function, label: str = ""):
         self.function = function
         self.label = label or function.name
         self.input_dimensions: dict[str, tuple[int, ...]] = {}
+        self.use_package_kernels = True
 
     def set_input_dimensions(self, name: str, dimensions: Sequence[int]) -> None:
         port = self.function._port(self.function._inputs, name, "input")[1]
@@ -204,25 +209,37 @@ class MLPipeline:
         unknown = [f"{n}: {t}" for n, t in self.output_types.items() if not t.is_static]
         if unknown:
             raise PipelineError(f"pipeline {self.label}: output extents stay unknown for these input dimensions: {unknown}")
-        self.kernel_note = self._kernel_note(dev)
+        self.kernel_note = self._install_package_kernels(dev, desc.use_package_kernels)
         self.executable = fn.graph.compile({fn.input_tensor(n): t for n, t in self.input_types.items()}, targets,
                                            device=dev.torch_device)
         self.intermediates_heap_size = int(self.executable.intermediates_heap_size)
 
-    def _kernel_note(self, dev: Device) -> str:
-        """Whether the package's precompiled kernels serve this pipeline, and why not when they do not."""
+    def _install_package_kernels(self, dev: Device, use: bool) -> str:
+        """Put the package's compiled kernels for this machine where the compile will find them; the note
+        says that they serve this pipeline, or why it compiles here."""
+        from ..codegen import loader
+        from ..package import kernels
         from ..package.package import current_target
 
         package = getattr(self.function, "package", None)
         if package is None:
             return "compiled here (the function belongs to no package)"
+        if not use:
+            return "compiled here: the descriptor's use_package_kernels is off"
         blob, why = package.find_kernels(self.function.name, self.input_dimensions, current_target(dev.torch_device))
-        if blob is not None:
-            return why
-        note = f"compiled here: {why}"
-        if package.kernels:
-            log.info("pipeline %s: %s", self.label, note)
-        return note
+        if blob is None:
+            note = f"compiled here: {why}"
+            if package.kernels:
+                log.info("pipeline %s: %s", self.label, note)
+            return note
+        bundle = kernels.unpack(blob)
+        try:
+            kernels.install(bundle, loader.cache_dir(), kernels.triton_cache_dir())
+        except (OSError, ImportError) as e:  # a cache that cannot be written only costs compile time
+            note = f"compiled here: the package's kernels ({why}) could not be installed: {e}"
+            log.warning("pipeline %s: %s", self.label, note)
+            return note
+        return f"using the package's compiled kernels ({bundle.kernel_count} kernels, {why})"
 
     @property
     def output_shapes(self) -> dict[str, tuple[int, ...]]:
