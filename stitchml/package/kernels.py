@@ -109,8 +109,8 @@ def unpack(blob: bytes, where: str = "kernel bundle") -> Bundle:
     offset, seen = 16 + size, set()
     for i, rec in enumerate(files):
         path, n = (rec.get("path"), rec.get("size")) if isinstance(rec, dict) else (None, None)
-        need(isinstance(path, str) and isinstance(n, int) and 0 <= n <= MAX_FILE_BYTES,
-             f"files[{i}]: expected {{'path': str, 'size': 0..{MAX_FILE_BYTES}}}, got {rec!r}"[:300])
+        need(isinstance(path, str) and len(path) <= 256 and type(n) is int and 0 <= n <= MAX_FILE_BYTES,
+             f"files[{i}]: expected {{'path': str of at most 256, 'size': 0..{MAX_FILE_BYTES}}}, got {rec!r}"[:300])
         need(path not in seen, f"files[{i}]: {path!r} appears twice")
         seen.add(path)
         data = bytes(blob[offset:offset + n])
