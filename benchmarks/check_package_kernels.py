@@ -183,7 +183,7 @@ def _print(r: dict) -> None:
               f"(whole process {m['process_s']:.1f} s)")
         print(f"  Triton compiled {m['triton_compiled']} kernels and found {m['triton_cache_hits']} in its cache; "
               f"cache entries installed {m['installed_kernel_entries']}, new: {m['new_kernel_entries']} kernels, "
-              f"{m['new_host_library_entries']} host libraries")
+              f"{m['new_host_library_entries']} host libraries (Triton's launchers: never carried, built here)")
     print(f"first result {r['with']['first_result_s']:.2f} s with the bundle, "
           f"{r['without']['first_result_s']:.2f} s without")
     print(f"outputs: with vs without max |diff| {r['max_diff_with_vs_without']:.2e}, "
