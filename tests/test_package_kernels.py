@@ -110,12 +110,12 @@ def test_install_never_overwrites(built, tmp_path):
     assert not [n for e in entries for n in os.listdir(cache / e) if n.startswith(".install-")]
 
 
-def test_triton_cache_at_comes_back():
+def test_triton_cache_at_comes_back(tmp_path):
     from triton import knobs
 
     before, env = knobs.cache.dir, os.environ.get("TRITON_CACHE_DIR")
-    with K.triton_cache_at("/tmp/pkgkern-elsewhere"):
-        assert knobs.cache.dir == "/tmp/pkgkern-elsewhere"
+    with K.triton_cache_at(str(tmp_path)):
+        assert knobs.cache.dir == str(tmp_path) and K.triton_cache_dir() == str(tmp_path)
     assert knobs.cache.dir == before and os.environ.get("TRITON_CACHE_DIR") == env
 
 
