@@ -168,6 +168,19 @@ def test_python_scalars_are_weak(dtype, scalar, want):
     assert _promoted(scalar, dtype) is want
 
 
+@pytest.mark.parametrize("dtype, scalar", [(sm.uint8, 300), (sm.uint8, -1), (sm.int8, 128), (sm.int8, -129),
+                                           (sm.int16, 2 ** 15), (sm.int32, -2 ** 31 - 1), (sm.int64, 2 ** 63)])
+def test_python_ints_the_integer_type_cannot_hold_are_errors(dtype, scalar):
+    """As NumPy 2 (docs/semantics.md): an error naming the op, not a wrap-around; the extremes still fit."""
+    with pytest.raises(sm.ShapeError, match=rf"^addition: the Python int {scalar} does not fit {dtype} "):
+        _promoted(dtype, scalar)
+    with pytest.raises(sm.ShapeError, match=rf"^maximum: the Python int {scalar} does not fit {dtype} "):
+        g = sm.Graph()
+        g.maximum(scalar, g.placeholder((2,), dtype))
+    info = torch.iinfo(dtype.torch)
+    assert _promoted(dtype, info.min) is dtype and _promoted(info.max, dtype) is dtype
+
+
 def test_promotion_inserts_casts_and_computes_in_the_common_type():
     g = sm.Graph()
     x = g.placeholder((3,), sm.int8)

@@ -131,5 +131,5 @@ einsum.def_impl(lambda *xs, equation: torch.einsum(equation, *xs))
 @builder("einsum")
 def _einsum(g, equation, *operands, name=None):
     """``np.einsum(equation, *operands)``, e.g. ``g.einsum("bij,bjk->bik", a, b)``."""
-    xs = g.promote(*operands) if len(operands) > 1 else [g.as_tensor(operands[0])]
+    xs = g.promote(*operands, name="einsum") if len(operands) > 1 else [g.as_tensor(operands[0])]
     return g._emit1("einsum", xs, {"equation": str(equation)}, name)
