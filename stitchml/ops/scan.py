@@ -41,7 +41,7 @@ def _cumulative_sum(g, x, axis=0, exclusive=False, reverse=False, name=None):
     """
     x = g.as_tensor(x)
     if x.rank is not None:
-        axis = normalize_axis(axis, x.rank)
+        axis = g._checked("cumulative_sum", [x], normalize_axis, axis, x.rank)
     return g._emit1("cumulative_sum", [x], {"axis": int(axis), "exclusive": bool(exclusive), "reverse": bool(reverse)},
                     name)
 
