@@ -33,7 +33,7 @@ cumulative_sum.def_vjp(lambda g, op, dy: [g.cumulative_sum(dy, op.attrs["axis"],
 
 @builder("cumulative_sum")
 def _cumulative_sum(g, x, axis=0, exclusive=False, reverse=False, name=None):
-    """``cumsum(x, axis)`` (MPSGraph cumulativeSum).
+    """``cumsum(x, axis)`` (MPSGraph cumulativeSum); bool counts as int64, as in NumPy and reduction_sum.
 
     >>> import numpy as np, stitchml as sm; g = sm.Graph(); x = g.constant([1.0, 2.0, 3.0])
     >>> g.run({}, [y := g.cumulative_sum(x)], device="cpu")[y].numpy().tolist()
@@ -42,6 +42,8 @@ def _cumulative_sum(g, x, axis=0, exclusive=False, reverse=False, name=None):
     x = g.as_tensor(x)
     if x.rank is not None:
         axis = g._checked("cumulative_sum", [x], normalize_axis, axis, x.rank)
+    if x.dtype.is_bool:
+        x = g.cast(x, dtypes.int64)
     return g._emit1("cumulative_sum", [x], {"axis": int(axis), "exclusive": bool(exclusive), "reverse": bool(reverse)},
                     name)
 
