@@ -21,9 +21,11 @@ cumulative_sum.def_infer(lambda types, axis, exclusive, reverse: types[0])
 @cumulative_sum.def_impl
 def _cumulative_sum_impl(x, axis, exclusive, reverse):
     y = x.flip(axis) if reverse else x
+    if exclusive and y.shape[axis]:
+        # Shifted by one: subtracting each element from the inclusive sum would give inf - inf = NaN and
+        # lose small elements next to large ones.
+        y = torch.cat([torch.zeros_like(y.narrow(axis, 0, 1)), y.narrow(axis, 0, y.shape[axis] - 1)], dim=axis)
     s = torch.cumsum(y, dim=axis).to(x.dtype)
-    if exclusive:
-        s = s - y
     return s.flip(axis) if reverse else s
 
 
