@@ -60,6 +60,8 @@ top_k = register(Primitive(
 @top_k.def_infer
 def _top_k_infer(types, k, axis, largest):
     x = types[0]
+    if k < 0:
+        raise ShapeError(f"k={k} must be >= 0")
     if x.shape is None:
         return [TensorType(None, x.dtype), TensorType(None, dtypes.int64)]
     if x.shape[axis] != UNKNOWN and not 0 <= k <= x.shape[axis]:
@@ -70,6 +72,8 @@ def _top_k_infer(types, k, axis, largest):
 
 @top_k.def_impl
 def _top_k_impl(x, k, axis, largest):
+    if k > x.shape[axis]:
+        raise ValueError(f"k={k} is more than the extent {x.shape[axis]} of axis {axis}")
     values, indices = torch.sort(x, dim=axis, descending=largest, stable=True)
     return values.narrow(axis, 0, k).contiguous(), indices.narrow(axis, 0, k).contiguous()
 
