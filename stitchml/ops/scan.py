@@ -84,7 +84,7 @@ def _top_k(g, x, k, axis=-1, largest=True, name=None):
     x = g.as_tensor(x)
     if x.rank is None:
         raise g._error("top_k", "needs a tensor of known rank", [x])
-    axis = normalize_axis(axis, x.rank)
+    axis = g._checked("top_k", [x], normalize_axis, axis, x.rank)
     return tuple(g._emit("top_k", [x], {"k": int(k), "axis": axis, "largest": bool(largest)}, name).outputs)
 
 
