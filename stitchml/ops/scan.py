@@ -52,7 +52,7 @@ def _cumulative_sum(g, x, axis=0, exclusive=False, reverse=False, name=None):
 
 # -- top_k ------------------------------------------------------------------------------
 top_k = register(Primitive(
-    "top_k", OPAQUE, differentiable=False,
+    "top_k", OPAQUE,
     doc="The k largest (or smallest) values along `axis` and their int64 indices; ties keep the lower index first.",
 ))
 
@@ -76,6 +76,14 @@ def _top_k_impl(x, k, axis, largest):
         raise ValueError(f"k={k} is more than the extent {x.shape[axis]} of axis {axis}")
     values, indices = torch.sort(x, dim=axis, descending=largest, stable=True)
     return values.narrow(axis, 0, k).contiguous(), indices.narrow(axis, 0, k).contiguous()
+
+
+@top_k.def_vjp
+def _top_k_vjp(g, op, dy, _):
+    # Each value's cotangent goes back to the element it came from; the indices carry none.
+    x, (_, indices) = op.inputs[0], op.outputs
+    zeros = g.broadcast_to(g.constant(0, dy.dtype), x)
+    return [g.scatter_add_along_axis(zeros, indices, dy, op.attrs["axis"])]
 
 
 @builder("top_k")
