@@ -141,7 +141,7 @@ def _einsum_infer(types, equation):
     return TensorType(tuple(out), types[0].dtype)
 
 
-einsum.def_impl(lambda *xs, equation: torch.einsum(equation, *xs))
+einsum.def_impl(lambda *xs, equation: torch.einsum(equation, *xs).to(xs[0].dtype))
 
 
 @builder("einsum")
