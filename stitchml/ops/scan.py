@@ -99,45 +99,68 @@ def _top_k(g, x, k, axis=-1, largest=True, name=None):
 # -- einsum -------------------------------------------------------------------------------
 einsum = register(Primitive("einsum", CONTRACTION, doc="Einstein summation over the operands (NumPy's equation syntax)."))
 
+_TERM = re.compile(r"[a-zA-Z]*(?:\.\.\.)?[a-zA-Z]*")
 
-def _parse(equation: str, ranks: list[int]):
-    eq = equation.replace(" ", "")
-    lhs, _, rhs = eq.partition("->")
+
+def _terms(equation: str, count: int) -> tuple[list[str], str]:
+    """The operands' terms and the output term; an implicit output is NumPy's: '...' (where the
+    operands have it), then the labels used once, in alphabetical order."""
+    lhs, arrow, rhs = equation.replace(" ", "").partition("->")
     terms = lhs.split(",")
-    if len(terms) != len(ranks) or not re.fullmatch(r"[a-zA-Z.,>\-]*", eq):
-        raise ShapeError(f"equation {equation!r} does not fit {len(ranks)} operands")
-    ell = 0
-    for t, r in zip(terms, ranks):
-        if "..." in t:
-            ell = max(ell, r - len(t.replace("...", "")))
-    if "->" not in eq:
-        counts = {c: lhs.count(c) for c in lhs if c.isalpha()}
-        rhs = ("..." if ell or "..." in lhs else "") + "".join(sorted(c for c, n in counts.items() if n == 1))
-    return terms, rhs, ell
+    if not all(_TERM.fullmatch(t) for t in terms + [rhs]):
+        raise ShapeError(f"{equation!r} is not an equation: terms of letters with one '...' at most, "
+                         f"separated by ',', then '->' and the output term (optional)")
+    if len(terms) != count:
+        raise ShapeError(f"equation {equation!r} has {len(terms)} terms for {count} operands")
+    labels = [c for c in lhs if c.isalpha()]
+    if not arrow:
+        rhs = ("..." if "..." in lhs else "") + "".join(sorted(c for c in set(labels) if labels.count(c) == 1))
+    for c in rhs.replace("...", ""):
+        if c not in labels:
+            raise ShapeError(f"output label {c!r} is in no operand")
+        if rhs.count(c) > 1:
+            raise ShapeError(f"output label {c!r} is repeated")
+    return terms, rhs
+
+
+def _extent(sizes: list[int]) -> int:
+    """One label's extent from its extents in the operands: equal, or 1 (broadcast), or unknown."""
+    known = set(sizes) - {1, UNKNOWN}
+    if known:
+        return known.pop()
+    return UNKNOWN if UNKNOWN in sizes else 1
 
 
 @einsum.def_infer
 def _einsum_infer(types, equation):
-    if any(t.shape is None for t in types):
-        return TensorType(None, types[0].dtype)
+    terms, rhs = _terms(equation, len(types))
     if any(t.dtype != types[0].dtype for t in types):
         raise ShapeError(f"operand dtypes differ: {', '.join(str(t.dtype) for t in types)}")
-    terms, rhs, ell = _parse(equation, [t.rank for t in types])
-    extent, ell_shapes = {}, []
+    if types[0].dtype.is_bool:
+        raise ShapeError("expects numeric operands, got bool")
+    if any(t.shape is None for t in types):
+        return TensorType(None, types[0].dtype)
+    sizes: dict[str, list[int]] = {}
+    ell_shapes = []
     for term, t in zip(terms, types):
         head, dots, tail = term.partition("...")
-        labels = list(head) + (["."] * (t.rank - len(head) - len(tail)) if dots else []) + list(tail)
-        if len(labels) != t.rank:
+        n_ell = t.rank - len(head) - len(tail)
+        if n_ell < 0 or (n_ell and not dots):
             raise ShapeError(f"term {term!r} does not fit rank {t.rank}")
-        ell_shapes.append(tuple(d for c, d in zip(labels, t.shape) if c == "."))
-        for c, d in zip(labels, t.shape):
-            if c != "." and d != UNKNOWN:
-                if extent.get(c, d) not in (d, 1) and d != 1:
-                    raise ShapeError(f"label {c!r} has extents {extent[c]} and {d}")
-                extent[c] = max(extent.get(c, d), d)
+        ell_shapes.append(t.shape[len(head):len(head) + n_ell])
+        own: dict[str, int] = {}
+        for c, d in zip(head + tail, t.shape[:len(head)] + t.shape[len(head) + n_ell:]):
+            if UNKNOWN not in (d, own.get(c, d)) and own.get(c, d) != d:  # a diagonal needs equal extents
+                raise ShapeError(f"label {c!r} has extents {own[c]} and {d}")
+            own.setdefault(c, d)
+            sizes.setdefault(c, []).append(d)
+    for c, ds in sizes.items():
+        known = sorted(set(ds) - {1, UNKNOWN})
+        if len(known) > 1:
+            raise ShapeError(f"label {c!r} has extents {known[0]} and {known[1]}")
     ell_shape = broadcast_shapes(*ell_shapes) if ell_shapes else ()
     head, dots, tail = rhs.partition("...")
-    out = [extent.get(c, UNKNOWN) for c in head] + (list(ell_shape) if dots else []) + [extent.get(c, UNKNOWN) for c in tail]
+    out = [_extent(sizes[c]) for c in head] + (list(ell_shape) if dots else []) + [_extent(sizes[c]) for c in tail]
     return TensorType(tuple(out), types[0].dtype)
 
 
@@ -146,6 +169,13 @@ einsum.def_impl(lambda *xs, equation: torch.einsum(equation, *xs).to(xs[0].dtype
 
 @builder("einsum")
 def _einsum(g, equation, *operands, name=None):
-    """``np.einsum(equation, *operands)``, e.g. ``g.einsum("bij,bjk->bik", a, b)``."""
+    """``np.einsum(equation, *operands)``, e.g. ``g.einsum("bij,bjk->bik", a, b)``.
+
+    Labels of extent 1 broadcast, and broadcast axes ('...') that the output leaves out are
+    summed, as torch.einsum does. The IR keeps the equation with its output term written out.
+    """
+    if not operands:
+        raise g._error("einsum", "needs at least one operand")
     xs = g.promote(*operands, name="einsum") if len(operands) > 1 else [g.as_tensor(operands[0])]
-    return g._emit1("einsum", xs, {"equation": str(equation)}, name)
+    terms, rhs = g._checked("einsum", xs, _terms, str(equation), len(xs))
+    return g._emit1("einsum", xs, {"equation": ",".join(terms) + "->" + rhs}, name)
