@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import re
+import string
 
 import torch
 
 from .. import dtypes
-from ..errors import ShapeError
+from ..errors import GraphError, ShapeError
 from ..ir import UNKNOWN, TensorType, broadcast_shapes, normalize_axis
 from ..registry import CONTRACTION, OPAQUE, Primitive, builder, register
 
@@ -167,12 +168,89 @@ def _einsum_infer(types, equation):
 einsum.def_impl(lambda *xs, equation: torch.einsum(equation, *xs).to(xs[0].dtype))
 
 
+@einsum.def_vjp
+def _einsum_vjp(g, op, dy):
+    """Each operand's cotangent is an einsum of dy with the other operands, to the operand's own term.
+
+    An output term cannot repeat a label, so a repeated label (a diagonal, "ii->i") is renamed
+    apart and a mask shaped like the operand ties the copies together (ones where their
+    coordinates agree). The mask, then all ones, also brings the extents that neither dy nor the
+    other operands are known to have: labels only that operand has, which the forward summed, and
+    labels the others have at extent 1 (broadcast). Extents the operand broadcast are summed back.
+    With labels before '...' the broadcast axes are put first for that sum and moved back, which
+    needs the operand's rank: an operand of unknown rank there is an error.
+    """
+    xs = op.inputs
+    if not xs[0].dtype.is_floating:
+        return [None] * len(xs)
+    terms, rhs = _terms(op.attrs["equation"], len(xs))
+    fresh = iter(c for c in string.ascii_letters if c not in op.attrs["equation"])
+    grads = []
+    for k, (x, term) in enumerate(zip(xs, terms)):
+        others = [t for j, t in enumerate(terms) if j != k]
+        head, dots, tail = term.partition("...")
+        axes = list(range(len(head))) + list(range(-len(tail), 0))  # tail axes count from the end
+        first, ties, renamed = {}, [], []
+        for c, axis in zip(head + tail, axes):
+            if c in first:
+                ties.append((first[c], axis))
+                c = next(fresh)
+            first.setdefault(c, axis)
+            renamed.append(c)
+        new_head, new_tail = "".join(renamed[:len(head)]), "".join(renamed[len(head):])
+        own = _label_extents(term, x)
+        known = [_label_extents(t, xs[j]) for j, t in enumerate(terms) if j != k]
+
+        def reached(c):  # the cotangent einsum gives label c the operand's extent
+            d = own.get(c, UNKNOWN)
+            return c in rhs or d == 1 or (d != UNKNOWN and any(e.get(c) == d for e in known))
+
+        subs, operands = [rhs] + others, [dy] + [t for j, t in enumerate(xs) if j != k]
+        if ties or not all(reached(c) for c in head + tail) or (dots and "..." not in rhs):
+            subs.append(new_head + dots + new_tail)
+            operands.append(_einsum_mask(g, x, ties))
+        if not (dots and head):
+            grads.append(g.sum_to_shape(g.einsum(",".join(subs) + "->" + new_head + dots + new_tail, *operands), x))
+            continue
+        if x.rank is None:
+            raise GraphError(f"gradients: einsum ({op.name}, built at {op.location}): operand {k} ({x.name}) has "
+                             f"labels before '...' ({term!r}) and an unknown rank; the gradient rule needs its rank "
+                             f"to sum the broadcast axes back")
+        n_ell = x.rank - len(head) - len(tail)
+        perm = list(range(len(head), len(head) + n_ell)) + list(range(len(head))) + \
+            list(range(len(head) + n_ell, x.rank))
+        grad = g.einsum(",".join(subs) + "->..." + new_head + new_tail, *operands)
+        grad = g.sum_to_shape(grad, g.transpose(x, perm))
+        grads.append(g.transpose(grad, [perm.index(a) for a in range(x.rank)]))
+    return grads
+
+
+def _label_extents(term, t):
+    """label -> the extent of t's axis with that label, where t's shape is known."""
+    if t.shape is None:
+        return {}
+    head, _, tail = term.partition("...")
+    return dict(zip(head + tail, t.shape[:len(head)] + t.shape[len(t.shape) - len(tail):]))
+
+
+def _einsum_mask(g, x, ties):
+    """Shaped like x and of its dtype: 1 where the coordinates along each tied pair of axes agree, else 0."""
+    ones = g.broadcast_to(g.constant(1, dtypes.int32), x)
+    keep = None
+    for a, b in ties:
+        same = g.equal(g.cumulative_sum(ones, a), g.cumulative_sum(ones, b))
+        keep = same if keep is None else g.logical_and(keep, same)
+    return g.broadcast_to(g.constant(1, x.dtype), x) if keep is None else g.cast(keep, x.dtype)
+
+
 @builder("einsum")
 def _einsum(g, equation, *operands, name=None):
     """``np.einsum(equation, *operands)``, e.g. ``g.einsum("bij,bjk->bik", a, b)``.
 
     Labels of extent 1 broadcast, and broadcast axes ('...') that the output leaves out are
     summed, as torch.einsum does. The IR keeps the equation with its output term written out.
+    Gradients flow to every operand, diagonals included, except where an operand of unknown rank
+    has labels before '...' ("i...j"): building gradients through that einsum is an error.
     """
     if not operands:
         raise g._error("einsum", "needs at least one operand")
