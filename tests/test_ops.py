@@ -47,12 +47,14 @@ def test_reference(record, dtype):
 @pytest.mark.parametrize("record, dtype", CASES)
 def test_types(record, dtype):
     for sample in record.samples_for(dtype):
-        want_dtype = record.out_dtype(dtype, sample.kwargs)
+        want = record.out_dtype(dtype, sample.kwargs)
         for mode in modes(record, sample):
             where = f"{record.name} {dtype} {sample.describe()} ({mode})"
             with expected(record.known_failure("types", dtype, f"{sample.name}/{mode}"), where):
                 built = build(record, sample, mode)
-                for out in built.outputs:
+                wants = want if isinstance(want, tuple) else (want,) * len(built.outputs)
+                assert len(wants) == len(built.outputs), f"{where}: {len(built.outputs)} outputs, {len(wants)} dtypes"
+                for out, want_dtype in zip(built.outputs, wants):
                     assert out.dtype == want_dtype, f"{where}: static dtype {out.dtype}, expected {want_dtype}"
                     if mode == "static":
                         assert out.type.is_static, f"{where}: static inputs gave {out.type}"
