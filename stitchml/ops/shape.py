@@ -20,14 +20,18 @@ reshape_with_dims = register(Primitive(
 ))
 
 
-def _resolve(shapes, shape, copies):
-    """Each copied extent multiplies its output entry (which starts as the int in `shape`)."""
+def _resolve(shapes, shape, copies, error=ShapeError):
+    """Each copied extent multiplies its output entry (which starts as the int in `shape`).
+
+    An input of unknown rank gives unknown extents; at run time (`error` ValueError) every
+    copied axis must exist.
+    """
     out = list(shape)
     for o, i, a in copies:
-        if not (0 <= o < len(out)) or not (0 <= i < len(shapes)) or shapes[i] is None \
-                or not -len(shapes[i]) <= a < len(shapes[i]):
-            raise ShapeError(f"copy ({o}, {i}, {a}) names an axis that does not exist")
-        d = shapes[i][a]
+        if not (0 <= o < len(out)) or not (0 <= i < len(shapes)) or (
+                shapes[i] is not None and not -len(shapes[i]) <= a < len(shapes[i])):
+            raise error(f"copy ({o}, {i}, {a}) names an axis that does not exist")
+        d = UNKNOWN if shapes[i] is None else shapes[i][a]
         out[o] = UNKNOWN if UNKNOWN in (d, out[o]) else out[o] * d
     return out
 
@@ -51,7 +55,7 @@ def _reshape_with_dims_infer(types, shape, copies):
             if j != inferred[0]:
                 den[d] += 1
         for o, i, a in copies:
-            d = types[i].shape[a]
+            d = UNKNOWN if types[i].shape is None else types[i].shape[a]
             den[("x", a % len(x.shape)) if i == 0 and d == UNKNOWN else d] += 1
         common = num & den
         num, den = num - common, den - common
@@ -59,14 +63,14 @@ def _reshape_with_dims_infer(types, shape, copies):
             n = math.prod(k ** c for k, c in num.items())
             m = math.prod(k ** c for k, c in den.items())
             if m == 0 or n % m:
-                raise ShapeError(f"cannot reshape {x.shape} to {out}")
+                raise ShapeError(f"cannot reshape {x.shape} to {tuple(out)}")
             out[inferred[0]] = n // m
     return TensorType(tuple(out), x.dtype)
 
 
 @reshape_with_dims.def_impl
 def _reshape_with_dims_impl(x, *others, shape, copies):
-    return x.reshape(_resolve([tuple(x.shape)] + [tuple(o.shape) for o in others], shape, copies))
+    return x.reshape(_resolve([tuple(x.shape)] + [tuple(o.shape) for o in others], shape, copies, ValueError))
 
 
 reshape_with_dims.def_vjp(lambda g, op, dy: [g.reshape(dy, op.inputs[0])] + [None] * (len(op.inputs) - 1))
@@ -110,7 +114,7 @@ def _broadcast_with_dims_infer(types, shape, copies):
 
 @broadcast_with_dims.def_impl
 def _broadcast_with_dims_impl(x, *others, shape, copies):
-    return x.expand(_resolve([tuple(x.shape)] + [tuple(o.shape) for o in others], shape, copies))
+    return x.expand(_resolve([tuple(x.shape)] + [tuple(o.shape) for o in others], shape, copies, ValueError))
 
 
 broadcast_with_dims.def_vjp(lambda g, op, dy: [g.sum_to_shape(dy, op.inputs[0])] + [None] * (len(op.inputs) - 1))
