@@ -45,14 +45,14 @@ def _reshape_with_dims_infer(types, shape, copies):
         raise ShapeError("the inferred (-1) extent cannot also copy extents")
     out = _resolve([t.shape for t in types], shape, copies)
     inferred = [i for i, d in enumerate(shape) if d == -1]
-    if inferred and x.shape is not None:
+    if x.shape is not None:
         # Element count of x over the product of the other output extents, where unknown extents
         # of x that the output copies cancel out.
         num, den = Counter(), Counter()
         for a, d in enumerate(x.shape):
             num[("x", a) if d == UNKNOWN else d] += 1
         for j, d in enumerate(shape):
-            if j != inferred[0]:
+            if j not in inferred:
                 den[d] += 1
         for o, i, a in copies:
             d = UNKNOWN if types[i].shape is None else types[i].shape[a]
@@ -62,9 +62,10 @@ def _reshape_with_dims_infer(types, shape, copies):
         if not any(isinstance(k, tuple) or k == UNKNOWN for k in list(num) + list(den)):
             n = math.prod(k ** c for k, c in num.items())
             m = math.prod(k ** c for k, c in den.items())
-            if m == 0 or n % m:
+            if (m == 0 or n % m) if inferred else n != m:
                 raise ShapeError(f"cannot reshape {x.shape} to {tuple(out)}")
-            out[inferred[0]] = n // m
+            if inferred:
+                out[inferred[0]] = n // m
     return TensorType(tuple(out), x.dtype)
 
 
