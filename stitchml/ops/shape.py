@@ -10,7 +10,7 @@ import math
 from collections import Counter
 
 from ..errors import ShapeError
-from ..ir import UNKNOWN, TensorType
+from ..ir import UNKNOWN, TensorType, broadcast_shapes
 from ..registry import MOVEMENT, Primitive, builder, register
 
 reshape_with_dims = register(Primitive(
@@ -107,9 +107,13 @@ broadcast_with_dims = register(Primitive(
 @broadcast_with_dims.def_infer
 def _broadcast_with_dims_infer(types, shape, copies):
     x = types[0]
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"shape {shape} has an extent < 0; copies give the extents known at run time only")
     out = _resolve([t.shape for t in types], shape, copies)
     if x.shape is not None and len(x.shape) > len(out):
         raise ShapeError(f"cannot broadcast rank {len(x.shape)} {x.shape} to lower rank {tuple(out)}")
+    if x.shape is not None and any(d != UNKNOWN and j != d for j, d in zip(broadcast_shapes(x.shape, out), out)):
+        raise ShapeError(f"cannot broadcast {x.shape} to {tuple(out)}")
     return TensorType(tuple(out), x.dtype)
 
 
