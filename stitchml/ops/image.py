@@ -132,7 +132,7 @@ def _resize(g, x, sizes, mode="nearest", scales=None, transform="half_pixel", ne
     if scales is None:
         if x.rank is None or any(i < 0 and o != i for o, i in zip(sizes, x.shape)):
             raise g._error("resize", "scales are needed when resized input extents are unknown", [x])
-        scales = tuple(o / i if i > 0 else 1.0 for o, i in zip(sizes, x.shape))
+        scales = tuple(o / i if i > 0 and o != -1 else 1.0 for o, i in zip(sizes, x.shape))
     attrs = {"sizes": sizes, "scales": tuple(float(s) for s in scales), "roi": tuple(float(r) for r in roi or ()),
              "mode": mode, "transform": transform, "nearest_mode": nearest_mode, "cubic_coeff_a": float(cubic_coeff_a),
              "exclude_outside": bool(exclude_outside), "extrapolation_value": float(extrapolation_value)}
