@@ -31,8 +31,13 @@ def _resize_infer(types, sizes, scales, roi, mode, transform, nearest_mode, cubi
     x = types[0]
     if x.rank is not None and len(sizes) != x.rank:
         raise ShapeError(f"sizes {sizes} need one extent per axis of {x}")
+    if len(scales) != len(sizes) or len(roi) not in (0, 2 * len(sizes)):
+        raise ShapeError(f"scales {scales} need one entry per axis, and roi {roi} none or two per axis "
+                         f"(starts, then ends), for sizes {sizes}")
     if mode not in MODES or transform not in TRANSFORMS or nearest_mode not in NEAREST:
         raise ShapeError(f"mode {mode!r}, transformation {transform!r} or nearest mode {nearest_mode!r} is unknown")
+    if mode != "nearest" and x.dtype.is_bool:
+        raise ShapeError(f"{mode} interpolation needs a numeric input, got bool")
     if x.shape is None:
         return TensorType(tuple(sizes), x.dtype)
     return TensorType(tuple(d if s == -1 else s for s, d in zip(sizes, x.shape)), x.dtype)
