@@ -119,7 +119,8 @@ def _resize_impl(x, sizes, scales, roi, mode, transform, nearest_mode, cubic_coe
     if outside is not None:
         y = torch.where(outside, torch.tensor(extrapolation_value, dtype=y.dtype, device=y.device), y)
     if not out_dtype.is_floating_point and mode != "nearest":
-        y = torch.round(y)
+        info = torch.iinfo(out_dtype)  # cubic overshoot saturates instead of wrapping around
+        y = torch.round(y).clamp(info.min, info.max)
     return y.to(out_dtype)
 
 
