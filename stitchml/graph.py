@@ -145,7 +145,11 @@ class Graph:
             raise self._error(op, str(e), inputs) from None
 
     def promote(self, *values: Any, name: str = "op") -> list[Tensor]:
-        """Bring operands to one dtype (dtypes.py's rule), inserting casts where needed."""
+        """Bring operands to one dtype (dtypes.py's rule), inserting casts where needed.
+
+        `name` is the op being built: a Python int that the integer type it would take cannot hold
+        (``uint8_tensor + 300``) is an error naming it, as in NumPy 2, never a wrap-around.
+        """
         tensors = [v for v in values if isinstance(v, Tensor)]
         target = None
         for t in tensors:
@@ -154,6 +158,12 @@ class Graph:
             if not isinstance(v, Tensor) and isinstance(v, (bool, int, float)):
                 weak = dtypes.scalar_dtype(v, target)
                 target = weak if target is None else dtypes.promote(target, weak)
+        if target is not None and target.is_integer:
+            info = torch.iinfo(target.torch)
+            for v in values:
+                if isinstance(v, int) and not isinstance(v, bool) and not info.min <= v <= info.max:
+                    raise self._error(name, f"the Python int {v} does not fit {target} [{info.min}, {info.max}]; "
+                                            f"cast the tensor to a wider type first", tensors)
         out = [self.as_tensor(v, target) for v in values]
         if target is None:
             target = out[0].dtype

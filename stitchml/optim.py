@@ -12,7 +12,10 @@ Each returns the new value (or values, for the rules with state); pass them to
 ``assign_variable``. Hyperparameters are Python floats or scalar tensors: a
 placeholder fed at every run, or a variable, makes a schedule. The arithmetic
 is torch.optim's, so the same model trained here and with torch.optim from the
-same weights agrees to rounding.
+same weights agrees to rounding. Half-type (float16, bfloat16) tensors are
+updated in float32 and rounded once: hyperparameters near 1 do not survive a
+half type (beta2 = 0.999 is 1.0 in bfloat16, and Adam's bias correction 1 -
+beta2**t becomes a fraction of what it is).
 
 `SGD`, `Adam` and `AdamW` put the pieces together: ``opt.minimize(graph, loss,
 variables)`` builds the gradients, the updates and the optimizer state (moments
@@ -70,6 +73,17 @@ def _operands(g, op: str, values: Tensor, *others: Tensor | None) -> None:
                                f"got {t.name}: {t.type}", [values, t])
 
 
+def _widened(g, *tensors: Tensor | None) -> list[Tensor | None]:
+    """Half-type tensors cast to float32, the type the rules compute in for them; others as they are."""
+    return [g.cast(t, dtypes.float32) if t is not None and t.dtype in (dtypes.float16, dtypes.bfloat16) else t
+            for t in tensors]
+
+
+def _rounded(g, like: Tensor, *tensors: Tensor) -> list[Tensor]:
+    """Results back in the dtype of `like` (the values)."""
+    return [t if t.dtype == like.dtype else g.cast(t, like.dtype) for t in tensors]
+
+
 def _is_zero(value: Any) -> bool:
     return not isinstance(value, Tensor) and value == 0
 
@@ -100,8 +114,9 @@ def stochastic_gradient_descent(g, learning_rate, values, gradient, weight_decay
     """
     op = "stochastic_gradient_descent"
     _operands(g, op, values, gradient)
-    gradient = _l2(g, op, gradient, values, weight_decay)
-    return values - _scalar(g, op, "learning_rate", learning_rate, values) * gradient
+    wide, gradient = _widened(g, values, gradient)
+    gradient = _l2(g, op, gradient, wide, weight_decay)
+    return _rounded(g, values, wide - _scalar(g, op, "learning_rate", learning_rate, wide) * gradient)[0]
 
 
 @composite
@@ -115,11 +130,13 @@ def stochastic_gradient_descent_momentum(g, learning_rate, momentum, values, vel
     """
     op = "stochastic_gradient_descent_momentum"
     _operands(g, op, values, velocity, gradient)
-    d = _l2(g, op, gradient, values, weight_decay)
-    mu = _scalar(g, op, "momentum", momentum, values)
+    wide, velocity, gradient = _widened(g, values, velocity, gradient)
+    d = _l2(g, op, gradient, wide, weight_decay)
+    mu = _scalar(g, op, "momentum", momentum, wide)
     velocity = mu * velocity + d
     direction = d + mu * velocity if nesterov else velocity
-    return values - _scalar(g, op, "learning_rate", learning_rate, values) * direction, velocity
+    new = wide - _scalar(g, op, "learning_rate", learning_rate, wide) * direction
+    return tuple(_rounded(g, values, new, velocity))
 
 
 @composite
@@ -141,6 +158,9 @@ def adam(g, learning_rate, beta1, beta2, epsilon, beta1_power, beta2_power, valu
     """
     op = "adam"
     _operands(g, op, values, momentum, velocity, gradient, maximum_velocity)
+    like = values
+    values, momentum, velocity, gradient, maximum_velocity = _widened(g, values, momentum, velocity, gradient,
+                                                                      maximum_velocity)
     lr = _scalar(g, op, "learning_rate", learning_rate, values)
     b1, b2 = _scalar(g, op, "beta1", beta1, values), _scalar(g, op, "beta2", beta2, values)
     if decoupled_weight_decay:
@@ -158,7 +178,7 @@ def adam(g, learning_rate, beta1, beta2, epsilon, beta1_power, beta2_power, valu
     correction2 = 1.0 - _scalar(g, op, "beta2_power", beta2_power, values)
     denominator = g.square_root(second) / g.square_root(correction2) + _scalar(g, op, "epsilon", epsilon, values)
     values = values - (lr / correction1) * (momentum / denominator)
-    return [values, momentum, velocity] + ([maximum_velocity] if maximum_velocity is not None else [])
+    return _rounded(g, like, values, momentum, velocity, *([maximum_velocity] if maximum_velocity is not None else []))
 
 
 # -- optimizers -------------------------------------------------------------------------------

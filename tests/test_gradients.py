@@ -171,6 +171,21 @@ def test_every_primitive_has_a_gradient_rule_or_says_it_has_none():
     assert not missing, f"primitives with neither a vjp nor differentiable=False: {missing}"
 
 
+def test_einsum_gradient_needs_the_rank_of_an_operand_with_labels_before_the_ellipsis():
+    """The one case the einsum rule refuses (stitchml/ops/scan.py), while building, saying why."""
+    g = sm.Graph()
+    x, y = g.placeholder(None, F64), g.placeholder((4,), F64)
+    loss = g.reduction_sum(g.einsum("i...j,j->i...", x, y))
+    with pytest.raises(sm.GraphError, match=r"einsum .*operand 0 \(placeholder_0\) has labels before '...' "
+                                            r"\('i...j'\) and an unknown rank"):
+        g.gradients(loss, [x])
+    x3 = g.placeholder((-1, -1, 4), F64)
+    grad = g.gradients(g.reduction_sum(g.einsum("i...j,j->i...", x3, y)), [x3])[x3]
+    xv, yv = np.random.default_rng(4).standard_normal((2, 3, 4)), np.arange(4.0)
+    (got,) = _run(g, {x3: xv, y: yv}, grad)
+    np.testing.assert_array_equal(got, np.broadcast_to(yv, (2, 3, 4)))
+
+
 def test_power_gradient_at_zero_base():
     """d/dx x**y is y x**(y-1), which PyTorch takes as 0 where y == 0 (not 0 * inf); d/dy is 0 at x == 0."""
     x, y = np.array([0.0, 0.0, 0.0, 2.0]), np.array([0.0, 1.0, 2.0, 0.0])

@@ -15,8 +15,6 @@ _EMPTY = "reduction over an empty axis: torch.amax/amin refuse; ONNX wants -inf/
 _RANGE_LOOP = "the expanded Range test uses a Loop (control flow is not supported)"
 _ANTIALIAS = "Resize with antialias is not supported"
 KNOWN = {
-    "test_averagepool_2d_ceil_last_window_starts_on_pad":
-        "avg_pooling2d's shape rule and implementation disagree on a ceil-mode window that starts in the padding",
     "test_averagepool_2d_dilations": "avg_pooling2d supports dilation 1 only",
     "test_averagepool_3d_default": _3D,
     "test_averagepool_3d_dilations_large_count_include_pad_is_0_ceil_mode_is_False": _3D,
@@ -40,7 +38,6 @@ KNOWN = {
     "test_lstm_with_peepholes": "sequence_lens is not supported",
     "test_maxpool_with_argmax_2d_precomputed_pads": "MaxPool's Indices output is not supported",
     "test_maxpool_with_argmax_2d_precomputed_strides": "MaxPool's Indices output is not supported",
-    "test_onehot_out_of_range_indices": "one_hot refuses out-of-range indices; ONNX wants an all-off row",
     "test_range_bfloat16_type_positive_delta_expanded": _RANGE_LOOP,
     "test_range_float16_type_positive_delta_expanded": _RANGE_LOOP,
     "test_range_float_type_positive_delta_expanded": _RANGE_LOOP,

@@ -47,12 +47,14 @@ def test_reference(record, dtype):
 @pytest.mark.parametrize("record, dtype", CASES)
 def test_types(record, dtype):
     for sample in record.samples_for(dtype):
-        want_dtype = record.out_dtype(dtype, sample.kwargs)
+        want = record.out_dtype(dtype, sample.kwargs)
         for mode in modes(record, sample):
             where = f"{record.name} {dtype} {sample.describe()} ({mode})"
             with expected(record.known_failure("types", dtype, f"{sample.name}/{mode}"), where):
                 built = build(record, sample, mode)
-                for out in built.outputs:
+                wants = want if isinstance(want, tuple) else (want,) * len(built.outputs)
+                assert len(wants) == len(built.outputs), f"{where}: {len(built.outputs)} outputs, {len(wants)} dtypes"
+                for out, want_dtype in zip(built.outputs, wants):
                     assert out.dtype == want_dtype, f"{where}: static dtype {out.dtype}, expected {want_dtype}"
                     if mode == "static":
                         assert out.type.is_static, f"{where}: static inputs gave {out.type}"
@@ -116,11 +118,45 @@ def test_tensor_of_another_graph(record):
         record.call(sm.Graph("other"), foreign, sample.kwargs)
 
 
+# Primitives only the compiler makes: no builder, no record; the compiler tests cover them.
+COMPILER_INTERNAL = {
+    "fusion",  # a kernel of the stitch pass; its reference runs its body (test_fusion_runs_its_body)
+}
+
+
 def test_every_builder_and_primitive_has_a_record():
-    missing = sorted((set(BUILDERS) | set(REGISTRY)) - set(OPS))
+    missing = sorted((set(BUILDERS) | set(REGISTRY)) - set(OPS) - COMPILER_INTERNAL)
     assert not missing, f"no op database record for: {', '.join(missing)} (add one to tests/opdb)"
     unknown = sorted(set(OPS) - set(BUILDERS) - set(REGISTRY))
     assert not unknown, f"records for ops that do not exist: {unknown}"
+
+
+def test_compiler_internal_primitives_have_no_builder():
+    assert COMPILER_INTERNAL <= set(REGISTRY) and not COMPILER_INTERNAL & (set(BUILDERS) | set(OPS))
+
+
+def test_fusion_runs_its_body():
+    """The reference of a stitched kernel (`fusion`) computes what its body's ops compute."""
+    g = sm.Graph()
+    x, w = g.placeholder((4, 3), sm.float32, name="x"), g.placeholder((3,), sm.float32, name="w")
+    y = g.tanh(x * w + 1.0)
+    z = g.reduction_sum(y * y, 1)
+    exe = g.compile({x: sm.TensorType((4, 3), sm.float32), w: sm.TensorType((3,), sm.float32)}, [y, z],
+                    device="cpu")
+    (kernel,) = [op for op in exe.program.operations if op.op == "fusion"]
+    assert [t.name for t in kernel.inputs] == ["x", "w"]
+    rng = np.random.default_rng(0)
+    xv, wv = (torch.as_tensor(rng.standard_normal(s), dtype=torch.float32) for s in ((4, 3), (3,)))
+    got = REGISTRY["fusion"].impl(xv, wv, **kernel.attrs)
+    want_y = torch.tanh(xv.double() * wv.double() + 1.0)
+    want = [want_y, (want_y * want_y).sum(1)]
+    assert len(got) == len(kernel.attrs["body"].outputs) == 2
+    for a, b in zip(got, want):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a.double(), b, rtol=1e-6, atol=1e-6)
+    ran = exe.run({x: xv, w: wv})
+    for t, a in zip((y, z), got):
+        torch.testing.assert_close(ran[t].torch(), a, rtol=1e-6, atol=1e-6)
 
 
 def test_records_agree_with_the_registry():
@@ -166,6 +202,19 @@ def test_promotion_table_examples():
 def test_python_scalars_are_weak(dtype, scalar, want):
     assert _promoted(dtype, scalar) is want
     assert _promoted(scalar, dtype) is want
+
+
+@pytest.mark.parametrize("dtype, scalar", [(sm.uint8, 300), (sm.uint8, -1), (sm.int8, 128), (sm.int8, -129),
+                                           (sm.int16, 2 ** 15), (sm.int32, -2 ** 31 - 1), (sm.int64, 2 ** 63)])
+def test_python_ints_the_integer_type_cannot_hold_are_errors(dtype, scalar):
+    """As NumPy 2 (docs/semantics.md): an error naming the op, not a wrap-around; the extremes still fit."""
+    with pytest.raises(sm.ShapeError, match=rf"^addition: the Python int {scalar} does not fit {dtype} "):
+        _promoted(dtype, scalar)
+    with pytest.raises(sm.ShapeError, match=rf"^maximum: the Python int {scalar} does not fit {dtype} "):
+        g = sm.Graph()
+        g.maximum(scalar, g.placeholder((2,), dtype))
+    info = torch.iinfo(dtype.torch)
+    assert _promoted(dtype, info.min) is dtype and _promoted(info.max, dtype) is dtype
 
 
 def test_promotion_inserts_casts_and_computes_in_the_common_type():

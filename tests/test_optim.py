@@ -132,6 +132,23 @@ def test_float32_weights_train_with_float_hyperparameters():
         np.testing.assert_allclose(g.variable_value(v).numpy(), tparams[k].detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [sm.bfloat16, sm.float16])
+def test_half_type_updates_keep_hyperparameters_near_one(dtype):
+    """beta2 = 0.999 is 1.0 in bfloat16: the rules compute in float32 and round the results once."""
+    g = sm.Graph()
+    v, m, s, grad = (g.constant(np.array(a), dtype) for a in ([1.0, -2.0], [0.5, 0.25], [1.0, 0.25], [3.0, -1.0]))
+    new_v, new_m, new_s = g.adam(0.1, 0.9, 0.999, 1e-8, 0.9, 0.999, v, m, s, grad)
+    sgd_v, sgd_vel = g.stochastic_gradient_descent_momentum(0.1, 0.999, v, s, grad)
+    out = g.run({}, [new_v, new_m, new_s, sgd_v, sgd_vel], device="cpu")
+    a, d, m0, s0 = np.array([1.0, -2.0]), np.array([3.0, -1.0]), np.array([0.5, 0.25]), np.array([1.0, 0.25])
+    m1, s1 = 0.9 * m0 + 0.1 * d, 0.999 * s0 + 0.001 * d * d
+    vel = 0.999 * s0 + d
+    want = [a - 0.1 / 0.1 * m1 / (np.sqrt(s1) / np.sqrt(0.001) + 1e-8), m1, s1, a - 0.1 * vel, vel]
+    for t, w in zip((new_v, new_m, new_s, sgd_v, sgd_vel), want):
+        assert t.dtype is dtype
+        assert torch.equal(out[t].torch(), torch.from_numpy(w).to(dtype.torch)), (t.name, out[t].torch(), w)
+
+
 def test_update_rules_as_graph_ops():
     """The builder methods alone, with tensor hyperparameters, against the formulas."""
     g = sm.Graph()

@@ -210,7 +210,7 @@ def _matmul_vjp(g, op, dy):
 @builder("matrix_multiplication")
 def _matrix_multiplication(g, primary, secondary, name=None):
     """``primary @ secondary`` with NumPy matmul rules (1-D operands are promoted and the axis removed)."""
-    a, b = g.promote(primary, secondary)
+    a, b = g.promote(primary, secondary, name="matrix_multiplication")
     if not a.dtype.is_floating:
         a, b = g.cast(a, dtypes.default_float), g.cast(b, dtypes.default_float)
     squeeze = []
@@ -292,7 +292,7 @@ def _conv_vjp(g, op, dy):
 @builder("convolution2d")
 def _convolution2d(g, source, weights, descriptor=None, name=None):
     """2-D convolution of `source` (NCHW or NHWC) with `weights` (OIHW or HWIO)."""
-    source, weights = g.promote(source, weights)
+    source, weights = g.promote(source, weights, name="convolution2d")
     attrs = _attrs_of(descriptor, Convolution2DDescriptor, g, "convolution2d", [source, weights])
     return g._emit1("convolution2d", [source, weights], attrs, name)
 
@@ -371,7 +371,7 @@ def _convolution_transpose2d(g, source, weights, descriptor=None, output_shape=N
     `output_shape` (a tensor whose shape to take) removes the ambiguity a
     stride > 1 leaves; else `output_padding` adds rows/columns at the end.
     """
-    source, weights = g.promote(source, weights)
+    source, weights = g.promote(source, weights, name="convolution_transpose2d")
     attrs = _attrs_of(descriptor, Convolution2DDescriptor, g, "convolution_transpose2d", [source, weights])
     inputs = [source, weights]
     if isinstance(output_shape, Tensor):

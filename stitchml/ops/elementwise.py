@@ -71,7 +71,7 @@ def binary(name, impl, triton, *, float_only=False, out=None, to_bool=False, all
     )
 
     def build(g, primary, secondary, name=None):
-        a, b = g.promote(primary, secondary)
+        a, b = g.promote(primary, secondary, name=prim.name)
         if to_bool and not a.dtype.is_bool:
             a, b = g.cast(a, dtypes.bool_), g.cast(b, dtypes.bool_)
         if float_only and not a.dtype.is_floating:
@@ -312,7 +312,7 @@ def _select(g, predicate, true_value, false_value, name=None):
     p = g.as_tensor(predicate)
     if not p.dtype.is_bool:
         p = g.not_equal(p, 0)
-    a, b = g.promote(true_value, false_value)
+    a, b = g.promote(true_value, false_value, name="select")
     return g._emit1("select", [p, a, b], None, name)
 
 
@@ -332,7 +332,7 @@ clamp = register(Primitive(
 @builder("clamp")
 def _clamp(g, x, min_value, max_value, name=None):
     """Limit `x` to [min_value, max_value]."""
-    x, lo, hi = g.promote(x, min_value, max_value)
+    x, lo, hi = g.promote(x, min_value, max_value, name="clamp")
     _check_dtype(g, "clamp", x, "numeric")
     return g._emit1("clamp", [x, lo, hi], None, name)
 

@@ -1,4 +1,4 @@
-"""Image primitives: `resize` (nearest, linear, cubic), separable over any set of axes.
+"""Image primitives: `resize` (nearest, linear, cubic), separable over any set of axes, and its gradient.
 
 The sampling follows the ONNX Resize definition, which covers PyTorch's
 ``interpolate`` and TensorFlow's resize modes: each output index i along an
@@ -6,6 +6,9 @@ axis maps to a source coordinate by the coordinate transformation mode
 (half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners,
 asymmetric, tf_crop_and_resize), and the output is a weighted sum of source
 elements at integer taps around it (edge elements repeat outside the input).
+Integer results of linear and cubic interpolation round to nearest and
+saturate. `resize_gradient` is the transpose: each output's cotangent added
+back to its taps with the same weights.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import ShapeError
-from ..ir import TensorType
+from ..ir import UNKNOWN, TensorType
 from ..registry import OPAQUE, Primitive, builder, register
 
 MODES = ("nearest", "linear", "cubic")
@@ -31,8 +34,13 @@ def _resize_infer(types, sizes, scales, roi, mode, transform, nearest_mode, cubi
     x = types[0]
     if x.rank is not None and len(sizes) != x.rank:
         raise ShapeError(f"sizes {sizes} need one extent per axis of {x}")
+    if len(scales) != len(sizes) or len(roi) not in (0, 2 * len(sizes)):
+        raise ShapeError(f"scales {scales} need one entry per axis, and roi {roi} none or two per axis "
+                         f"(starts, then ends), for sizes {sizes}")
     if mode not in MODES or transform not in TRANSFORMS or nearest_mode not in NEAREST:
         raise ShapeError(f"mode {mode!r}, transformation {transform!r} or nearest mode {nearest_mode!r} is unknown")
+    if mode != "nearest" and x.dtype.is_bool:
+        raise ShapeError(f"{mode} interpolation needs a numeric input, got bool")
     if x.shape is None:
         return TensorType(tuple(sizes), x.dtype)
     return TensorType(tuple(d if s == -1 else s for s, d in zip(sizes, x.shape)), x.dtype)
@@ -86,36 +94,96 @@ def _taps(n_in, x, mode, nearest_mode, a, exclude_outside):
     return np.clip(idx, 0, n_in - 1).astype(np.int64), weights
 
 
-@resize.def_impl
-def _resize_impl(x, sizes, scales, roi, mode, transform, nearest_mode, cubic_coeff_a, exclude_outside,
-                 extrapolation_value):
-    out_dtype = x.dtype
-    y = x if mode == "nearest" else x.to(torch.float64)
-    outside = None
-    for axis, (n_in, n_out) in enumerate(zip(x.shape, sizes)):
+def _plans(shape, sizes, scales, roi, mode, transform, nearest_mode, cubic_coeff_a, exclude_outside):
+    """Per resampled axis: (axis, source indices (taps, n_out), weights (taps, n_out), outside (n_out,) or None).
+
+    `outside` marks the outputs of tf_crop_and_resize whose coordinate leaves the input; they take the
+    extrapolation value. Axes that keep their extent at scale 1 are left out (except for crops).
+    """
+    plans = []
+    for axis, (n_in, n_out) in enumerate(zip(shape, sizes)):
         n_out = n_in if n_out == -1 else n_out
-        box = (roi[axis], roi[axis + x.dim()]) if roi else (0.0, 1.0)
+        box = (roi[axis], roi[axis + len(shape)]) if roi else (0.0, 1.0)
         if n_in == n_out and scales[axis] == 1.0 and transform != "tf_crop_and_resize":
             continue
         coords = _source_coordinates(n_in, n_out, scales[axis], transform, box)
         idx, w = _taps(n_in, coords, mode, nearest_mode, cubic_coeff_a, exclude_outside)
-        shape = [1] * x.dim()
-        shape[axis] = n_out
+        outside = (coords < 0) | (coords > n_in - 1) if transform == "tf_crop_and_resize" else None
+        plans.append((axis, idx, w, outside))
+    return plans
+
+
+def _along(v, axis, rank):
+    """A 1-D NumPy array as a torch tensor shaped to broadcast along `axis`."""
+    shape = [1] * rank
+    shape[axis] = -1
+    return torch.from_numpy(v).reshape(shape)
+
+
+@resize.def_impl
+def _resize_impl(x, sizes, scales, roi, mode, transform, nearest_mode, cubic_coeff_a, exclude_outside,
+                 extrapolation_value):
+    y = x if mode == "nearest" else x.to(torch.float64)
+    outside = None
+    for axis, idx, w, bad in _plans(x.shape, sizes, scales, roi, mode, transform, nearest_mode, cubic_coeff_a,
+                                    exclude_outside):
         acc = None
         for k in range(idx.shape[0]):
             part = y.index_select(axis, torch.from_numpy(idx[k]).to(x.device))
             if mode != "nearest":
-                part = part * torch.from_numpy(w[k]).to(x.device).reshape(shape)
+                part = part * _along(w[k], axis, x.dim()).to(x.device)
             acc = part if acc is None else acc + part
         y = acc
-        if transform == "tf_crop_and_resize":
-            bad = torch.from_numpy((coords < 0) | (coords > n_in - 1)).to(x.device).reshape(shape)
+        if bad is not None:
+            bad = _along(bad, axis, x.dim()).to(x.device)
             outside = bad if outside is None else outside | bad
     if outside is not None:
         y = torch.where(outside, torch.tensor(extrapolation_value, dtype=y.dtype, device=y.device), y)
-    if not out_dtype.is_floating_point and mode != "nearest":
-        y = torch.round(y)
-    return y.to(out_dtype)
+    if not x.dtype.is_floating_point and mode != "nearest":
+        info = torch.iinfo(x.dtype)  # cubic overshoot saturates instead of wrapping around
+        y = torch.round(y).clamp(info.min, info.max)
+    return y.to(x.dtype)
+
+
+resize_gradient = register(Primitive(
+    "resize_gradient", OPAQUE,
+    doc="The adjoint of `resize`: each output's `dy` added back to the source elements it was interpolated from, "
+        "with the same weights: inputs (dy, source).",
+))
+
+
+@resize_gradient.def_infer
+def _resize_gradient_infer(types, **attrs):
+    dy, source = types
+    resized = _resize_infer([source], **attrs)
+    if dy.shape is not None and resized.shape is not None and (len(dy.shape) != len(resized.shape) or any(
+            UNKNOWN not in (a, b) and a != b for a, b in zip(dy.shape, resized.shape))):
+        raise ShapeError(f"the gradient has shape {dy.shape}, but resizing the source {source.shape} gives "
+                         f"{resized.shape}")
+    return TensorType(source.shape, dy.dtype)
+
+
+@resize_gradient.def_impl
+def _resize_gradient_impl(dy, source, sizes, scales, roi, mode, transform, nearest_mode, cubic_coeff_a,
+                          exclude_outside, extrapolation_value):
+    plans = _plans(source.shape, sizes, scales, roi, mode, transform, nearest_mode, cubic_coeff_a, exclude_outside)
+    d = dy.to(torch.float64)
+    for axis, _, _, bad in plans:  # the extrapolated outputs came from no source element
+        if bad is not None:
+            d = d.masked_fill(_along(bad, axis, dy.dim()).to(dy.device), 0.0)
+    for axis, idx, w, _ in reversed(plans):  # the transpose of each axis's interpolation, last axis first
+        shape = list(d.shape)
+        shape[axis] = source.shape[axis]
+        acc = d.new_zeros(shape)
+        for k in range(idx.shape[0]):
+            acc.index_add_(axis, torch.from_numpy(idx[k]).to(dy.device), d * _along(w[k], axis, dy.dim()).to(dy.device))
+        d = acc
+    return d.to(dy.dtype)
+
+
+resize.def_vjp(lambda g, op, dy: [g._emit1("resize_gradient", [dy, op.inputs[0]], op.attrs)])
+# The adjoint of the gradient is the linear part of resize: extrapolated outputs are 0, not the extrapolation value.
+resize_gradient.def_vjp(lambda g, op, ddx: [g._emit1("resize", [ddx], {**op.attrs, "extrapolation_value": 0.0}), None])
 
 
 @builder("resize")
@@ -132,7 +200,7 @@ def _resize(g, x, sizes, mode="nearest", scales=None, transform="half_pixel", ne
     if scales is None:
         if x.rank is None or any(i < 0 and o != i for o, i in zip(sizes, x.shape)):
             raise g._error("resize", "scales are needed when resized input extents are unknown", [x])
-        scales = tuple(o / i if i > 0 else 1.0 for o, i in zip(sizes, x.shape))
+        scales = tuple(o / i if i > 0 and o != -1 else 1.0 for o, i in zip(sizes, x.shape))
     attrs = {"sizes": sizes, "scales": tuple(float(s) for s in scales), "roi": tuple(float(r) for r in roi or ()),
              "mode": mode, "transform": transform, "nearest_mode": nearest_mode, "cubic_coeff_a": float(cubic_coeff_a),
              "exclude_outside": bool(exclude_outside), "extrapolation_value": float(extrapolation_value)}

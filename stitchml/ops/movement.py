@@ -294,7 +294,7 @@ def _concat_vjp(g, op, dy):
 @builder("concat")
 def _concat(g, tensors, axis=0, name=None):
     """Concatenate a sequence of tensors along `axis` (MPSGraph concatTensors)."""
-    tensors = g.promote(*tensors) if len(tensors) > 1 else [g.as_tensor(t) for t in tensors]
+    tensors = g.promote(*tensors, name="concat") if len(tensors) > 1 else [g.as_tensor(t) for t in tensors]
     if not tensors:
         raise g._error("concat", "needs at least one tensor")
     return g._emit1("concat", tensors, {"axis": int(axis)}, name)

@@ -10,7 +10,7 @@ import math
 from collections import Counter
 
 from ..errors import ShapeError
-from ..ir import UNKNOWN, TensorType
+from ..ir import UNKNOWN, TensorType, broadcast_shapes
 from ..registry import MOVEMENT, Primitive, builder, register
 
 reshape_with_dims = register(Primitive(
@@ -20,14 +20,18 @@ reshape_with_dims = register(Primitive(
 ))
 
 
-def _resolve(shapes, shape, copies):
-    """Each copied extent multiplies its output entry (which starts as the int in `shape`)."""
+def _resolve(shapes, shape, copies, error=ShapeError):
+    """Each copied extent multiplies its output entry (which starts as the int in `shape`).
+
+    An input of unknown rank gives unknown extents; at run time (`error` ValueError) every
+    copied axis must exist.
+    """
     out = list(shape)
     for o, i, a in copies:
-        if not (0 <= o < len(out)) or not (0 <= i < len(shapes)) or shapes[i] is None \
-                or not -len(shapes[i]) <= a < len(shapes[i]):
-            raise ShapeError(f"copy ({o}, {i}, {a}) names an axis that does not exist")
-        d = shapes[i][a]
+        if not (0 <= o < len(out)) or not (0 <= i < len(shapes)) or (
+                shapes[i] is not None and not -len(shapes[i]) <= a < len(shapes[i])):
+            raise error(f"copy ({o}, {i}, {a}) names an axis that does not exist")
+        d = UNKNOWN if shapes[i] is None else shapes[i][a]
         out[o] = UNKNOWN if UNKNOWN in (d, out[o]) else out[o] * d
     return out
 
@@ -41,32 +45,33 @@ def _reshape_with_dims_infer(types, shape, copies):
         raise ShapeError("the inferred (-1) extent cannot also copy extents")
     out = _resolve([t.shape for t in types], shape, copies)
     inferred = [i for i, d in enumerate(shape) if d == -1]
-    if inferred and x.shape is not None:
+    if x.shape is not None:
         # Element count of x over the product of the other output extents, where unknown extents
         # of x that the output copies cancel out.
         num, den = Counter(), Counter()
         for a, d in enumerate(x.shape):
             num[("x", a) if d == UNKNOWN else d] += 1
         for j, d in enumerate(shape):
-            if j != inferred[0]:
+            if j not in inferred:
                 den[d] += 1
         for o, i, a in copies:
-            d = types[i].shape[a]
+            d = UNKNOWN if types[i].shape is None else types[i].shape[a]
             den[("x", a % len(x.shape)) if i == 0 and d == UNKNOWN else d] += 1
         common = num & den
         num, den = num - common, den - common
         if not any(isinstance(k, tuple) or k == UNKNOWN for k in list(num) + list(den)):
             n = math.prod(k ** c for k, c in num.items())
             m = math.prod(k ** c for k, c in den.items())
-            if m == 0 or n % m:
-                raise ShapeError(f"cannot reshape {x.shape} to {out}")
-            out[inferred[0]] = n // m
+            if (m == 0 or n % m) if inferred else n != m:
+                raise ShapeError(f"cannot reshape {x.shape} to {tuple(out)}")
+            if inferred:
+                out[inferred[0]] = n // m
     return TensorType(tuple(out), x.dtype)
 
 
 @reshape_with_dims.def_impl
 def _reshape_with_dims_impl(x, *others, shape, copies):
-    return x.reshape(_resolve([tuple(x.shape)] + [tuple(o.shape) for o in others], shape, copies))
+    return x.reshape(_resolve([tuple(x.shape)] + [tuple(o.shape) for o in others], shape, copies, ValueError))
 
 
 reshape_with_dims.def_vjp(lambda g, op, dy: [g.reshape(dy, op.inputs[0])] + [None] * (len(op.inputs) - 1))
@@ -102,15 +107,19 @@ broadcast_with_dims = register(Primitive(
 @broadcast_with_dims.def_infer
 def _broadcast_with_dims_infer(types, shape, copies):
     x = types[0]
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"shape {shape} has an extent < 0; copies give the extents known at run time only")
     out = _resolve([t.shape for t in types], shape, copies)
     if x.shape is not None and len(x.shape) > len(out):
         raise ShapeError(f"cannot broadcast rank {len(x.shape)} {x.shape} to lower rank {tuple(out)}")
+    if x.shape is not None and any(d != UNKNOWN and j != d for j, d in zip(broadcast_shapes(x.shape, out), out)):
+        raise ShapeError(f"cannot broadcast {x.shape} to {tuple(out)}")
     return TensorType(tuple(out), x.dtype)
 
 
 @broadcast_with_dims.def_impl
 def _broadcast_with_dims_impl(x, *others, shape, copies):
-    return x.expand(_resolve([tuple(x.shape)] + [tuple(o.shape) for o in others], shape, copies))
+    return x.expand(_resolve([tuple(x.shape)] + [tuple(o.shape) for o in others], shape, copies, ValueError))
 
 
 broadcast_with_dims.def_vjp(lambda g, op, dy: [g.sum_to_shape(dy, op.inputs[0])] + [None] * (len(op.inputs) - 1))

@@ -1,8 +1,8 @@
 """The op database: one `OpInfo` record per builder method and per gradient-only primitive.
 
 `OPS` maps each name to its record; the record modules hold them family by
-family (elementwise, reduction, movement, indexing, contraction, state,
-composites). To add an op, add one record to its family's module: its name,
+family (elementwise, reduction, movement, indexing, contraction, scan,
+image, state, composites, optim). To add an op, add one record to its family's module: its name,
 samples (the generators of samples.py cover most shapes), a reference written
 with NumPy or PyTorch without StitchML, its dtypes, error inputs and its
 NumPy/PyTorch equivalent. test_ops.py then fails until the record exists,
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import composites, contraction, elementwise, indexing, movement, reduction, state
+from . import composites, contraction, elementwise, image, indexing, movement, optim, reduction, scan, state
 from .core import ALL, FLOATS, INTS, NUMERIC, ErrorInput, KnownFailure, OpInfo, P, Sample, expected
 from .harness import Built, build, feeds_for, modes
 
@@ -21,7 +21,8 @@ from .harness import Built, build, feeds_for, modes
 torch.set_num_threads(1)
 
 _RECORDS = [*elementwise.RECORDS, *reduction.RECORDS, *movement.RECORDS, *indexing.RECORDS,
-            *contraction.RECORDS, *state.RECORDS, *composites.RECORDS]
+            *contraction.RECORDS, *scan.RECORDS, *image.RECORDS, *state.RECORDS, *composites.RECORDS,
+            *optim.RECORDS]
 
 OPS: dict[str, OpInfo] = {}
 for _r in _RECORDS:

@@ -128,7 +128,8 @@ class OpInfo:
     dtypes: tuple[DType, ...]
     build: Callable[..., Any] | None = None  # (graph, *tensors, **kwargs) -> Tensor | sequence; default g.<name>
     check: Callable[..., None] | None = None  # for ops with no value reference (random): (result, *args, **kw)
-    out_dtype: Callable[[DType, dict], DType] = _same  # (sample dtype, kwargs) -> result dtype
+    # (sample dtype, kwargs) -> the dtype of every result, or a tuple of one dtype per result
+    out_dtype: Callable[[DType, dict], DType | tuple[DType, ...]] = _same
     float_only: bool | None = None  # integer args go to the reference as float64 (default: the registry's)
     errors: Callable[[], Iterable[ErrorInput]] = lambda: ()
     differentiable: bool | None = None  # default: the registry's flag (composites: True)

@@ -1,5 +1,6 @@
 """Records of the shape primitives: reshape, transpose, expand_dims, squeeze,
-broadcast_to, concat, split, slice (and its gradient), pad, tile and reverse.
+broadcast_to, concat, split, slice (and its gradient), pad, tile, reverse, and
+the importers' reshape and broadcast to extents read at run time.
 
 References take elements by index maps computed with NumPy (``np.pad`` of an
 ``arange``, NumPy slicing of an ``arange``) and apply them with torch, so they
@@ -252,6 +253,80 @@ def _reverse_ref(x, axes=None):
     return take(x, np.flip(positions(x), axes))
 
 
+# -- reshape_with_dims / broadcast_with_dims -------------------------------------------------------
+def _with_dims_samples(cases, layouts):
+    """Cases (name, shapes of x and the sources, kwargs, shapes fed next), and kwargs for a transposed x
+    of shape (3, 4) with a sliced source of shape (2, 5)."""
+    def gen(record, dtype, rng):
+        for name, shapes, kwargs, more in cases:
+            yield Sample(tuple(make(s, dtype, rng) for s in shapes), dict(kwargs), name=name,
+                         more=(tuple(make(s, dtype, rng) for s in more),) if more else ())
+        yield Sample((make((3, 4), dtype, rng, layout="transposed"), make((2, 5), dtype, rng, layout="sliced")),
+                     dict(layouts), name="layouts")
+
+    return gen
+
+
+_RESHAPE_WITH_DIMS = _with_dims_samples([
+    ("keep-batch", [(2, 4, 5)], {"shape": (1, -1), "copies": ((0, 0, 0),)}, [(3, 4, 5)]),
+    ("from-source", [(2, 3, 4), (5, 2)], {"shape": (1, -1), "copies": ((0, 1, 1),)}, [(3, 3, 4), (1, 3)]),
+    ("product", [(2, 3, 4)], {"shape": (1, 4), "copies": ((0, 0, 0), (0, 0, 1))}, [(1, 5, 4)]),
+    ("factor-negative-axis", [(2, 6)], {"shape": (2, -1), "copies": ((0, 0, -2),)}, [(3, 6)]),
+    ("no-copies", [(2, 3)], {"shape": (3, 2)}, None),
+    ("zero-size", [(0, 3)], {"shape": (1, 3), "copies": ((0, 0, 0),)}, [(2, 3)]),
+], layouts={"shape": (1, 6), "copies": ((0, 1, 0),)})
+_BROADCAST_WITH_DIMS = _with_dims_samples([
+    ("batch-from-source", [(1, 4), (3, 2)], {"shape": (1, 4), "copies": ((0, 1, 0),)}, [(1, 4), (5, 2)]),
+    ("new-axes", [(3,), (4, 5)], {"shape": (2, 1, 3), "copies": ((1, 1, 1),)}, [(3,), (1, 2)]),
+    ("own-extent", [(2, 1)], {"shape": (1, 3), "copies": ((0, 0, 0),)}, [(4, 1)]),
+    ("scalar", [(), (3,)], {"shape": (2, 1), "copies": ((1, 1, 0),)}, [(), (5,)]),
+    ("no-copies", [(3, 1)], {"shape": (2, 3, 4)}, None),
+    ("zero-size", [(1, 3), (0,)], {"shape": (1, 3), "copies": ((0, 1, 0),)}, [(1, 3), (2,)]),
+], layouts={"shape": (1, 3, 4), "copies": ((0, 1, 0),)})
+
+
+def _resolved(args, shape, copies):
+    """The target shape: entry o times the extent of axis a of args[i] for each copy (o, i, a)."""
+    out = list(shape)
+    for o, i, a in copies:
+        out[o] *= args[i].shape[a]
+    return tuple(out)
+
+
+def _reshape_with_dims_ref(x, *sources, shape, copies=()):
+    return take(x, positions(x).reshape(_resolved((x, *sources), shape, copies)))
+
+
+def _broadcast_with_dims_ref(x, *sources, shape, copies=()):
+    return take(x, np.broadcast_to(positions(x), _resolved((x, *sources), shape, copies)))
+
+
+def _with_dims_build(op):
+    return lambda g, x, *sources, shape, copies=(): getattr(g, op)(x, shape, copies, sources)
+
+
+def _reshape_with_dims_errors():
+    return [ErrorInput((P((2, 3)),), {"shape": (4, 2)}, match="cannot reshape (2, 3) to (4, 2)"),
+            ErrorInput((P((-1, 4, 5)),), {"shape": (1, 21), "copies": ((0, 0, 0),)}, match="cannot reshape"),
+            ErrorInput((P((2, 3)),), {"shape": (-1, -1)}, match="more than one -1"),
+            ErrorInput((P((-1, 4)),), {"shape": (-1, 2), "copies": ((0, 0, 0),)}, match="cannot also copy extents"),
+            ErrorInput((P((2, 3)),), {"shape": (1, 3), "copies": ((0, 0, 2),)}, match="names an axis that does not"),
+            ErrorInput((P((2, 3)),), {"shape": (1, 3), "copies": ((0, 1, 0),)}, match="names an axis that does not"),
+            _runtime_mismatch((P((-1, -1)),), (_f32(2, 3),), {"shape": (1, 2), "copies": ((0, 0, 0),)}),
+            _runtime_mismatch((P(None),), (_f32(2, 3),), {"shape": (1, -1), "copies": ((0, 0, 2),)},
+                              match="copy (0, 0, 2) names an axis that does not exist")]
+
+
+def _broadcast_with_dims_errors():
+    return [ErrorInput((P((3,)),), {"shape": (2, 4)}, match="do not broadcast"),
+            ErrorInput((P((2, 3)),), {"shape": (1, 3), "copies": ((0, 1, 0),)}, build=lambda g, x, **kw: (
+                g.broadcast_with_dims(x, sources=[g.placeholder((4,))], **kw)), match="do not broadcast"),
+            ErrorInput((P((2, 3)),), {"shape": (3,)}, match="to lower rank"),
+            ErrorInput((P((3,)),), {"shape": (2, -1)}, match="has an extent < 0"),
+            ErrorInput((P((3,)),), {"shape": (1, 3), "copies": ((2, 0, 0),)}, match="names an axis that does not"),
+            _runtime_mismatch((P((-1,)), P((-1,))), (_f32(3), _f32(2)), {"shape": (1,), "copies": ((0, 1, 0),)})]
+
+
 RECORDS = [
     OpInfo("reshape", _reshape_samples, _reshape_ref, ALL, build=_reshape_build, errors=_reshape_errors,
            equivalent="np.reshape / torch.reshape"),
@@ -312,4 +387,10 @@ RECORDS = [
     OpInfo("reverse", _reverse_samples, _reverse_ref, ALL, equivalent="np.flip / torch.flip",
            errors=lambda: [ErrorInput((P((2, 3)),), {"axes": 2}, match="out of range for rank 2"),
                            ErrorInput((P(None),), {}, match="needs a tensor of known rank")]),
+    OpInfo("reshape_with_dims", _RESHAPE_WITH_DIMS, _reshape_with_dims_ref, ALL,
+           build=_with_dims_build("reshape_with_dims"), errors=_reshape_with_dims_errors,
+           equivalent="torch.reshape(x, [x.shape[0], -1]) with extents read at run time"),
+    OpInfo("broadcast_with_dims", _BROADCAST_WITH_DIMS, _broadcast_with_dims_ref, ALL,
+           build=_with_dims_build("broadcast_with_dims"), errors=_broadcast_with_dims_errors,
+           equivalent="torch.Tensor.expand(y.shape[0], 4) with extents read at run time"),
 ]
