@@ -1,0 +1,66 @@
+"""Every sample graph of the compiler tests, compiled for CUDA and checked against the eager CPU run.
+
+CI has no GPU: there the same kernels run under Triton's interpreter. This script is the GPU half of
+that check, run on a CUDA machine:  python benchmarks/gpu_check.py [--json out.json]
+It prints one line per failing case and a summary; the exit status is 1 when any case fails.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import torch  # noqa: E402
+
+from compiler_util import Feeds, all_cases, assert_match, seeded  # noqa: E402
+
+import stitchml as sm  # noqa: E402
+
+
+def check(case) -> str | None:
+    g = sm.Graph(case.name)
+    feeds = Feeds(g, seeded(case.name))
+    targets = list(case.build(g, feeds))
+    exe = g.compile({p: v.cuda() for p, v in feeds.items()}, targets, device="cuda")
+    got = exe.run({p: v.cuda() for p, v in feeds.items()})
+    got = exe.run({p: v.cuda() for p, v in feeds.items()})  # the second run replays the captured graph
+    want = g.run(feeds, targets, device="cpu")
+    for i, t in enumerate(targets):
+        assert_match(got[t].torch().cpu(), want[t].torch(), f"{case.name}: target {i} cuda vs eager", case.tol)
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gpu_check.json"))
+    parser.add_argument("--budget", type=float, default=1e9, help="stop starting new cases after this many seconds")
+    args = parser.parse_args()
+    cases = [c for c in all_cases() if not c.known_failure]
+    failures = {}
+    start, done = time.perf_counter(), 0
+    for case in cases:
+        if time.perf_counter() - start > args.budget:
+            break
+        done += 1
+        try:
+            check(case)
+        except Exception as e:  # noqa: BLE001  (every case is reported, one failure must not hide others)
+            failures[case.name] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(f"FAIL {case.name}: {failures[case.name]}", flush=True)
+            if len(failures) <= 3:
+                traceback.print_exc()
+    print(f"{done - len(failures)} of {done} sample graphs checked ({len(cases)} in all) match on "
+          f"{torch.cuda.get_device_name()} in {time.perf_counter() - start:.0f} s")
+    with open(args.json, "w") as f:
+        json.dump({"cases": len(cases), "checked": done, "failures": failures}, f, indent=1)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
