@@ -266,7 +266,8 @@ def _view(op: Operation, src: int, dst: int):
 def _opaque(op: Operation, ins: list[int], outs: list[int], into: bool = False):
     """Run an op's reference implementation: its results are bound as they come (library memory),
     or copied into planned buffers with `into`. A result that is one of the inputs' memory is copied,
-    so no output or assignment ever aliases a feed, constant or variable."""
+    so no output or assignment ever aliases a feed, constant or variable; a strided result (a slice,
+    a transposed convolution) is made row-major, the layout the plan gives every buffer."""
     prim = lookup(op.op)
     attrs = op.attrs
 
@@ -279,6 +280,7 @@ def _opaque(op: Operation, ins: list[int], outs: list[int], into: bool = False):
             if into:
                 env[s].copy_(r)
             else:
-                env[s] = r.clone() if r.untyped_storage().data_ptr() in shared else r
+                shares = r.untyped_storage().data_ptr() in shared
+                env[s] = r.clone(memory_format=torch.contiguous_format) if shares else r.contiguous()
     return run
 
