@@ -177,7 +177,7 @@ erf.def_vjp(lambda g, op, dy: [dy * (2.0 / math.sqrt(math.pi)) * g.exponent(-op.
 sigmoid = unary("sigmoid", torch.sigmoid, "tl.sigmoid({0})", float_only=True, doc="1 / (1 + exp(-x)).")
 sigmoid.def_vjp(lambda g, op, dy: [dy * op.outputs[0] * (1.0 - op.outputs[0])])
 
-relu = unary("relu", torch.relu, "tl.maximum({0}, 0)", allow="numeric", doc="max(x, 0).")
+relu = unary("relu", torch.relu, "tl.maximum({0}, 0, tl.PropagateNan.ALL)", allow="numeric", doc="max(x, 0).")
 relu.def_vjp(lambda g, op, dy: [g.select(op.inputs[0] > 0, dy, 0.0)])
 
 floor = unary("floor", torch.floor, "tl.floor({0})", allow="float", doc="The largest integer <= x.")
@@ -324,7 +324,7 @@ def _select_vjp(g, op, dy):
 
 clamp = register(Primitive(
     "clamp", ELEMENTWISE, infer=_infer(None), impl=lambda x, lo, hi: torch.minimum(torch.maximum(x, lo), hi),
-    triton="tl.minimum(tl.maximum({0}, {1}), {2})",
+    triton="tl.minimum(tl.maximum({0}, {1}, tl.PropagateNan.ALL), {2}, tl.PropagateNan.ALL)",
     doc="clamp(x, min_value, max_value) = minimum(maximum(x, min_value), max_value).",
 ))
 
