@@ -131,8 +131,9 @@ logarithm_base10.def_vjp(lambda g, op, dy: [dy / (op.inputs[0] * math.log(10.0))
 square = unary("square", torch.square, "{0} * {0}", allow="numeric", doc="x * x.")
 square.def_vjp(lambda g, op, dy: [dy * 2.0 * op.inputs[0]])
 
-square_root = unary("square_root", torch.sqrt, "tl.sqrt_rn({0})", float_only=True,
-                    doc="The square root of x.")
+# tl.sqrt_rn is float32 only; tl.sqrt is correctly rounded in float64.
+square_root = unary("square_root", torch.sqrt, {"float": "tl.sqrt_rn({0})", "float64": "tl.sqrt({0})"},
+                    float_only=True, doc="The square root of x.")
 square_root.def_vjp(lambda g, op, dy: [dy * 0.5 / op.outputs[0]])
 
 reverse_square_root = unary("reverse_square_root", torch.rsqrt, "tl.rsqrt({0})", float_only=True,
