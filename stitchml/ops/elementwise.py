@@ -205,7 +205,9 @@ logical_not = unary("logical_not", torch.logical_not, "{0} == 0", to_bool=True, 
                     doc="True where x is zero (false).")
 
 # -- binary math ----------------------------------------------------------------
-addition = binary("addition", torch.add, "{0} + {1}", doc="a + b (for bool: or).")
+# On bool, torch.add is a logical or; Triton adds int1 modulo 2.
+addition = binary("addition", torch.add, {"bool": "{0} | {1}", "int": "{0} + {1}", "float": "{0} + {1}"},
+                  doc="a + b (for bool: or).")
 addition.def_vjp(lambda g, op, dy: [dy, dy])
 
 subtraction = binary("subtraction", torch.sub, "{0} - {1}", allow="numeric", doc="a - b.")
