@@ -228,7 +228,8 @@ modulo = binary("modulo", torch.remainder, "{0} - tl.floor({0} / {1}) * {1}", al
                 doc="a - floor(a / b) * b: the result takes the sign of b, like Python's %.")
 modulo.def_vjp(lambda g, op, dy: [dy, -dy * g.floor_division(op.inputs[0], op.inputs[1])])
 
-power = binary("power", torch.pow, "libdevice.pow({0}, {1})", allow="numeric",
+# libdevice has no integer pow (and NumPy's refuses negative exponents): integer powers run alone.
+power = binary("power", torch.pow, {"float": "libdevice.pow({0}, {1})", "int": None}, allow="numeric",
                doc="a ** b; an integer base needs a non-negative exponent.")
 
 
