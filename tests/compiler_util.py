@@ -194,10 +194,11 @@ DOMAINS = {  # op -> [low, high) of each operand where (-3, 3) does not suit
 NONZERO = {"reciprocal": 0, "division": 1, "floor_division": 1, "modulo": 1}  # operand that must not be 0
 OPERAND_DTYPES = {"select": {0: sm.bool}}
 # Ops whose result is one correctly rounded (or exact) operation, in a kernel as in PyTorch: bit-exact.
+# (Not square_root: PyTorch's float64 sqrt on the CPU is not correctly rounded, sqrt(0.5) for one.)
 EXACT_OPS = frozenset({
     "identity", "stop_gradient", "negative", "absolute", "sign", "relu", "floor", "ceil", "round", "truncate",
     "is_nan", "is_infinite", "is_finite", "logical_not", "addition", "subtraction", "multiplication", "square",
-    "square_root", "maximum", "minimum", "equal", "not_equal", "less_than", "less_than_or_equal_to", "greater_than",
+    "maximum", "minimum", "equal", "not_equal", "less_than", "less_than_or_equal_to", "greater_than",
     "greater_than_or_equal_to", "logical_and", "logical_or", "logical_xor", "select", "clamp",
 })
 SHAPES = {1: [(4, 9)], 2: [(4, 1), (9,)], 3: [(4, 1), (4, 9), (9,)]}  # every operand broadcasts somewhere
@@ -487,3 +488,37 @@ def opaque_cases() -> list[Case]:
 def all_cases() -> list[Case]:
     return elementwise_cases() + reduction_cases() + composite_cases() + contraction_cases() + view_cases() + \
         opaque_cases()
+
+
+def opdb_cases() -> list[Case]:
+    """Every sample of the op database (tests/opdb) as a sample graph, once it is on the branch."""
+    try:
+        from opdb import OPS
+    except ImportError:  # the op database is built on another branch
+        return []
+    return [from_opdb(r, dt, i, s) for r in OPS.values() if r.ref is not None
+            for dt in r.dtypes for i, s in enumerate(r.samples_for(dt))]
+
+
+def from_opdb(record, dtype: sm.DType, index: int, sample) -> Case:
+    """One op database sample as a Case: its args become placeholders (or variables), its reference the
+    record's own (records without one, the random ops, are checked by their own tests)."""
+    from opdb.core import as_outputs, ref_args
+
+    def build(g, feed):
+        args = []
+        for i, a in enumerate(sample.args):
+            if record.inputs == "variable":
+                args.append(g.variable(a, name=f"in{i}"))
+                continue
+            p = g.placeholder(tuple(a.shape), sm.as_dtype(a.dtype), name=f"in{i}")
+            feed[p] = a.contiguous()
+            args.append(p)
+        return record.call(g, args, sample.kwargs)
+
+    def reference(*args):
+        return as_outputs(record.ref(*ref_args(record, args), **sample.kwargs))
+
+    known = record.known_failure("reference", dtype, f"{sample.name}/static")
+    return Case(f"opdb-{record.name}-{dtype}-{index}", build, None if record.inputs == "variable" else reference,
+                known_failure=known.reason if known else "")
