@@ -233,7 +233,7 @@ def _elementwise(name: str, dtype: sm.DType) -> Case:
             low, high = domains[i] if i < len(domains) else (-3.0, 3.0)
             dt = OPERAND_DTYPES.get(name, {}).get(i, dtype)
             args.append(feed(shape, dt, low=low, high=high, specials=dt.is_floating, nonzero=NONZERO.get(name) == i,
-                             wide=not domains and name not in NONZERO))
+                             wide=not domains))
         return [getattr(g, name)(*args)]
 
     impl = lookup(name).impl

@@ -220,11 +220,16 @@ division = binary("division", torch.div, "{0} / {1}", float_only=True,
                   doc="True division; integer operands are promoted to float32 first.")
 division.def_vjp(lambda g, op, dy: [dy / op.inputs[1], -dy * op.outputs[0] / op.inputs[1]])
 
+# Integers divide exactly: Triton's // and % truncate toward zero (C), corrected to round toward minus
+# infinity where the remainder is nonzero and its sign differs from the divisor's (Python, torch).
+_FLOOR_FIX = "((({0} % {1}) != 0) & ((({0} % {1}) < 0) != ({1} < 0)))"
 floor_division = binary("floor_division", lambda a, b: torch.div(a, b, rounding_mode="floor"),
-                        "tl.floor({0} / {1})", allow="numeric", doc="floor(a / b), Python's //.")
+                        {"float": "tl.floor({0} / {1})", "int": "{0} // {1} - " + _FLOOR_FIX},
+                        allow="numeric", doc="floor(a / b), Python's //.")
 floor_division.def_vjp(_zeros_like_vjp)
 
-modulo = binary("modulo", torch.remainder, "{0} - tl.floor({0} / {1}) * {1}", allow="numeric",
+modulo = binary("modulo", torch.remainder,
+                {"float": "{0} - tl.floor({0} / {1}) * {1}", "int": "{0} % {1} + {1} * " + _FLOOR_FIX}, allow="numeric",
                 doc="a - floor(a / b) * b: the result takes the sign of b, like Python's %.")
 modulo.def_vjp(lambda g, op, dy: [dy, -dy * g.floor_division(op.inputs[0], op.inputs[1])])
 
