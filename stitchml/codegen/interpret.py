@@ -6,9 +6,10 @@ Python over NumPy arrays but cannot call libdevice, so under the interpreter
 the generated module imports this `libdevice` namespace instead: each
 function applies the NumPy function of the same meaning to the tensor's data.
 
-Importing this module also corrects the interpreter's bfloat16 conversions
-(`_convert_bfloat16`), which kernels use at every load and store of a
-bfloat16 tensor.
+Importing this module also corrects two faults of the interpreter that
+generated kernels meet: its bfloat16 conversions (`_convert_bfloat16`),
+used at every load and store of a bfloat16 tensor, and its broadcasting of
+a scalar comparison (`_splat_bools`).
 """
 from __future__ import annotations
 
@@ -89,10 +90,28 @@ def _convert_bfloat16(builder_cls) -> None:
     builder_cls.cast_impl, builder_cls.create_fp_to_fp = patched_cast, patched_fp_to_fp
 
 
+# A comparison's result keeps its operands' dtype in the interpreter's handle (bool data labelled
+# float32, say). Broadcasting a scalar one, as a kernel does with a value loaded once for a whole
+# block, then made float data of it, and `flag | other_flags` failed.
+def _splat_bools(builder_cls) -> None:
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    splat = builder_cls.create_splat
+
+    def patched_splat(self, ret_ty, arg):
+        if arg.data.dtype == np.bool_:
+            return TensorHandle(np.full(ret_ty.shape, arg.data.reshape(-1)[0], dtype=np.bool_), tl.int1)
+        return splat(self, ret_ty, arg)
+
+    builder_cls.create_splat = patched_splat
+
+
 def _patch() -> None:
     from triton.runtime import interpreter
 
     _convert_bfloat16(interpreter.InterpreterBuilder)
+    _splat_bools(interpreter.InterpreterBuilder)
 
 
 _patch()
