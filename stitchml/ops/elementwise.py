@@ -197,10 +197,12 @@ truncate.def_vjp(_zeros_like_vjp)
 
 is_nan = unary("is_nan", torch.isnan, "{0} != {0}", out="bool", differentiable=False,
                doc="True where x is NaN.")
-is_infinite = unary("is_infinite", torch.isinf, "libdevice.isinf({0}) != 0", out="bool", differentiable=False,
-                    doc="True where x is +inf or -inf.")
-is_finite = unary("is_finite", torch.isfinite, "({0} == {0}) & (libdevice.isinf({0}) == 0)", out="bool",
-                  differentiable=False, doc="True where x is neither NaN nor infinite.")
+# libdevice.isinf takes floats only; integers and bools are never infinite.
+is_infinite = unary("is_infinite", torch.isinf, {"float": "libdevice.isinf({0}) != 0", "int": "{0} != {0}"},
+                    out="bool", differentiable=False, doc="True where x is +inf or -inf.")
+is_finite = unary("is_finite", torch.isfinite, {"float": "({0} == {0}) & (libdevice.isinf({0}) == 0)",
+                                                "int": "{0} == {0}"},
+                  out="bool", differentiable=False, doc="True where x is neither NaN nor infinite.")
 logical_not = unary("logical_not", torch.logical_not, "{0} == 0", to_bool=True, differentiable=False,
                     doc="True where x is zero (false).")
 
