@@ -8,7 +8,12 @@ feeds.
 """
 from __future__ import annotations
 
+import json
 import math
+import os
+import pathlib
+import subprocess
+import sys
 import zlib
 from dataclasses import dataclass
 from typing import Callable
@@ -113,11 +118,16 @@ def seeded(name: str) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(name.encode()))
 
 
-def run_case(case: Case, options: dict | None = None) -> Outcome:
+def compile_case(case: Case, options: dict | None = None) -> tuple[sm.Graph, Feeds, list, object]:
+    """The case's graph, feeds and targets, and its executable for the CPU."""
     g = sm.Graph(case.name)
     feeds = Feeds(g, seeded(case.name))
     targets = list(case.build(g, feeds))
-    exe = g.compile(feeds, targets, device="cpu", options=options)
+    return g, feeds, targets, g.compile(feeds, targets, device="cpu", options=options)
+
+
+def run_case(case: Case, options: dict | None = None) -> Outcome:
+    g, feeds, targets, exe = compile_case(case, options)
     got = exe.run(feeds)
     want = g.run(feeds, targets, device="cpu")
     return Outcome(g, exe, feeds, targets, [got[t].torch() for t in targets], [want[t].torch() for t in targets])
@@ -181,6 +191,49 @@ def assert_reference(actual: torch.Tensor, reference: torch.Tensor, what: str) -
 def steps_of(exe, kind: str) -> list:
     """The executable's steps of one kind ("pointwise", "reduction", "matmul", "vendor", "view"...)."""
     return [s for s in exe.steps if s.kind == kind]
+
+
+# -- kernels compiled for CUDA ---------------------------------------------------------------
+_POINTERS = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64", "int8": "*i8",
+             "uint8": "*u8", "int16": "*i16", "int32": "*i32", "int64": "*i64", "bool": "*i1"}
+
+
+def compile_for_cuda(jobs: list[str], workdir: pathlib.Path) -> dict[str, str]:
+    """Compile kernels for sm_90 in a fresh process; returns {job: error} for those that fail.
+
+    A job is a JSON object: kernel name, source, dtypes of the pointer arguments, constexprs, warps.
+    A process of its own, because Triton's interpreter leaves `triton.language` patched after a kernel
+    calls another jitted function (tl.sigmoid, our _maximum...), which breaks later compiles.
+    """
+    (workdir / "jobs.json").write_text(json.dumps(jobs))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(workdir / "triton"), STITCHML_CACHE_DIR=str(workdir / "stitchml"),
+               TRITON_DEFAULT_FP_FUSION="1")
+    code = f"import sys; sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r}); import compiler_util; " \
+           f"compiler_util._compile_jobs({str(workdir)!r})"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    return json.loads((workdir / "failed.json").read_text())
+
+
+def _compile_jobs(workdir: str) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+
+    from stitchml.codegen import loader
+
+    failed = {}
+    for text in json.loads(pathlib.Path(workdir, "jobs.json").read_text()):
+        job = json.loads(text)
+        fn = loader.load(job["name"], job["source"])
+        signature = {name: _POINTERS[dt] for name, dt in zip(fn.arg_names, job["dtypes"])}
+        signature.update({name: "constexpr" for name in job["constexprs"]})
+        try:
+            triton.compile(ASTSource(fn, signature, constexprs=job["constexprs"]), target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": job["warps"]})
+        except Exception as e:  # noqa: BLE001  (any failure to compile is the finding)
+            failed[text] = f"{job['name']}: {type(e).__name__}: " + " ".join(str(e).split())[-300:]
+    pathlib.Path(workdir, "failed.json").write_text(json.dumps(failed))
 
 
 # -- the sample graphs ------------------------------------------------------------------------

@@ -11,7 +11,11 @@
 """
 from __future__ import annotations
 
+import importlib
+import inspect
+import json
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -19,14 +23,16 @@ import torch
 
 import stitchml as sm
 from stitchml.codegen import loader, reduction
+from stitchml.codegen.common import LIBDEVICE_CUDA, LIBDEVICE_INTERPRET
 from stitchml.passes import PIPELINE
 from stitchml.runtime.compiled import ExecutableCache
 
-from compiler_util import (EXACT, Case, Feeds, all_cases, assert_match, check_case, composite_cases,
-                           contraction_cases, opaque_cases, opdb_cases, run_case, seeded, view_cases)
+from compiler_util import (EXACT, Case, all_cases, assert_match, check_case, compile_case, compile_for_cuda,
+                           composite_cases, contraction_cases, opaque_cases, opdb_cases, run_case, seeded, view_cases)
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 F = torch.nn.functional
+lowering = importlib.import_module("stitchml.passes.lower")  # the module; stitchml.passes.lower is the pass
 
 
 def _params(cases: list[Case]) -> list:
@@ -48,10 +54,7 @@ def test_poison_mode_matches_eager(case):
 
 def test_poison_exposes_a_missing_write():
     case = Case("two_kernels", lambda g, feed: [g.softmax(g.exponent(feed((4, 9))) @ feed((9, 5)))])
-    g = sm.Graph(case.name)
-    feeds = Feeds(g, seeded(case.name))
-    (y,) = case.build(g, feeds)
-    exe = g.compile(feeds, [y], device="cpu", options={"poison": True})
+    _, feeds, (y,), exe = compile_case(case, {"poison": True})
     assert exe.kernel_count == 3
     exe.steps[0].run = lambda env: None  # the first kernel "forgets" to write its output
     assert torch.isnan(exe.run(feeds)[y].torch()).all()
@@ -403,3 +406,32 @@ def test_dump_ir_writes_one_file_per_pass(tmp_path, monkeypatch):
     for f, name in zip(files, names):
         assert (tmp_path / "ir" / f).read_text().startswith(f"// after {name}\n")
     assert "fusion" in (tmp_path / "ir" / "06_stitch.txt").read_text()
+
+
+# -- the same kernels for CUDA ---------------------------------------------------------------
+CUDA_BATCHES = 2
+
+
+@pytest.mark.parametrize("batch", range(CUDA_BATCHES))
+def test_kernels_compile_for_cuda(batch, monkeypatch, tmp_path):
+    """The interpreter is lenient (NumPy takes any dtype): every kernel the sample graphs launch must
+    also compile for a CUDA GPU (sm_90), which Triton does on the CPU, down to a cubin."""
+    launches: dict = {}  # kernel job -> names of the cases that launch it
+    original = lowering._Launch.__call__
+    case = None
+
+    def record(self, env):
+        interpreted = pathlib.Path(inspect.getsourcefile(self.fn.fn)).read_text()
+        job = json.dumps({"name": self.fn.fn.__name__, "warps": self.warps, "constexprs": self.meta,
+                          "source": interpreted.replace(LIBDEVICE_INTERPRET, LIBDEVICE_CUDA),
+                          "dtypes": [str(env[s].dtype).replace("torch.", "") for s in self.slots]}, sort_keys=True)
+        launches.setdefault(job, set()).add(case.name)
+        original(self, env)
+
+    monkeypatch.setattr(lowering._Launch, "__call__", record)
+    for case in all_cases()[batch::CUDA_BATCHES]:
+        _, feeds, _, exe = compile_case(case)
+        exe.run(feeds)
+    failed = compile_for_cuda(list(launches), tmp_path)
+    broken = {name: error for job, error in failed.items() for name in launches[job]}
+    assert not broken, "kernels that do not compile for CUDA:\n" + "\n".join(f"{k}: {v}" for k, v in broken.items())
