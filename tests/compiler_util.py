@@ -47,9 +47,10 @@ WIDE_INTS = {sm.int32: (2**24 + 1, -(2**24) - 3, 2**31 - 1, -(2**31)), sm.int64:
 
 
 def values(rng: np.random.Generator, shape, dtype: sm.DType, low: float = -3.0, high: float = 3.0,
-           specials: bool = False, nonzero: bool = False, wide: bool = False) -> torch.Tensor:
+           specials: bool = False, nonzero: bool = False, wide: bool = False, integral: bool = False) -> torch.Tensor:
     """Values of `dtype` in [low, high); `specials` scatters NaN, infinities and signed zeros among
-    float values; `wide` does the same with integers beyond float32's exact range."""
+    float values; `wide` does the same with integers beyond float32's exact range; `integral` makes
+    float values whole numbers (their sums are exact in any order)."""
     shape = tuple(shape)
     n = int(np.prod(shape))
     if dtype.is_bool:
@@ -65,6 +66,8 @@ def values(rng: np.random.Generator, shape, dtype: sm.DType, low: float = -3.0, 
             data.reshape(-1)[rng.permutation(n)[:len(extra)]] = extra
     else:
         data = rng.uniform(low, high, size=shape)
+        if integral:
+            data = np.round(data)
         if nonzero:
             data = np.where(np.abs(data) < 0.25, np.copysign(0.25, data), data)
         if specials and n >= 2 * len(SPECIALS):
@@ -538,9 +541,22 @@ def opaque_cases() -> list[Case]:
     ]
 
 
+def size_cases() -> list[Case]:
+    """Sizes that take several programs per kernel at the default blocks (other tests use one)."""
+    F = torch.nn.functional
+    return [
+        Case("gelu_5000", lambda g, feed: [g.gelu(feed((5000,)))], lambda x: [F.gelu(x)], 1),
+        Case("softmax_600_rows", lambda g, feed: [g.softmax(feed((600, 9)))], lambda x: [torch.softmax(x, -1)], 1),
+        Case("sum_axis0_2000", lambda g, feed: [g.reduction_sum(feed((2000, 3), integral=True), 0)],
+             lambda x: [x.sum(0)], 1, EXACT),
+        Case("broadcast_3000", lambda g, feed: [feed((30, 1, 10)) * feed((10, 1)) - feed((10,))],
+             lambda a, b, c: [a * b - c], 1),
+    ]
+
+
 def all_cases() -> list[Case]:
     return elementwise_cases() + reduction_cases() + composite_cases() + contraction_cases() + view_cases() + \
-        opaque_cases()
+        opaque_cases() + size_cases()
 
 
 def opdb_cases() -> list[Case]:

@@ -28,7 +28,8 @@ from stitchml.passes import PIPELINE
 from stitchml.runtime.compiled import ExecutableCache
 
 from compiler_util import (EXACT, Case, all_cases, assert_match, check_case, compile_case, compile_for_cuda,
-                           composite_cases, contraction_cases, opaque_cases, opdb_cases, run_case, seeded, view_cases)
+                           composite_cases, contraction_cases, opaque_cases, opdb_cases, reduction_cases, run_case,
+                           seeded, view_cases)
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 F = torch.nn.functional
@@ -50,6 +51,16 @@ def test_poison_mode_matches_eager(case):
     """With the arena filled with NaN before every run, a kernel that reads what nobody wrote shows."""
     out = check_case(case, {"poison": True})
     assert out.exe.plan.guard > 0
+
+
+SMALL_BLOCKS = {"pointwise_block": 16, "pointwise_warps": 1, "reduction_block_r": 1}
+
+
+@pytest.mark.parametrize("case", _params(reduction_cases()[::4] + composite_cases() + contraction_cases() + view_cases()
+                                         + opaque_cases()))
+def test_many_programs_per_kernel(case):
+    """Blocks smaller than the tensors: every kernel runs several programs and masks the last one."""
+    check_case(case, SMALL_BLOCKS)
 
 
 def test_poison_exposes_a_missing_write():
