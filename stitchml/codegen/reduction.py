@@ -65,8 +65,8 @@ _COMBINE = {  # op -> (neutral element source, tile combine, final reduce)
 def _neutral(op: Operation) -> str:
     text = _COMBINE[op.op][0]
     dt = compute_dtype(op.inputs[0].dtype)
-    if "INF" in text and dt.is_bool:
-        return "0" if text == "-INF" else "1"
+    if "INF" in text and dt.is_bool:  # bool literals keep tl.where and loop accumulators int1
+        return "False" if text == "-INF" else "True"
     if "INF" in text and not dt.is_floating:
         import torch
 
