@@ -191,11 +191,6 @@ def assert_reference(actual: torch.Tensor, reference: torch.Tensor, what: str) -
         assert_match(actual, reference.to(actual.dtype), what)
 
 
-def steps_of(exe, kind: str) -> list:
-    """The executable's steps of one kind ("pointwise", "reduction", "matmul", "vendor", "view"...)."""
-    return [s for s in exe.steps if s.kind == kind]
-
-
 # -- kernels compiled for CUDA ---------------------------------------------------------------
 _POINTERS = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64", "int8": "*i8",
              "uint8": "*u8", "int16": "*i16", "int32": "*i32", "int64": "*i64", "bool": "*i1"}

@@ -2,9 +2,10 @@
 
 * every sample graph of compiler_util (and every op database sample, once tests/opdb is on the
   branch) compiles, runs and equals eager and a float64 reference, with the kernel count fusion must
-  reach; the multi-kernel ones again in poison mode;
+  reach; the multi-kernel ones again in poison mode and with blocks small enough for several programs;
 * fusion: GeLU from primitives, the softmax family and the normalizations, matmul epilogues;
 * reductions in the looped and the split templates, over inner and outer axes;
+* every kernel these tests launch also compiles for a CUDA GPU;
 * variables, assignments, control dependencies and random draws keep eager's run semantics;
 * the executable cache, feed errors, the intermediates heap, fusion reports, the disk kernel cache
   and IR dumps.
@@ -119,9 +120,12 @@ def test_fusion_report_lists_kernels_and_refusals():
 def _reduce(op: str, shape, axis, dtype=sm.float32, low=-2.0, high=2.0) -> Case:
     torch_op = {"reduction_sum": torch.sum, "reduction_mean": torch.mean, "reduction_maximum": torch.amax,
                 "reduction_minimum": torch.amin, "reduction_product": torch.prod}[op]
-    return Case(f"{op}-{shape}-{axis}-{dtype}", lambda g, feed: [getattr(g, op)(feed(shape, dtype, low=low, high=high,
-                                                                                      specials=False), axis)],
-                (lambda x: [torch_op(x, axis)]) if dtype.is_floating else None, kernels=1)
+
+    def build(g, feed):
+        return [getattr(g, op)(feed(shape, dtype, low=low, high=high), axis)]
+
+    return Case(f"{op}-{shape}-{axis}-{dtype}", build, (lambda x: [torch_op(x, axis)]) if dtype.is_floating else None,
+                kernels=1)
 
 
 def _rows(name: str, shape, build, reference) -> Case:
@@ -148,11 +152,15 @@ def _looped_cases(n: int) -> list[Case]:
     ]
 
 
+LOOPED = {"MAX_PERSISTENT": 8, "LOOP_BLOCK": 16}  # codegen/reduction.py limits, shrunk to small sizes
+SPLIT_LIMITS = {**LOOPED, "SPLIT_MIN_COLUMNS": 32}
+
+
 @pytest.mark.parametrize("case", _params(_looped_cases(37)))
 def test_looped_reductions(case, monkeypatch):
     """Rows longer than MAX_PERSISTENT are reduced in BLOCK_C chunks, one pass per reduction."""
-    monkeypatch.setattr(reduction, "MAX_PERSISTENT", 8)
-    monkeypatch.setattr(reduction, "LOOP_BLOCK", 16)
+    for name, value in LOOPED.items():
+        monkeypatch.setattr(reduction, name, value)
     out = check_case(case)
     (source,) = out.exe.kernel_sources().values()
     assert "for c0 in range(0, 37, BLOCK_C)" in source
@@ -165,12 +173,15 @@ SPLIT = ["reduction_sum-(3, 100)--1-float32", "reduction_mean-(3, 100)--1-float3
          "reduction_maximum-(3, 100)--1-bool", "reduction_sum-(3, 100)--1-float16", "exp_and_sum-(3, 100)"]
 
 
-@pytest.mark.parametrize("case", _params([c for c in _looped_cases(100) if c.name in SPLIT]))
+def _split_cases() -> list[Case]:
+    return [c for c in _looped_cases(100) if c.name in SPLIT]
+
+
+@pytest.mark.parametrize("case", _params(_split_cases()))
 def test_split_reductions(case, monkeypatch):
     """Few long rows are cut into column chunks: a partial kernel per chunk, then a finishing kernel."""
-    monkeypatch.setattr(reduction, "MAX_PERSISTENT", 8)
-    monkeypatch.setattr(reduction, "LOOP_BLOCK", 16)
-    monkeypatch.setattr(reduction, "SPLIT_MIN_COLUMNS", 32)
+    for name, value in SPLIT_LIMITS.items():
+        monkeypatch.setattr(reduction, name, value)
     out = check_case(case)
     (source,) = out.exe.kernel_sources().values()
     assert "_partial(" in source and "CHUNK" in source
@@ -420,7 +431,7 @@ def test_dump_ir_writes_one_file_per_pass(tmp_path, monkeypatch):
 
 
 # -- the same kernels for CUDA ---------------------------------------------------------------
-CUDA_BATCHES = 2
+CUDA_BATCHES = 4  # tests of their own, which pytest-xdist spreads over the workers
 
 
 @pytest.mark.parametrize("batch", range(CUDA_BATCHES))
@@ -429,7 +440,7 @@ def test_kernels_compile_for_cuda(batch, monkeypatch, tmp_path):
     also compile for a CUDA GPU (sm_90), which Triton does on the CPU, down to a cubin."""
     launches: dict = {}  # kernel job -> names of the cases that launch it
     original = lowering._Launch.__call__
-    case = None
+    case = None  # the case being run, which `record` files each launch under
 
     def record(self, env):
         interpreted = pathlib.Path(inspect.getsourcefile(self.fn.fn)).read_text()
@@ -440,8 +451,13 @@ def test_kernels_compile_for_cuda(batch, monkeypatch, tmp_path):
         original(self, env)
 
     monkeypatch.setattr(lowering._Launch, "__call__", record)
-    for case in all_cases()[batch::CUDA_BATCHES]:
-        _, feeds, _, exe = compile_case(case)
+    limits = [({}, c) for c in all_cases()] + [(LOOPED, c) for c in _looped_cases(37)] + \
+        [(SPLIT_LIMITS, c) for c in _split_cases()]
+    for patch, case in limits[batch::CUDA_BATCHES]:
+        with monkeypatch.context() as m:
+            for name, value in patch.items():
+                m.setattr(reduction, name, value)
+            _, feeds, _, exe = compile_case(case)
         exe.run(feeds)
     failed = compile_for_cuda(list(launches), tmp_path)
     broken = {name: error for job, error in failed.items() for name in launches[job]}
