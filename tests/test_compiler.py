@@ -42,6 +42,22 @@ def _params(cases: list[Case]) -> list:
                          if c.known_failure else []) for c in cases]
 
 
+def test_the_comparison_rejects_what_it_must():
+    """assert_match, which every test here relies on, fails on each kind of mismatch."""
+    x = torch.tensor([1.0, float("inf"), float("nan"), -2.0])
+    wrong = [torch.tensor([1.0, 1e30, float("nan"), -2.0]), torch.tensor([1.0, float("inf"), 0.0, -2.0]),
+             torch.tensor([1.0, float("inf"), float("nan"), -2.001]), x.double(), x[:3]]
+    for y in wrong:
+        with pytest.raises(AssertionError):
+            assert_match(y, x, "mismatch")
+    with pytest.raises(AssertionError):
+        assert_match(torch.tensor([3, 4]), torch.tensor([3, 5]), "integers")
+    assert_match(x * (1 + 2**-22), x, "within four units in the last place")
+    half = torch.tensor([0.0037], dtype=torch.float16)
+    assert_match(half, torch.tensor([0.0044], dtype=torch.float16), "closer to the reference than eager",
+                 reference=torch.tensor([0.0036], dtype=torch.float64))
+
+
 @pytest.mark.parametrize("case", _params(all_cases() + opdb_cases()))
 def test_compiled_matches_eager(case):
     check_case(case)
