@@ -419,13 +419,13 @@ def test_poison_runs_of_training_steps_match_eager(build):
 def test_disk_kernel_cache_reuses_kernel_files(tmp_path, monkeypatch):
     monkeypatch.setenv("STITCHML_CACHE_DIR", str(tmp_path))
     case = Case("cached_kernels", lambda g, feed: [g.softmax(feed((4, 9))), g.gelu(feed((3, 5)))])
-    monkeypatch.setattr(loader, "_loaded", {})  # as in a new process: nothing imported yet
+    loader.forget()  # as in a new process: nothing imported yet
     before = dict(loader.stats)
     first = run_case(case)
     files = sorted(os.listdir(tmp_path / "kernels"))
     assert len(files) == first.exe.kernel_count == 2
     assert loader.stats["written"] - before["written"] == 2
-    monkeypatch.setattr(loader, "_loaded", {})
+    loader.forget()
     before = dict(loader.stats)
     second = run_case(case)
     assert loader.stats["written"] == before["written"], "a second compile wrote kernel files again"
