@@ -45,7 +45,9 @@ class Primitive:
     needs_context: bool = False  # impl takes a RunContext first (state, random)
     vjp: Callable[..., Any] | None = None  # (graph, op, *cotangents) -> list[Tensor | None]
     differentiable: bool = True  # False: no gradient flows through, on purpose
-    triton: str | None = None  # elementwise: expression over {0}, {1}, ... in float32 or the input type
+    # elementwise: expression over {0}, {1}, ... in float32 or the input type; or a dict of them keyed by
+    # the first operand's dtype name or "float" / "int" (codegen/common.py: triton_template)
+    triton: str | dict | None = None
     float_only: bool = False  # elementwise: integer inputs are promoted to float32 first
     doc: str = ""
     extras: dict[str, Any] = field(default_factory=dict)  # per-backend hints (e.g. accumulate dtype)

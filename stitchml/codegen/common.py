@@ -88,14 +88,20 @@ def expression(op: Operation, args: list[str]) -> str:
         if out != target:  # round through the half type, as the reference does
             return f"{args[0]}.to({tl_type(out)}).to({tl_type(target)})"
         return f"{args[0]}.to({tl_type(target)})"
-    prim = lookup(op.op)
-    template = prim.triton
-    if isinstance(template, dict):
-        category = "float" if op.inputs[0].dtype.is_floating else "int"
-        template = template[category]
+    template = triton_template(op)
     if template is None:
-        raise NotImplementedError(f"{op.op} has no Triton expression")
+        raise NotImplementedError(f"{op.op} has no Triton expression for {op.inputs[0].dtype}")
     return f"({template.format(*args)}).to({tl_type(compute_dtype(out))})"
+
+
+def triton_template(op: Operation) -> str | None:
+    """The registry's Triton expression for an elementwise op, chosen by its first operand's dtype
+    where the entry is a dict: keyed by dtype name, else by "float" or "int"."""
+    template = lookup(op.op).triton
+    if isinstance(template, dict):
+        dt = op.inputs[0].dtype
+        return template.get(dt.name, template.get("float" if dt.is_floating else "int"))
+    return template
 
 
 def is_pointwise(op: Operation) -> bool:

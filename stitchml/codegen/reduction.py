@@ -65,6 +65,8 @@ _COMBINE = {  # op -> (neutral element source, tile combine, final reduce)
 def _neutral(op: Operation) -> str:
     text = _COMBINE[op.op][0]
     dt = compute_dtype(op.inputs[0].dtype)
+    if "INF" in text and dt.is_bool:  # bool literals keep tl.where and loop accumulators int1
+        return "False" if text == "-INF" else "True"
     if "INF" in text and not dt.is_floating:
         import torch
 
@@ -311,6 +313,9 @@ class _Gen:
         v = env[t.id]
         if self.space.get(t.id, "full") == "full":
             idx = self.f.full_offset(Layout.contiguous(self.f.frame))
+            # The pointer spans the whole [BLOCK_R, BLOCK_C] tile even where the frame has no rows or no
+            # columns beyond extent 1 (then the offset lacks that term, or is 0 for a one-element frame).
+            idx = " + ".join(([idx] if idx != "0" else []) + [f"{n} * 0" for n in ("rows", "cols") if n not in idx])
             lines.append(f"    tl.store(out{j} + {idx}, ({v}).to({tl_type(t.dtype)}), mask=mask)")
         else:
             lines.append(f"    tl.store(out{j} + rows, tl.broadcast_to(({v}).to({tl_type(t.dtype)}), "

@@ -131,8 +131,9 @@ logarithm_base10.def_vjp(lambda g, op, dy: [dy / (op.inputs[0] * math.log(10.0))
 square = unary("square", torch.square, "{0} * {0}", allow="numeric", doc="x * x.")
 square.def_vjp(lambda g, op, dy: [dy * 2.0 * op.inputs[0]])
 
-square_root = unary("square_root", torch.sqrt, "tl.sqrt_rn({0})", float_only=True,
-                    doc="The square root of x.")
+# tl.sqrt_rn is float32 only; tl.sqrt is correctly rounded in float64.
+square_root = unary("square_root", torch.sqrt, {"float": "tl.sqrt_rn({0})", "float64": "tl.sqrt({0})"},
+                    float_only=True, doc="The square root of x.")
 square_root.def_vjp(lambda g, op, dy: [dy * 0.5 / op.outputs[0]])
 
 reverse_square_root = unary("reverse_square_root", torch.rsqrt, "tl.rsqrt({0})", float_only=True,
@@ -177,7 +178,7 @@ erf.def_vjp(lambda g, op, dy: [dy * (2.0 / math.sqrt(math.pi)) * g.exponent(-op.
 sigmoid = unary("sigmoid", torch.sigmoid, "tl.sigmoid({0})", float_only=True, doc="1 / (1 + exp(-x)).")
 sigmoid.def_vjp(lambda g, op, dy: [dy * op.outputs[0] * (1.0 - op.outputs[0])])
 
-relu = unary("relu", torch.relu, "tl.maximum({0}, 0)", allow="numeric", doc="max(x, 0).")
+relu = unary("relu", torch.relu, "tl.maximum({0}, 0, tl.PropagateNan.ALL)", allow="numeric", doc="max(x, 0).")
 relu.def_vjp(lambda g, op, dy: [g.select(op.inputs[0] > 0, dy, 0.0)])
 
 floor = unary("floor", torch.floor, "tl.floor({0})", allow="float", doc="The largest integer <= x.")
@@ -196,15 +197,19 @@ truncate.def_vjp(_zeros_like_vjp)
 
 is_nan = unary("is_nan", torch.isnan, "{0} != {0}", out="bool", differentiable=False,
                doc="True where x is NaN.")
-is_infinite = unary("is_infinite", torch.isinf, "libdevice.isinf({0}) != 0", out="bool", differentiable=False,
-                    doc="True where x is +inf or -inf.")
-is_finite = unary("is_finite", torch.isfinite, "({0} == {0}) & (libdevice.isinf({0}) == 0)", out="bool",
-                  differentiable=False, doc="True where x is neither NaN nor infinite.")
+# libdevice.isinf takes floats only; integers and bools are never infinite.
+is_infinite = unary("is_infinite", torch.isinf, {"float": "libdevice.isinf({0}) != 0", "int": "{0} != {0}"},
+                    out="bool", differentiable=False, doc="True where x is +inf or -inf.")
+is_finite = unary("is_finite", torch.isfinite, {"float": "({0} == {0}) & (libdevice.isinf({0}) == 0)",
+                                                "int": "{0} == {0}"},
+                  out="bool", differentiable=False, doc="True where x is neither NaN nor infinite.")
 logical_not = unary("logical_not", torch.logical_not, "{0} == 0", to_bool=True, differentiable=False,
                     doc="True where x is zero (false).")
 
 # -- binary math ----------------------------------------------------------------
-addition = binary("addition", torch.add, "{0} + {1}", doc="a + b (for bool: or).")
+# On bool, torch.add is a logical or; Triton adds int1 modulo 2.
+addition = binary("addition", torch.add, {"bool": "{0} | {1}", "int": "{0} + {1}", "float": "{0} + {1}"},
+                  doc="a + b (for bool: or).")
 addition.def_vjp(lambda g, op, dy: [dy, dy])
 
 subtraction = binary("subtraction", torch.sub, "{0} - {1}", allow="numeric", doc="a - b.")
@@ -217,15 +222,21 @@ division = binary("division", torch.div, "{0} / {1}", float_only=True,
                   doc="True division; integer operands are promoted to float32 first.")
 division.def_vjp(lambda g, op, dy: [dy / op.inputs[1], -dy * op.outputs[0] / op.inputs[1]])
 
+# Integers divide exactly: Triton's // and % truncate toward zero (C), corrected to round toward minus
+# infinity where the remainder is nonzero and its sign differs from the divisor's (Python, torch).
+_FLOOR_FIX = "((({0} % {1}) != 0) & ((({0} % {1}) < 0) != ({1} < 0)))"
 floor_division = binary("floor_division", lambda a, b: torch.div(a, b, rounding_mode="floor"),
-                        "tl.floor({0} / {1})", allow="numeric", doc="floor(a / b), Python's //.")
+                        {"float": "tl.floor({0} / {1})", "int": "{0} // {1} - " + _FLOOR_FIX},
+                        allow="numeric", doc="floor(a / b), Python's //.")
 floor_division.def_vjp(_zeros_like_vjp)
 
-modulo = binary("modulo", torch.remainder, "{0} - tl.floor({0} / {1}) * {1}", allow="numeric",
+modulo = binary("modulo", torch.remainder,
+                {"float": "{0} - tl.floor({0} / {1}) * {1}", "int": "{0} % {1} + {1} * " + _FLOOR_FIX}, allow="numeric",
                 doc="a - floor(a / b) * b: the result takes the sign of b, like Python's %.")
 modulo.def_vjp(lambda g, op, dy: [dy, -dy * g.floor_division(op.inputs[0], op.inputs[1])])
 
-power = binary("power", torch.pow, "libdevice.pow({0}, {1})", allow="numeric",
+# libdevice has no integer pow (and NumPy's refuses negative exponents): integer powers run alone.
+power = binary("power", torch.pow, {"float": "libdevice.pow({0}, {1})", "int": None}, allow="numeric",
                doc="a ** b; an integer base needs a non-negative exponent.")
 
 
@@ -324,7 +335,7 @@ def _select_vjp(g, op, dy):
 
 clamp = register(Primitive(
     "clamp", ELEMENTWISE, infer=_infer(None), impl=lambda x, lo, hi: torch.minimum(torch.maximum(x, lo), hi),
-    triton="tl.minimum(tl.maximum({0}, {1}), {2})",
+    triton="tl.minimum(tl.maximum({0}, {1}, tl.PropagateNan.ALL), {2}, tl.PropagateNan.ALL)",
     doc="clamp(x, min_value, max_value) = minimum(maximum(x, min_value), max_value).",
 ))
 

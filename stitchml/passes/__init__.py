@@ -39,6 +39,7 @@ class CompileContext:
     device: torch.device
     backend: str  # "triton" (CUDA or TRITON_INTERPRET on the CPU) or "reference"
     options: dict[str, Any] = field(default_factory=dict)
+    run_context: Callable[[], Any] | None = None  # a run's RunContext (its run index), for random ops
     fusion_report: list = field(default_factory=list)  # stitch: kernels and refusals
     memory_plan: Any = None  # plan_memory
     launches: list = field(default_factory=list)  # lower

@@ -10,8 +10,9 @@ Kernels come in templates (see codegen/):
 * matmul      a matrix product and elementwise ops on its output (epilogue);
 * convolution a 2-D convolution and elementwise ops on its output.
 
-Anything else runs alone: opaque ops (gather, pooling, random...) through
-their reference implementation, views (reshape, transpose, broadcast_to,
+Anything else runs alone: opaque ops (gather, pooling, random...) and
+elementwise ops with no Triton expression for their dtype through their
+reference implementation, views (reshape, transpose, broadcast_to,
 slice) as zero-copy strided views that the next kernel loads through.
 Correctness lives here; preferences live in policy.py.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..codegen.common import triton_template
 from ..ir import Operation, Tensor
 from ..registry import CONTRACTION, ELEMENTWISE, REDUCTION, lookup
 
@@ -39,7 +41,7 @@ def template_of(op: Operation) -> str | None:
     if op.op in VIEW_OPS:
         return None
     if prim.kind == ELEMENTWISE:
-        return "pointwise"
+        return "pointwise" if triton_template(op) is not None else None
     if op.op in FUSABLE_REDUCTIONS:
         return "reduction"
     if op.op == "matrix_multiplication":

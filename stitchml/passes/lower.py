@@ -154,7 +154,7 @@ def lower(program: Program, ctx) -> Program:
     for op in program.operations:
         if op.op in ("placeholder", "variable", "constant", "assign_variable"):
             continue
-        step = _step(op, plan, slots, scratch_slots, ctx.backend, ctx.options)
+        step = _step(op, plan, slots, scratch_slots, ctx.backend, ctx.options, ctx.run_context)
         step.writes = tuple(t.id for t in op.outputs) + ((plan.scratch[op.id],) if op.id in plan.scratch else ())
         steps.append(step)
     ctx.launches = steps
@@ -163,13 +163,13 @@ def lower(program: Program, ctx) -> Program:
     return program
 
 
-def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, options: dict) -> Step:
+def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, options: dict, run_context) -> Step:
     ins = [slots[t.id] for t in op.inputs]
     outs = [slots[t.id] for t in op.outputs]
     if _is_view(op) and plan.place[op.outputs[0].id][:2] != ("buffer", op.outputs[0].id):
         return Step(op.name, "view", _view(op, ins[0], outs[0]))
     if op.op != "fusion":
-        return Step(op.name, "vendor", _opaque(op, ins, outs))
+        return Step(op.name, "vendor", _opaque(op, ins, outs, run_context=run_context))
     body, template = op.attrs["body"], op.attrs["template"]
     if backend == "reference":
         return Step(op.name, "reference", _opaque(op, ins, outs, into=True))
@@ -263,22 +263,26 @@ def _view(op: Operation, src: int, dst: int):
     return run
 
 
-def _opaque(op: Operation, ins: list[int], outs: list[int], into: bool = False):
+def _opaque(op: Operation, ins: list[int], outs: list[int], into: bool = False, run_context=None):
     """Run an op's reference implementation: its results are bound as they come (library memory),
     or copied into planned buffers with `into`. A result that is one of the inputs' memory is copied,
-    so no output or assignment ever aliases a feed, constant or variable."""
+    so no output or assignment ever aliases a feed, constant or variable; a strided result (a slice,
+    a transposed convolution) is made row-major, the layout the plan gives every buffer. Ops that need
+    a run context (random draws: the run index picks the numbers) get `run_context()`."""
     prim = lookup(op.op)
     attrs = op.attrs
+    context = run_context if prim.needs_context else None
 
     def run(env):
         args = [env[s] for s in ins]
-        result = prim.impl(*args, **attrs)
+        result = prim.impl(context(), *args, **attrs) if context else prim.impl(*args, **attrs)
         result = result if isinstance(result, tuple) else (result,)
         shared = {a.untyped_storage().data_ptr() for a in args}
         for s, r in zip(outs, result):
             if into:
                 env[s].copy_(r)
             else:
-                env[s] = r.clone() if r.untyped_storage().data_ptr() in shared else r
+                shares = r.untyped_storage().data_ptr() in shared
+                env[s] = r.clone(memory_format=torch.contiguous_format) if shares else r.contiguous()
     return run
 

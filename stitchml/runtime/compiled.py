@@ -19,7 +19,7 @@ from ..errors import FeedError
 from ..ir import Tensor, TensorType
 from ..passes import CompileContext, extract, run_pipeline
 from ..tensor_data import TensorData, resolve_device
-from .eager import check_request
+from .eager import RunContext, check_request
 from .executable import Executable, Signature
 
 log = logging.getLogger("stitchml.compile")
@@ -67,7 +67,8 @@ def compile_graph(graph, feeds: dict, targets, target_ops, device, options: dict
     options = dict(options)
     if device.type == "cuda":
         options.setdefault("sm_count", torch.cuda.get_device_properties(device).multi_processor_count)
-    ctx = CompileContext(device=device, backend=options.get("backend", _backend(device)), options=options)
+    ctx = CompileContext(device=device, backend=options.get("backend", _backend(device)), options=options,
+                         run_context=lambda: RunContext(graph, device, {}, graph.run_count))
     program = run_pipeline(program, ctx)
     return Executable(graph, program, ctx, signature_of(graph, feed_types, targets, target_ops, device), targets)
 

@@ -106,6 +106,12 @@ class Executable:
         held = {slots[op.outputs[0].id] for op in program.operations if op.op in ("variable", "constant")}
         self._results = [(user, slots[t.id], slots[t.id] in held or self.plan.place[t.id][0] in ("variable", "constant"))
                          for user, t in zip(targets, program.outputs)]
+        # Slots backed by a variable's storage, which assignments overwrite in place: results and
+        # assigned values read from them are taken before any assignment (reads see the run's start).
+        variable_slots = {slots[t.id] for op in program.operations for t in op.outputs
+                          if self.plan.place.get(t.id, ("",))[0] == "variable"}
+        self._assign_reads = {slot for _, slot in self._assigns if slot in variable_slots}
+        self._results_read_variables = any(slot in variable_slots for _, slot, _ in self._results)
         self._feed_keys = [(_op(graph, source).outputs[0], slot, torch.Size(shape), dtype, name)
                            for source, slot, shape, dtype, name in self._feeds]
         self._arena: torch.Tensor | None = None
@@ -247,12 +253,10 @@ class Executable:
                         raise GraphError(f"{step.name} wrote past the end of its output buffer")
             if timer:
                 self.last_profile = timer.results()
-            values = self.graph._variable_values
-            for source, slot in self._assigns:
-                values[source].copy_(env[slot])
+            result = self._collect(env, outputs)
+            self._assign(env)
             self.runs += 1
             self.graph.run_count += 1
-            result = self._collect(env, outputs)
             if self._capturable and self._graph_state is None:
                 self._graph_state = _CapturedRun.capture(self, arena)
             return result
@@ -277,24 +281,35 @@ class Executable:
                 env[slot] = torch.empty(shape, dtype=dtype, device=device)
             for step in self.steps:
                 step.run(env)
+            wrap = TensorData._wrap
+            result = {user: wrap(env[slot].clone() if held else env[slot]) for user, slot, held in self._results}
             if self._assigns:
-                values = self.graph._variable_values
-                for source, slot in self._assigns:
-                    values[source].copy_(env[slot])
+                self._assign(env)
             self.runs += 1
             self.graph.run_count += 1
             if self._capturable and self._graph_state is None:
-                result = self._collect(env, None)
                 self._graph_state = _CapturedRun.capture(self, self._arena_for(None))
-                return result
-            wrap = TensorData._wrap
-            return {user: wrap(env[slot].clone() if held else env[slot]) for user, slot, held in self._results}
+            return result
+
+    def _assign(self, env: list) -> None:
+        """Write the assigned values into the variables, in program order (end-of-run semantics).
+
+        Values that are variables themselves are read before the first write, so a swap swaps.
+        """
+        values = self.graph._variable_values
+        pending = [(source, env[slot].clone() if slot in self._assign_reads else env[slot])
+                   for source, slot in self._assigns]
+        for source, value in pending:
+            values[source].copy_(value)
 
     @property
     def _capturable(self) -> bool:
-        """Whether runs may be replayed from a CUDA graph: CUDA, several steps, no random draws, no poison."""
+        """Whether runs may be replayed from a CUDA graph: CUDA, several steps, no random draws, no poison,
+        and no assignment that would overwrite a variable a result or another assignment still reads
+        (a replay collects results after the recorded assignments)."""
         if self._capture_ok is None:
-            self._capture_ok = (self.device.type == "cuda" and len(self.steps) > 1 and not self._poison
+            hazard = bool(self._assigns) and (bool(self._assign_reads) or self._results_read_variables)
+            self._capture_ok = (self.device.type == "cuda" and len(self.steps) > 1 and not self._poison and not hazard
                                 and os.environ.get("STITCHML_CUDA_GRAPHS", "1") != "0"
                                 and not any(op.primitive.kind == "random" for op in self.program.operations))
         return self._capture_ok

@@ -1,0 +1,494 @@
+"""A fuzzer of the stitching compiler: random graphs, compiled against eager on the CPU.
+
+Hypothesis draws a *recipe*: a list of steps (placeholders of small random shapes and dtypes,
+elementwise unary, binary and ternary ops with broadcasting and mixed dtypes, reductions with
+keep_dims over random axes, matrix products, reshape / transpose / broadcast_to / slice /
+expand_dims / squeeze, casts) and the values to return. `build` replays a recipe into a graph; the
+compiled run must equal the eager run: integers and bools exactly, NaN and infinities at the same
+places, other floats within an error bound carried along the steps.
+
+Why a bound, and how. Kernels compute half types in float32 and round where they store, eager
+rounds after every op, and the two use different math libraries: results differ by rounding, and
+by more where an op magnifies an earlier difference. Every value carries `bound` (the largest
+magnitude its finite elements can have) and `err` (how far from exact arithmetic either run can
+be, first order: each op scales its operands' errors by its Lipschitz constant on their range and
+adds its own rounding). Steps keep this small: ops with singular points get a guard that keeps
+them away (log(|x| + 1/2), 1/(|x| + 1/2), tan(tanh x)...), and values are scaled down by powers
+of two (exact) before an op would grow them past LIMIT, so half types never overflow. Values also
+carry `exact`: both runs hold the same bits (inputs, casts, movement, sign changes, extrema, and
+float32 / float64 arithmetic that IEEE rounds alike, but no math library call, no sum in another
+order, and nothing a kernel keeps in float32 where eager rounds to a half type). Exact results must
+match bit for bit, and ops that jump (comparisons, floor, casts to integers...) only take exact
+operands, so both runs jump alike.
+
+Failing recipes found while developing stay as regression tests in tests/fuzz_regressions/: a
+failure prints its recipe as JSON, which goes into one of the lists there.
+"""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+import stitchml as sm
+
+from compiler_util import values
+
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
+
+LIMIT = 64.0  # largest magnitude a float value may reach (float16 holds up to 65504)
+ULP = {sm.float16: 2.0**-10, sm.bfloat16: 2.0**-7, sm.float32: 2.0**-23, sm.float64: 2.0**-52}
+TINY = {sm.float16: 2.0**-24, sm.bfloat16: 2.0**-133, sm.float32: 2.0**-149, sm.float64: 2.0**-1074}
+REGRESSIONS = pathlib.Path(__file__).parent / "fuzz_regressions"
+
+
+@dataclass
+class Value:
+    """A step's tensor, with what both runs are known to agree on.
+
+    `exact`: both runs hold the same bits (so an op that jumps, a comparison, floor or a cast to an
+    integer, may take it); `bound`: no finite element is larger in magnitude; `err`: neither run is
+    further than this from exact arithmetic on the inputs.
+    """
+
+    tensor: sm.Tensor
+    bound: float
+    err: float = 0.0
+    exact: bool = True
+
+    @property
+    def dtype(self) -> sm.DType:
+        return self.tensor.dtype
+
+    @property
+    def shape(self) -> tuple:
+        return self.tensor.shape
+
+
+def _rounding(dtype: sm.DType, bound: float, ulps: float = 1.0) -> float:
+    return ulps * ULP[dtype] * bound + TINY[dtype] if dtype.is_floating else 0.0
+
+
+def _rounds_alike(dtype: sm.DType) -> bool:
+    """Whether a correctly rounded op gives both runs the same bits: not for half types, which a
+    kernel keeps in float32 for the next op while eager rounds them first."""
+    return dtype not in (sm.float16, sm.bfloat16)
+
+
+# Unary ops: guard, Lipschitz constant and result bound on inputs bounded by b, rounding in ulps
+# (0: the op is exact). A guard moves the operand into a range where the op is smooth; it is part of
+# the graph. Guards "fit..." are the strategy's: it scales the operand down to that bound first.
+UNARY = {
+    "identity": (None, lambda b: 1.0, lambda b: b, 0), "negative": (None, lambda b: 1.0, lambda b: b, 0),
+    "absolute": (None, lambda b: 1.0, lambda b: b, 0), "relu": (None, lambda b: 1.0, lambda b: b, 0),
+    "square": ("fit8", lambda b: 2 * b, lambda b: b * b, 1),
+    "exponent": ("fit4", math.exp, math.exp, 4), "exponent_base2": ("fit4", lambda b: 2**b, lambda b: 2**b, 4),
+    "exponent_base10": ("fit1", lambda b: 2.31 * 10**b, lambda b: 10**b, 4),
+    "sinh": ("fit4", math.cosh, math.cosh, 4), "cosh": ("fit4", math.cosh, math.cosh, 4),
+    "logarithm": ("half", lambda b: 2.0, lambda b: max(math.log(b + 0.5), 0.7), 4),
+    "logarithm_base2": ("half", lambda b: 2.9, lambda b: max(math.log2(b + 0.5), 1.0), 4),
+    "logarithm_base10": ("half", lambda b: 0.9, lambda b: max(math.log10(b + 0.5), 0.31), 4),
+    "square_root": ("quarter", lambda b: 1.0, lambda b: math.sqrt(b + 0.25), 1),
+    "reverse_square_root": ("quarter", lambda b: 4.0, lambda b: 2.0, 2),
+    "reciprocal": ("half", lambda b: 4.0, lambda b: 2.0, 1),
+    "sin": (None, lambda b: 1.0, lambda b: 1.0, 4), "cos": (None, lambda b: 1.0, lambda b: 1.0, 4),
+    "tan": ("tanh", lambda b: 3.5, lambda b: 1.6, 4), "asin": ("tanh34", lambda b: 1.6, lambda b: 1.6, 4),
+    "acos": ("tanh34", lambda b: 1.6, lambda b: 3.2, 4), "atan": (None, lambda b: 1.0, lambda b: 1.6, 4),
+    "tanh": (None, lambda b: 1.0, lambda b: 1.0, 4), "erf": (None, lambda b: 1.2, lambda b: 1.0, 4),
+    "sigmoid": (None, lambda b: 0.25, lambda b: 1.0, 4),
+}
+ROUNDED = ("square", "reciprocal")  # one correctly rounded op: exact where _rounds_alike
+JUMPS = ("floor", "ceil", "round", "truncate", "sign")  # take exact operands; exact results
+PREDICATES = ("is_nan", "is_infinite", "is_finite", "logical_not")
+SMOOTH_BINARY = ("addition", "subtraction", "multiplication", "division", "maximum", "minimum", "power", "atan2")
+JUMP_BINARY = ("floor_division", "modulo", "equal", "not_equal", "less_than", "less_than_or_equal_to",
+               "greater_than", "greater_than_or_equal_to", "logical_and", "logical_or", "logical_xor")
+REDUCTIONS = ("reduction_sum", "reduction_mean", "reduction_maximum", "reduction_minimum", "reduction_product")
+PROFILES = {  # input dtypes of a lane, and how often each kind of step is drawn
+    "float": ([sm.float32] * 4 + [sm.float64], dict(unary=4, binary=4, jump=2, reduce=2, matmul=1, move=2, cast=1)),
+    "half": ([sm.float16, sm.bfloat16, sm.float16, sm.float32], dict(unary=4, binary=4, jump=1, reduce=2, matmul=1,
+                                                                     move=2, cast=1)),
+    "mixed": ([sm.float32, sm.float16, sm.bfloat16, sm.int32, sm.int8, sm.uint8, sm.int64, sm.bool],
+              dict(unary=3, binary=4, jump=3, reduce=2, matmul=1, move=2, cast=3)),
+    "layout": ([sm.float32, sm.float16, sm.int32], dict(unary=2, binary=3, jump=1, reduce=4, matmul=2, move=5,
+                                                        cast=1)),
+}
+
+
+# -- replaying a recipe ------------------------------------------------------------------------
+class Replay:
+    """Builds a recipe's graph step by step; `values[i]` is the value of step i."""
+
+    def __init__(self, recipe: dict):
+        self.g = sm.Graph("fuzz")
+        self.rng = np.random.default_rng(recipe["seed"])
+        self.specials = recipe.get("specials", False)
+        self.feeds: dict = {}
+        self.values: list[Value] = []
+        for step in recipe["steps"]:
+            self.values.append(self.apply(step))
+
+    def apply(self, step: list) -> Value:
+        kind, args = step[0], step[1:]
+        return getattr(self, f"_{kind}")(*args)
+
+    # sources, movement and casts
+    def _input(self, dtype: str, shape: list) -> Value:
+        dt = sm.as_dtype(dtype)
+        p = self.g.placeholder(tuple(shape), dt, name=f"in{len(self.feeds)}")
+        self.feeds[p] = values(self.rng, shape, dt, low=-2.0, high=2.0, specials=self.specials and dt.is_floating)
+        return Value(p, 4.0 if dt.is_integer else 2.0)
+
+    def _scale(self, i: int, k: int) -> Value:
+        v = self.values[i]
+        return Value(v.tensor * 2.0**-k, v.bound * 2.0**-k, v.err * 2.0**-k, v.exact and _rounds_alike(v.dtype))
+
+    def _move(self, i: int, op: str, arg) -> Value:
+        v = self.values[i]
+        x = v.tensor
+        if op == "slice":
+            y = self.g.slice(x, *arg)
+        elif op == "broadcast_to":
+            y = self.g.broadcast_to(x, tuple(arg))
+        elif op == "reshape":
+            y = self.g.reshape(x, tuple(arg))
+        else:
+            y = getattr(self.g, op)(x, arg)
+        return Value(y, v.bound, v.err, v.exact)
+
+    def _cast(self, i: int, dtype: str) -> Value:
+        v, dt = self.values[i], sm.as_dtype(dtype)
+        x = v.tensor
+        if v.dtype.is_floating and dt.is_integer:  # NaN, infinities and values out of range convert undefined
+            lo, hi = (0.0, 100.0) if dt == sm.uint8 else (-100.0, 100.0)
+            x = self.g.clamp(self.g.select(self.g.is_finite(x), x, 0.0), lo, hi)
+        y = self.g.cast(x, dt)
+        if dt.is_bool:
+            return Value(y, 1.0, exact=v.exact)
+        if dt.is_integer:
+            return Value(y, min(v.bound, 100.0) + 1, exact=v.exact)
+        return Value(y, v.bound, v.err + self._promotion_error(v, dt), v.exact)
+
+    # elementwise ops
+    def _promotion_error(self, v: Value, dt: sm.DType) -> float:
+        """The rounding of `v` brought to `dt` (builders insert the cast)."""
+        if v.dtype == dt or not dt.is_floating or (v.dtype.is_floating and v.dtype.itemsize < dt.itemsize
+                                                   and not (v.dtype == sm.bfloat16 and dt == sm.float16)):
+            return 0.0
+        return _rounding(dt, v.bound)
+
+    def _guard(self, v: Value, guard: str | None) -> Value:
+        x, g = v.tensor, self.g
+        if guard in ("half", "quarter"):
+            shift = 0.5 if guard == "half" else 0.25
+            if not x.dtype.is_floating:
+                x = g.cast(x, sm.float32)
+            return Value(g.absolute(x) + shift, v.bound + shift, v.err + _rounding(x.dtype, v.bound + shift),
+                         v.exact and _rounds_alike(x.dtype))
+        if guard in ("tanh", "tanh34"):
+            y = g.tanh(x) * (0.75 if guard == "tanh34" else 1.0)
+            return Value(y, 1.0, v.err + _rounding(y.dtype, 1.0, 5), exact=False)
+        return v
+
+    def _unary(self, name: str, i: int) -> Value:
+        v = self.values[i]
+        if name in JUMPS or name in PREDICATES:
+            y = getattr(self.g, name)(v.tensor)
+            return Value(y, 1.0 if y.dtype.is_bool else v.bound + 1.0, exact=v.exact)
+        guard, lipschitz, bound, ulps = UNARY[name]
+        v = self._guard(v, guard if guard in ("half", "quarter", "tanh", "tanh34") else None)
+        y = getattr(self.g, name)(v.tensor)
+        exact = v.exact and (ulps == 0 or name in ROUNDED and _rounds_alike(y.dtype))
+        if not y.dtype.is_floating:
+            return Value(y, bound(v.bound), exact=exact)
+        err = v.err + self._promotion_error(v, y.dtype)
+        return Value(y, bound(v.bound), lipschitz(v.bound) * err + _rounding(y.dtype, bound(v.bound), ulps), exact)
+
+    def _binary(self, name: str, i: int, j: int) -> Value:
+        a, b = self.values[i], self.values[j]
+        g = self.g
+        if name in ("division", "atan2", "floor_division", "modulo"):
+            if b.dtype.is_floating or name in ("division", "atan2"):
+                b = self._guard(b, "half")
+            else:  # integer divisors: at least 1 in magnitude
+                b = Value(g.maximum(g.absolute(g.cast(b.tensor, sm.int32) if b.dtype.is_bool else b.tensor), 1),
+                          b.bound + 1)
+        if name == "power":
+            a = self._guard(a, "half")
+        y = getattr(g, name)(a.tensor, b.tensor)
+        both = a.exact and b.exact
+        if not y.dtype.is_floating or name in JUMP_BINARY and name != "modulo":
+            return Value(y, 1.0 if y.dtype.is_bool else _int_bound(name, a.bound, b.bound), exact=both)
+        ea = a.err + self._promotion_error(a, y.dtype)
+        eb = b.err + self._promotion_error(b, y.dtype)
+        ba, bb = a.bound, b.bound
+        if name == "modulo":  # a - floor(a / b) * b in a kernel, exact in torch; b >= 1/2, so |a / b| <= 2 ba
+            return Value(y, bb, ea + (2 * ba + 1) * eb + _rounding(y.dtype, ba + bb, 2), exact=False)
+        bound, err, ulps = {
+            "addition": (ba + bb, ea + eb, 1), "subtraction": (ba + bb, ea + eb, 1),
+            "multiplication": (ba * bb, bb * ea + ba * eb, 1), "division": (2 * ba, 2 * ea + 4 * ba * eb, 1),
+            "maximum": (max(ba, bb), max(ea, eb), 0), "minimum": (max(ba, bb), max(ea, eb), 0),
+            "atan2": (math.pi, 2 * ea + 2 * eb, 4),
+        }.get(name, (None, None, 4))
+        if name == "power":  # base in [1/2, ba], exponent within [-bb, bb]
+            bound = max(ba**bb, 2.0**bb)
+            err = bb * max(ba, 2.0) ** (bb + 1) * ea + max(math.log(ba), math.log(2.0)) * bound * eb
+        exact = both and (ulps == 0 or ulps == 1 and _rounds_alike(y.dtype))
+        return Value(y, bound, err + _rounding(y.dtype, bound, ulps), exact)
+
+    def _select(self, i: int, j: int, k: int) -> Value:
+        p, a, b = self.values[i], self.values[j], self.values[k]
+        y = self.g.select(p.tensor, a.tensor, b.tensor)
+        err = max(a.err + self._promotion_error(a, y.dtype), b.err + self._promotion_error(b, y.dtype))
+        return Value(y, max(a.bound, b.bound), err if y.dtype.is_floating else 0.0, a.exact and b.exact)
+
+    def _clamp(self, i: int, j: int, k: int) -> Value:
+        x, lo, hi = self.values[i], self.values[j], self.values[k]
+        y = self.g.clamp(x.tensor, lo.tensor, hi.tensor)
+        err = max(v.err + self._promotion_error(v, y.dtype) for v in (x, lo, hi))
+        return Value(y, max(x.bound, lo.bound, hi.bound), err if y.dtype.is_floating else 0.0,
+                     x.exact and lo.exact and hi.exact)
+
+    # reductions and products
+    def _reduce(self, name: str, i: int, axes, keep: bool) -> Value:
+        v = self.values[i]
+        y = getattr(self.g, name)(v.tensor, None if axes is None else tuple(axes), keep_dims=keep)
+        n = max(1, v.tensor.type.numel() // max(1, y.type.numel()))
+        b = v.bound
+        if not y.dtype.is_floating:
+            return Value(y, {"reduction_sum": n * b, "reduction_product": b**n}.get(name, b), exact=v.exact)
+        e = v.err + self._promotion_error(v, y.dtype)
+        bound, err = {"reduction_sum": (n * b, n * e + _rounding(y.dtype, n * b, n)),
+                      "reduction_mean": (b, e + _rounding(y.dtype, b, n + 1)),
+                      "reduction_product": (b**n, n * b ** (n - 1) * e + _rounding(y.dtype, b**n, n))}.get(name, (b, e))
+        # Sums run in another order in a kernel: only the extrema keep the bits.
+        return Value(y, bound, err, v.exact and name in ("reduction_maximum", "reduction_minimum"))
+
+    def _matmul(self, i: int, j: int) -> Value:
+        a, b = self.values[i], self.values[j]
+        y = self.g.matrix_multiplication(a.tensor, b.tensor)
+        k = a.shape[-1]
+        ea, eb = a.err + self._promotion_error(a, y.dtype), b.err + self._promotion_error(b, y.dtype)
+        bound = k * a.bound * b.bound
+        return Value(y, bound, k * (b.bound * ea + a.bound * eb) + _rounding(y.dtype, bound, k + 1), exact=False)
+
+
+def _int_bound(name: str, a: float, b: float) -> float:
+    return {"addition": a + b, "subtraction": a + b, "multiplication": a * b, "floor_division": a + 1,
+            "modulo": b}.get(name, max(a, b))
+
+
+def build(recipe: dict) -> tuple[Replay, list[Value]]:
+    replay = Replay(recipe)
+    return replay, [replay.values[i] for i in recipe["outputs"]]
+
+
+def check(recipe: dict) -> None:
+    """Compile the recipe's graph for the CPU and compare its run with eager's."""
+    replay, outs = build(recipe)
+    targets = [v.tensor for v in outs]
+    exe = replay.g.compile(replay.feeds, targets, device="cpu")
+    got = exe.run(replay.feeds)
+    want = replay.g.run(replay.feeds, targets, device="cpu")
+    for k, v in enumerate(outs):
+        a, b = got[v.tensor].torch(), want[v.tensor].torch()
+        where = f"output {k} ({v.tensor.name}: {v.tensor.type}) of {json.dumps(recipe)}"
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+        if not a.dtype.is_floating_point:
+            assert torch.equal(a, b), f"{where}: {a} vs {b}"
+            continue
+        a, b = a.double(), b.double()
+        finite = b.isfinite()
+        same_special = (a.isnan() == b.isnan()).all() and torch.equal(a[b.isinf()], b[b.isinf()])
+        assert same_special and a[finite].isfinite().all(), f"{where}: NaN or infinities differ:\n{a}\n{b}"
+        tol = 0.0 if v.exact else 2 * v.err + ULP[v.dtype] * b[finite].abs() + TINY[v.dtype]
+        diff = (a[finite] - b[finite]).abs()
+        bound = "bit for bit" if v.exact else f"by up to twice the error bound {v.err:.3g}"
+        assert (diff <= tol).all(), f"{where}: differs by {diff.max().item():.3g}; must agree {bound}:\n{a}\n{b}"
+
+
+# -- drawing recipes ---------------------------------------------------------------------------
+@st.composite
+def recipes(draw, lane: str) -> dict:
+    """A recipe of the lane's input dtypes and mix of steps, valid by construction: each step is
+    replayed as it is drawn, so the next one sees the shapes, dtypes, bounds and exactness so far."""
+    dtypes, weights = PROFILES[lane]
+    kinds = [k for k, w in weights.items() for _ in range(w)]
+    steps: list = []
+    replay = Replay({"seed": 0, "steps": []})
+
+    def add(step) -> int:
+        steps.append(step)
+        replay.values.append(replay.apply(step))
+        return len(steps) - 1
+
+    def fit(i: int, most: float) -> int:
+        """`i`, scaled down by a power of two when its bound passes `most` (floats only)."""
+        v = replay.values[i]
+        if not v.dtype.is_floating or v.bound <= most:
+            return i
+        return add(["scale", i, math.ceil(math.log2(v.bound / most))])
+
+    base = draw(st.lists(st.integers(1, 5), min_size=0, max_size=3))
+
+    def new_input(shape=None) -> int:
+        dt = draw(st.sampled_from(dtypes))
+        if shape is None:  # a suffix of the base shape, some extents 1: inputs broadcast together
+            rank = draw(st.integers(0, len(base)))
+            shape = [d if draw(st.booleans()) else 1 for d in base[len(base) - rank:]]
+        return add(["input", dt.name, list(shape)])
+
+    for _ in range(draw(st.integers(1, 3))):
+        new_input()
+    for _ in range(draw(st.integers(2, 10))):
+        kind = draw(st.sampled_from(kinds))
+        pool = list(range(len(steps)))
+        i = len(steps) - 1 - draw(st.integers(0, len(steps) - 1))  # shrinks toward the latest value: chains
+        v = replay.values[i]
+        if kind == "unary":
+            names = [n for n in UNARY if _accepts(n, v.dtype)]
+            name = draw(st.sampled_from(names))
+            guard = UNARY[name][0]
+            i = fit(i, {"fit8": 8.0, "fit4": 4.0, "fit1": 1.0}.get(guard, LIMIT))
+            add(["unary", name, i])
+        elif kind == "binary":
+            j = draw(st.sampled_from([k for k in pool if _broadcasts(replay.values[k].shape, v.shape)]))
+            name = draw(st.sampled_from([n for n in SMOOTH_BINARY if _accepts(n, v.dtype, replay.values[j].dtype)]))
+            if name == "multiplication":
+                i, j = fit(i, 8.0), fit(j, 8.0)
+            elif name == "power":
+                i, j = fit(i, 4.0), fit(j, 2.0)
+            else:
+                i, j = fit(i, LIMIT / 2), fit(j, LIMIT / 2)
+            if name in ("multiplication", "power") and not replay.values[i].dtype.is_floating \
+                    and not replay.values[j].dtype.is_floating:
+                name = "maximum"  # integer products could outgrow every bound
+            add(["binary", name, i, j])
+        elif kind == "jump":
+            exact = [k for k in pool if replay.values[k].exact]  # never empty: inputs are exact
+            i = draw(st.sampled_from(exact))
+            v = replay.values[i]
+            which = draw(st.sampled_from(["unary", "binary", "select", "clamp"]))
+            if which == "unary":
+                names = [n for n in JUMPS + PREDICATES if _accepts(n, v.dtype)]
+                add(["unary", draw(st.sampled_from(names)), i])
+            elif which == "binary":
+                j = draw(st.sampled_from([k for k in exact if _broadcasts(replay.values[k].shape, v.shape)]))
+                names = [n for n in JUMP_BINARY if _accepts(n, v.dtype, replay.values[j].dtype)]
+                add(["binary", draw(st.sampled_from(names)), i, j])
+            else:
+                others = [k for k in pool if _broadcasts(replay.values[k].shape, v.shape)]
+                j, k = draw(st.sampled_from(others)), draw(st.sampled_from(others))
+                if which == "clamp" and any(replay.values[x].dtype.is_bool for x in (i, j, k)):
+                    which = "select"
+                add([which, i, j, k])
+        elif kind == "reduce" and v.shape:
+            name = draw(st.sampled_from(REDUCTIONS))
+            axes = draw(st.none() | st.lists(st.integers(0, len(v.shape) - 1), min_size=1, unique=True))
+            n = math.prod(v.shape) if axes is None else math.prod(v.shape[a] for a in axes)
+            if name == "reduction_product":
+                i = fit(i, min(1.5, LIMIT ** (1.0 / max(n, 1))))
+                if not replay.values[i].dtype.is_floating:
+                    name = "reduction_maximum"
+            else:
+                i = fit(i, LIMIT / max(n, 1))
+            add(["reduce", name, i, axes, draw(st.booleans())])
+        elif kind == "matmul":
+            if len(v.shape) < 2:
+                i = add(["move", i, "reshape", [1, max(1, math.prod(v.shape))]])
+            kdim = replay.values[i].shape[-1]
+            j = new_input([kdim, draw(st.integers(1, 4))])
+            bound = math.sqrt(LIMIT / kdim)
+            add(["matmul", fit(i, bound), fit(j, bound)])
+        elif kind == "move":
+            add(["move", i, *draw(_movement(v.shape))])
+        elif kind == "cast":
+            target = draw(st.sampled_from([sm.float32, sm.float16, sm.bfloat16, sm.float64, sm.int32, sm.int8,
+                                           sm.uint8, sm.bool]))
+            if not target.is_floating and not v.exact:  # float to integer or bool jumps
+                target = sm.float32
+            add(["cast", i, target.name])
+    last = len(steps) - 1
+    computed = [k for k, s in enumerate(steps) if s[0] != "input" and k != last]
+    extra = draw(st.lists(st.sampled_from(computed), max_size=2, unique=True)) if computed else []
+    return {"seed": draw(st.integers(0, 2**16)), "specials": draw(st.booleans()), "steps": steps,
+            "outputs": sorted(set(extra) | {last})}
+
+
+_ACCEPTS: dict = {}
+
+
+def _accepts(name: str, *dts: sm.DType) -> bool:
+    """Whether the builder takes operands of these dtypes (a ShapeError says it does not)."""
+    key = (name, dts)
+    if key not in _ACCEPTS:
+        g = sm.Graph()
+        try:
+            getattr(g, name)(*[g.placeholder((1,), dt) for dt in dts])
+            _ACCEPTS[key] = True
+        except sm.ShapeError:
+            _ACCEPTS[key] = False
+    return _ACCEPTS[key]
+
+
+def _broadcasts(a: tuple, b: tuple) -> bool:
+    return all(x == y or 1 in (x, y) for x, y in zip(reversed(a), reversed(b)))
+
+
+@st.composite
+def _movement(draw, shape: tuple) -> list:
+    rank = len(shape)
+    ops = ["reshape", "expand_dims", "broadcast_to"] + (["transpose", "slice"] if rank else []) + \
+        (["squeeze"] if 1 in shape else [])
+    op = draw(st.sampled_from(ops))
+    if op == "reshape":
+        n, dims = math.prod(shape), []
+        for d in (2, 3, 5):
+            while n % d == 0 and draw(st.booleans()):
+                dims.append(d)
+                n //= d
+        return [op, draw(st.permutations(dims + [n]))]
+    if op == "expand_dims":
+        return [op, draw(st.integers(0, rank))]
+    if op == "broadcast_to":
+        lead = draw(st.lists(st.integers(1, 3), max_size=1))
+        return [op, lead + [d if d != 1 else draw(st.integers(1, 3)) for d in shape]]
+    if op == "transpose":
+        return [op, draw(st.permutations(range(rank)))]
+    if op == "squeeze":
+        return [op, [a for a, d in enumerate(shape) if d == 1][:1]]
+    starts, ends, strides = [], [], []
+    for d in shape:  # never empty: a backward slice runs from its start down to the first element
+        strides.append(draw(st.sampled_from([1, 1, 2, -1])))
+        starts.append(draw(st.integers(0, d - 1)))
+        ends.append(draw(st.integers(starts[-1] + 1, d)) if strides[-1] > 0 else None)
+    return ["slice", [starts, ends, strides]]
+
+
+# -- the tests ------------------------------------------------------------------------------
+@pytest.mark.parametrize("lane", list(PROFILES))
+@settings(max_examples=150, derandomize=True, database=None, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_fuzz_compiled_matches_eager(lane, data):
+    """150 random graphs per lane, the same ones on every run (derandomized)."""
+    recipe = data.draw(recipes(lane))
+    note(json.dumps(recipe))
+    check(recipe)
+
+
+def _regressions() -> list:
+    return [pytest.param(r, id=f"{path.stem}-{k}") for path in sorted(REGRESSIONS.glob("*.json"))
+            for k, r in enumerate(json.loads(path.read_text()))]
+
+
+@pytest.mark.parametrize("recipe", _regressions())
+def test_fuzz_regressions(recipe):
+    check(recipe)
