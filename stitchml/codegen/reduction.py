@@ -370,7 +370,7 @@ class _Gen:
         lines.append(f"    {rm} = tl.reduce({m}, 1, _maximum)[:, None]")
         lines.append(f"    {rs} = tl.sum({s} * tl.where({m} == -INF, 0, tl.exp({m} - {rm})), axis=1)[:, None]")
         # A row of -inf gives exp(-inf - -inf) = NaN in the op-by-op form; keep that meaning.
-        lines.append(f"    {rs} = tl.where({rm} == -INF, NAN, {rs})")
+        lines.append(f"    {rs} = tl.where({rm} == -INF, INF - INF, {rs})")
         rows_env[red_max.outputs[0].id] = rm
         rows_env[red_sum.outputs[0].id] = rs
 

@@ -4,7 +4,6 @@ import triton.language as tl
 from stitchml.codegen.interpret import libdevice
 
 INF = tl.constexpr(float("inf"))
-NAN = tl.constexpr(float("nan"))
 
 
 @triton.jit
