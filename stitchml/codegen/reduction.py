@@ -62,6 +62,18 @@ _COMBINE = {  # op -> (neutral element source, tile combine, final reduce)
 }
 
 
+def _accumulator(op: Operation):
+    """The type a reduction accumulates in: its result's compute type (a bool sum counts in int64)."""
+    return compute_dtype(op.outputs[0].dtype)
+
+
+def _widen(op: Operation, x: str) -> str:
+    """The operand converted to the accumulator type when they differ (bool to int64 for sums)."""
+    if compute_dtype(op.inputs[0].dtype) == _accumulator(op):
+        return x
+    return f"{x}.to({tl_type(_accumulator(op))})"
+
+
 def _neutral(op: Operation) -> str:
     text = _COMBINE[op.op][0]
     dt = compute_dtype(op.inputs[0].dtype)
@@ -149,7 +161,7 @@ def _split(name, body, f, placeholders, ops, arg_of, layout_of, space, splits, i
     chunk = -(-f.C // splits)
     chunk = -(-chunk // LOOP_BLOCK) * LOOP_BLOCK
     splits = -(-f.C // chunk)
-    acc_dtype = compute_dtype(red.inputs[0].dtype)
+    acc_dtype = _accumulator(red)
     params = ", ".join(arg_of[t.id] for t in placeholders)
     gen = _Gen(f, arg_of, layout_of, space)
     # Stage 1: program (row, chunk) reduces its chunk of columns into part[row, chunk].
@@ -166,7 +178,7 @@ def _split(name, body, f, placeholders, ops, arg_of, layout_of, space, splits, i
     gen.columns(inner, "tl.program_id(1) * CHUNK + c0")
     for op in _ancestors(red, ops, loop_env):
         gen.elementwise(op, inner, loop_env)
-    x = gen.operand(red.inputs[0], True, inner, loop_env)
+    x = _widen(red, gen.operand(red.inputs[0], True, inner, loop_env))
     inner.append(f"    {acc} = {_COMBINE[red.op][1].format(a=acc, b=f'tl.where(mask, {x}, {_neutral(red)})')}")
     full_outs = [(j, t) for j, t in enumerate(body.outputs) if space.get(t.id, "full") == "full"]
     needed = _needed_by(full_outs, ops)
@@ -254,7 +266,7 @@ def split_scratch(body, sm_count: int):
     f = _Frame(body.notes["frame"], body.notes["axes"])
     red = next(op for op in body.operations if op.op in _COMBINE)
     chunk = -(-(-(-f.C // splits)) // LOOP_BLOCK) * LOOP_BLOCK
-    return (f.R, -(-f.C // chunk)), compute_dtype(red.inputs[0].dtype)
+    return (f.R, -(-f.C // chunk)), _accumulator(red)
 
 
 class _Gen:
@@ -301,7 +313,7 @@ class _Gen:
         env[out.id] = var
 
     def reduce_tile(self, op: Operation, lines, env) -> None:
-        x = self.operand(op.inputs[0], True, lines, env)
+        x = _widen(op, self.operand(op.inputs[0], True, lines, env))
         var = self.fresh("r")
         masked = f"tl.where(mask, {x}, {_neutral(op)})"
         lines.append(f"    {var} = {_COMBINE[op.op][2].format(x=masked)}[:, None]")
@@ -394,7 +406,7 @@ class _Gen:
                 continue
             need = _ancestors(red, ops, rows_env)
             acc = self.fresh("acc")
-            dt = tl_type(compute_dtype(red.inputs[0].dtype))
+            dt = tl_type(_accumulator(red))
             lines.append(f"    {acc} = tl.full([BLOCK_R, BLOCK_C], {_neutral(red)}, {dt})")
             lines.append(f"    for c0 in range(0, {self.f.C}, BLOCK_C):")
             inner: list[str] = []
@@ -402,7 +414,7 @@ class _Gen:
             self.columns(inner, "c0")
             for op in need:
                 self.elementwise(op, inner, env)
-            x = self.operand(red.inputs[0], True, inner, env)
+            x = _widen(red, self.operand(red.inputs[0], True, inner, env))
             combine = _COMBINE[red.op][1].format(a=acc, b=f"tl.where(mask, {x}, {_neutral(red)})")
             inner.append(f"    {acc} = {combine}")
             lines.extend("    " + ln for ln in inner)
