@@ -90,7 +90,8 @@ def triton_kernels():
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         inside = offs < plane
         fog = tl.minimum(tl.maximum((tl.load(frame_ptr + offs, mask=inside) - 1.0) / 3.0, 0.0), 1.0)
-        for c, bg in ((0, 0.2), (1, 0.3), (2, 0.5)):
+        for c in tl.static_range(3):  # fog colour (0.2, 0.3, 0.5) = 0.2 + 0.1 c + 0.05 c (c - 1)
+            bg = 0.2 + 0.1 * c + 0.05 * c * (c - 1)
             v = tl.load(colour_ptr + c * plane + offs, mask=inside)
             tl.store(out_ptr + c * plane + offs, v * (1.0 - fog) + bg * fog, mask=inside)
 
