@@ -102,7 +102,9 @@ negative.def_vjp(lambda g, op, dy: [-dy])
 absolute = unary("absolute", torch.abs, "tl.abs({0})", allow="numeric", doc="|x|.")
 absolute.def_vjp(lambda g, op, dy: [dy * g.sign(op.inputs[0])])
 
-sign = unary("sign", torch.sign, "tl.where({0} > 0, 1, tl.where({0} < 0, -1, 0))", allow="numeric",
+# Float operands choose between float constants: no integer intermediate to convert back (and NaN gives 0, as torch).
+sign = unary("sign", torch.sign, {"float": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))",
+                                  "int": "tl.where({0} > 0, 1, tl.where({0} < 0, -1, 0))"}, allow="numeric",
              doc="-1, 0 or 1: the sign of x (0 for 0).")
 sign.def_vjp(_zeros_like_vjp)
 
