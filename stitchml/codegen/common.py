@@ -29,7 +29,10 @@ import triton.language as tl
 {libdevice}
 
 INF = tl.constexpr(float("inf"))
+'''
 
+# Combine functions of reductions (NaN-propagating maximum and minimum, product): emitted only by them.
+REDUCTION_HELPERS = '''
 
 @triton.jit
 def _product(a, b):
@@ -50,8 +53,9 @@ LIBDEVICE_CUDA = "from triton.language.extra.cuda import libdevice"
 LIBDEVICE_INTERPRET = "from stitchml.codegen.interpret import libdevice"
 
 
-def header(title: str, interpret: bool) -> str:
-    return HEADER.format(title=title, libdevice=LIBDEVICE_INTERPRET if interpret else LIBDEVICE_CUDA)
+def header(title: str, interpret: bool, reduction: bool = False) -> str:
+    text = HEADER.format(title=title, libdevice=LIBDEVICE_INTERPRET if interpret else LIBDEVICE_CUDA)
+    return text + REDUCTION_HELPERS if reduction else text
 
 
 def compute_dtype(dt: DType) -> DType:

@@ -145,7 +145,7 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
         body_lines = gen.looped(ops, body.outputs, op_space)
     outs = [f"out{j}" for j in range(len(body.outputs))]
     params = ", ".join([arg_of[t.id] for t in placeholders] + outs)
-    src = header(f"reduction kernel {name}: {f.R} rows of {f.C}", interpret) + f'''
+    src = header(f"reduction kernel {name}: {f.R} rows of {f.C}", interpret, reduction=True) + f'''
 
 @triton.jit
 def {name}({params}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -213,7 +213,7 @@ def _split(name, body, f, placeholders, ops, arg_of, layout_of, space, splits, i
             gen.store(t, j, fin, fenv)
     outs = ", ".join(f"out{j}" for j in range(len(body.outputs)))
     block_s = max(16, 1 << max(splits - 1, 0).bit_length())
-    src = header(f"split reduction kernel {name}: {f.R} rows of {f.C} in {splits} chunks", interpret) + f'''
+    src = header(f"split reduction kernel {name}: {f.R} rows of {f.C} in {splits} chunks", interpret, reduction=True) + f'''
 
 @triton.jit
 def {name}_partial({params}, part, {outs}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, CHUNK: tl.constexpr):

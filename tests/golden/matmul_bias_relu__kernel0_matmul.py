@@ -7,21 +7,6 @@ INF = tl.constexpr(float("inf"))
 
 
 @triton.jit
-def _product(a, b):
-    return a * b
-
-
-@triton.jit
-def _maximum(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def _minimum(a, b):
-    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
 def kernel0_matmul(in0, in1, out0, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < 128
