@@ -15,7 +15,7 @@ import torch
 from .. import dtypes
 from ..dtypes import DType
 from ..ir import Operation, Tensor
-from ..registry import ELEMENTWISE, lookup
+from ..registry import lookup
 
 TL = {
     "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32", "float64": "tl.float64",
@@ -105,10 +105,6 @@ def triton_template(op: Operation) -> str | None:
         dt = op.inputs[0].dtype
         return template.get(dt.name, template.get("float" if dt.is_floating else "int"))
     return template
-
-
-def is_pointwise(op: Operation) -> bool:
-    return lookup(op.op).kind == ELEMENTWISE
 
 
 # -- index arithmetic -----------------------------------------------------------------
