@@ -14,7 +14,7 @@ import torch
 
 from .. import dtypes
 from ..dtypes import DType
-from ..ir import Operation, Tensor
+from ..ir import Operation
 from ..registry import lookup
 
 TL = {
@@ -172,7 +172,3 @@ def _total(dims):
 def flat_dims(layout: Layout, axes: list[int]) -> list[tuple[int, int]]:
     """(extent, stride) of the given axes of a layout, in order."""
     return [(layout.shape[a], layout.strides[a]) for a in axes]
-
-
-def names(prefix: str, tensors: list[Tensor]) -> dict[int, str]:
-    return {t.id: f"{prefix}{i}" for i, t in enumerate(tensors)}
