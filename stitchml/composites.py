@@ -11,7 +11,7 @@ import math
 
 from . import dtypes
 from .errors import ShapeError
-from .ir import UNKNOWN, Tensor, normalize_axis
+from .ir import UNKNOWN, normalize_axis
 from .registry import builder
 
 
@@ -212,6 +212,3 @@ def lstm_cell(g, x, h, c, weights_ih, weights_hh, bias=None):
     c_next = g.sigmoid(f) * c + g.sigmoid(i) * g.tanh(gg)
     h_next = g.sigmoid(o) * g.tanh(c_next)
     return h_next, c_next
-
-
-del Tensor

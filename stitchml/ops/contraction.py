@@ -10,7 +10,7 @@ rule: output extent ceil(input / stride), extra padding at the bottom/right).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Union
 
 import torch
@@ -568,6 +568,3 @@ def _avg_pooling2d(g, source, descriptor=None, name=None):
     if attrs["dilation"] != (1, 1):
         raise g._error("avg_pooling2d", f"supports dilation 1 only, got {attrs['dilation']}", [source])
     return g._emit1("avg_pooling2d", [source], attrs, name)
-
-
-del asdict

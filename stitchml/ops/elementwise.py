@@ -15,7 +15,7 @@ import math
 import torch
 
 from .. import dtypes
-from ..ir import Tensor, TensorType, broadcast_shapes
+from ..ir import TensorType, broadcast_shapes
 from ..errors import ShapeError
 from ..registry import ELEMENTWISE, Primitive, builder, register
 
@@ -389,4 +389,3 @@ def _cast_vjp(g, op, dy):
 
 
 __all__ = [n for n, v in dict(globals()).items() if isinstance(v, Primitive)]
-del Tensor

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from .. import dtypes
@@ -188,6 +187,3 @@ def _assign_variable(g, v, value, name=None) -> Operation:
     var = _variable_of(g, v, "assign_variable")
     value = g.as_tensor(value, var.dtype)
     return g._emit("assign_variable", [var, value], None, name)
-
-
-del np

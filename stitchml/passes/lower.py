@@ -92,10 +92,6 @@ class _Launch:
             self.alignment = tuple(a.data_ptr() % 16 == 0 for a in args)
 
 
-def _launcher(src: pointwise.KernelSource, ins: list[int], outs: list[int]):
-    return _Launch(src, ins, outs)
-
-
 def _generate(name: str, template: str, body: Program, layouts: list[Layout], interpret: bool, options: dict):
     gen = reduction.generate if template == "reduction" else pointwise.generate
     return gen(name, body, layouts, interpret, options)
@@ -178,9 +174,9 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         src = _generate(op.name, template, body, _layouts(op, plan), interpret, options)
         if isinstance(src, reduction.SplitSource):
             tmp = scratch_slots[op.id]
-            run = _chain(_launcher(src.partial, ins, [tmp] + outs), _launcher(src.finish, ins + [tmp], outs))
+            run = _chain(_Launch(src.partial, ins, [tmp] + outs), _Launch(src.finish, ins + [tmp], outs))
             return Step(op.name, template, run, src.partial.source)
-        return Step(op.name, template, _launcher(src, ins, outs), src.source)
+        return Step(op.name, template, _Launch(src, ins, outs), src.source)
     contraction, epi, used = _epilogue(body)
     placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
     if epi is None:
@@ -189,7 +185,7 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     layouts = [Layout.contiguous(contraction.outputs[0].shape)] + [_layouts(op, plan)[i] for i in used]
     src = _generate(op.name, "pointwise", epi, layouts, interpret, options)
     vendor = _vendor(contraction, placeholders, ins, tmp)
-    launch = _launcher(src, [tmp] + [ins[i] for i in used], outs)
+    launch = _Launch(src, [tmp] + [ins[i] for i in used], outs)
     run = _chain(vendor, launch)
     fused = _cublaslt_epilogue(body, contraction, placeholders, ins, outs) if backend == "triton" else None
     if fused is not None:

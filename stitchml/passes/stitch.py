@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 
 from ..graph import Graph
-from ..ir import Operation, Tensor
+from ..ir import Tensor
 from .legality import Kernel, can_fuse, join, start, template_of
 from .policy import choose, score
 from .program import Program, copy_op
@@ -178,6 +178,3 @@ def stitch(program: Program, ctx) -> Program:
     if ctx is not None:
         ctx.fusion_report = report
     return Program(g, [mapping[t.id] for t in program.outputs], dict(program.notes))
-
-
-del Operation

@@ -93,7 +93,7 @@ class ExecutableCache:
             reason = sig.describe_change(nearest)
         else:
             reason = "first run"
-        exe = compile_graph(graph, feeds, targets, target_ops, device, {})
+        exe = compile_graph(graph, feed_types, targets, target_ops, device, {})
         message = f"compiled {graph.name!r} for a new signature ({reason}): {exe.kernel_count} kernels, " \
                   f"heap {exe.intermediates_heap_size} bytes"
         self.log.append(message)

@@ -253,13 +253,7 @@ class Executable:
                         raise GraphError(f"{step.name} wrote past the end of its output buffer")
             if timer:
                 self.last_profile = timer.results()
-            result = self._collect(env, outputs)
-            self._assign(env)
-            self.runs += 1
-            self.graph.run_count += 1
-            if self._capturable and self._graph_state is None:
-                self._graph_state = _CapturedRun.capture(self, arena)
-            return result
+            return self._finish(env, outputs, arena)
 
     def _run_plain(self, feeds: dict | None) -> dict[Tensor, TensorData]:
         """The common case (own arena, current stream, fresh outputs), with as little host work as possible."""
@@ -281,15 +275,18 @@ class Executable:
                 env[slot] = torch.empty(shape, dtype=dtype, device=device)
             for step in self.steps:
                 step.run(env)
-            wrap = TensorData._wrap
-            result = {user: wrap(env[slot].clone() if held else env[slot]) for user, slot, held in self._results}
-            if self._assigns:
-                self._assign(env)
-            self.runs += 1
-            self.graph.run_count += 1
-            if self._capturable and self._graph_state is None:
-                self._graph_state = _CapturedRun.capture(self, self._arena_for(None))
-            return result
+            return self._finish(env, None, self._arena_for(None))
+
+    def _finish(self, env: list, outputs: dict | None, arena: torch.Tensor) -> dict[Tensor, TensorData]:
+        """Results, then the end-of-run assignments; after the first run, capture for replay."""
+        result = self._collect(env, outputs)
+        if self._assigns:
+            self._assign(env)
+        self.runs += 1
+        self.graph.run_count += 1
+        if self._capturable and self._graph_state is None:
+            self._graph_state = _CapturedRun.capture(self, arena)
+        return result
 
     def _assign(self, env: list) -> None:
         """Write the assigned values into the variables, in program order (end-of-run semantics).
