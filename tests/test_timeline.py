@@ -332,3 +332,180 @@ def test_zoo_pipelines_match_pytorch(name):
     cb.wait(120)
     with torch.no_grad():
         assert (y.torch() - model(x)).abs().max().item() <= 1e-4
+
+
+def test_module_examples():
+    import doctest
+    import importlib
+
+    for module in (importlib.import_module("stitchml.pipeline.commands"), importlib.import_module("stitchml.pipeline.device")):
+        failures, tried = doctest.testmod(module)
+        assert tried > 0 and failures == 0
+
+
+# -- bound runs: a dispatch on the caller's memory, placed once ------------------------------------------
+def _two_output_fn():
+    """y = tanh(relu(x @ w) @ w) through an intermediate, z = x * 3 + 1 (both kernels write outputs)."""
+    g = sm.Graph()
+    x = g.placeholder((-1, 8), sm.float32, name="x")
+    w = g.constant(np.random.RandomState(0).randn(8, 8).astype(np.float32) / 3)
+    y = g.tanh(g.matrix_multiplication(g.relu(x @ w), w))
+    return Package.from_graph(g, {"x": x}, {"y": y, "z": x * 3.0 + 1.0}).function(), w.op.attrs["value"].double()
+
+
+def _want(x, w):
+    x = x.double()
+    return torch.tanh(torch.relu(x @ w) @ w), x * 3 + 1
+
+
+def _dispatch(q, pipe, heap, table, times=1):
+    for _ in range(times):
+        cb = q.command_buffer()
+        enc = cb.ml_encoder()
+        enc.set_pipeline(pipe)
+        enc.set_argument_table(table)
+        enc.dispatch_network(heap)
+        enc.end()
+        cb.commit()
+        cb.wait(60)
+
+
+def test_bound_run_writes_the_callers_memory_in_place():
+    fn, w = _two_output_fn()
+    dev = sm.device("cpu")
+    pipe = _pipeline(fn, dev, {"x": (5, 8)})
+    heap, q = dev.new_heap(pipe.intermediates_heap_size), dev.new_command_queue()
+    x = sm.TensorData(torch.randn(5, 8))
+    y, z = dev.new_tensor((5, 8), sm.float32), dev.new_tensor((5, 8), sm.float32)
+    table = {"x": x, "y": y, "z": z}
+    _dispatch(q, pipe, heap, table, times=3)
+    (run, _, _), = pipe._bindings.values()  # one binding for one table, reused
+    bound = run.__self__
+    assert bound.zero_copy and bound.launches == 3
+    assert bound.env[bound.results[0][0]] is y.torch() and bound.env[bound.results[1][0]] is z.torch()
+    want_y, want_z = _want(x.torch(), w)
+    assert (y.torch().double() - want_y).abs().max() <= 1e-5
+    assert (z.torch().double() - want_z).abs().max() <= 1e-6
+    x.torch().copy_(torch.randn(5, 8))  # same tensors, new contents: the binding reads them
+    _dispatch(q, pipe, heap, table)
+    assert (y.torch().double() - _want(x.torch(), w)[0]).abs().max() <= 1e-5 and len(pipe._bindings) == 1
+
+
+def test_bound_run_stages_strided_and_aliased_memory():
+    fn, w = _two_output_fn()
+    dev = sm.device("cpu")
+    pipe = _pipeline(fn, dev, {"x": (5, 8)})
+    heap, q = dev.new_heap(pipe.intermediates_heap_size), dev.new_command_queue()
+    big = torch.randn(8, 10)
+    x = sm.TensorData(big.t()[:5, :8])  # strided (column-major) view: staged into a contiguous buffer
+    y_cols = torch.zeros(8, 5)
+    y = sm.TensorData(y_cols.t())  # a non-contiguous output
+    z = sm.TensorData(torch.zeros(5, 8))
+    _dispatch(q, pipe, heap, {"x": x, "y": y, "z": z})
+    want_y, want_z = _want(big.t()[:5, :8], w)
+    assert (y_cols.t().double() - want_y).abs().max() <= 1e-5 and (z.torch().double() - want_z).abs().max() <= 1e-6
+    bound = next(iter(pipe._bindings.values()))[0].__self__
+    assert not bound.zero_copy and len(bound.stage_in) == 1
+    # z written over x itself: the network reads all of x before anything lands there
+    xz = torch.randn(5, 8)
+    x0 = xz.clone()
+    same = sm.TensorData(xz)
+    _dispatch(q, pipe, heap, {"x": same, "y": dev.new_tensor((5, 8), sm.float32), "z": same})
+    assert (xz.double() - _want(x0, w)[1]).abs().max() <= 1e-6
+    shared = dev.new_tensor((5, 8), sm.float32)
+    cb = q.command_buffer()
+    enc = cb.ml_encoder()
+    enc.set_pipeline(pipe)
+    enc.set_argument_table({"x": x, "y": shared, "z": shared})
+    with pytest.raises(sm.PipelineError, match="output z shares memory with another output"):
+        enc.dispatch_network(heap)
+
+
+def test_bindings_are_kept_for_recent_tables_and_released():
+    import importlib
+
+    pipeline_device = importlib.import_module("stitchml.pipeline.device")  # the module, not sm.device
+    fn, w = _two_output_fn()
+    dev = sm.device("cpu")
+    pipe = _pipeline(fn, dev, {"x": (2, 8)})
+    heap, q = dev.new_heap(pipe.intermediates_heap_size), dev.new_command_queue()
+    tables = [{"x": sm.TensorData(torch.randn(2, 8)), "y": dev.new_tensor((2, 8), sm.float32),
+               "z": dev.new_tensor((2, 8), sm.float32)} for _ in range(pipeline_device.BINDINGS + 2)]
+    for t in tables:
+        _dispatch(q, pipe, heap, t)
+        assert (t["y"].torch().double() - _want(t["x"].torch(), w)[0]).abs().max() <= 1e-5
+    assert len(pipe._bindings) == pipeline_device.BINDINGS
+    first = pipe._bindings[next(iter(pipe._bindings))]
+    assert first[2][0][1] is tables[2]["x"]  # the two oldest tables were dropped
+    pipe.release_bindings()
+    assert not pipe._bindings
+
+
+def test_argument_table_check_is_remembered_but_not_fooled():
+    fn, _ = _two_output_fn()
+    dev = sm.device("cpu")
+    pipe = _pipeline(fn, dev, {"x": (2, 8)})
+    table = {"x": dev.new_tensor((2, 8), sm.float32), "y": dev.new_tensor((2, 8), sm.float32),
+             "z": dev.new_tensor((2, 8), sm.float32)}
+    enc = dev.new_command_queue().command_buffer().ml_encoder()
+    enc.set_pipeline(pipe)
+    enc.set_argument_table(table)
+    enc.set_argument_table(dict(table))  # same tensors: accepted from the remembered check
+    with pytest.raises(sm.PipelineError, match="output 'z' must be TensorData float32"):
+        enc.set_argument_table({**table, "z": dev.new_tensor((3, 8), sm.float32)})
+    with pytest.raises(sm.PipelineError, match="unknown names"):
+        enc.set_argument_table({**table, "w": table["x"]})
+
+
+def test_unbindable_executables_still_dispatch():
+    g = sm.Graph()
+    x = g.placeholder((4,), sm.float32, name="x")
+    fn = Package.from_graph(g, {"x": x}, {"y": x + g.random_uniform((4,), seed=3)}).function()
+    dev = sm.device("cpu")
+    pipe = _pipeline(fn, dev)
+    assert pipe.executable.bind({fn.input_tensor("x"): torch.zeros(4)}, {fn.output_tensor("y"): torch.zeros(4)}) is None
+    y = dev.new_tensor((4,), sm.float32)
+    _dispatch(dev.new_command_queue(), pipe, dev.new_heap(pipe.intermediates_heap_size),
+              {"x": sm.TensorData(torch.ones(4)), "y": y})
+    assert ((y.torch() >= 1) & (y.torch() < 2)).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_dispatch_replays_in_place_and_allocates_nothing():
+    fn, w = _two_output_fn()
+    dev = sm.device("cuda")
+    pipe = _pipeline(fn, dev, {"x": (64, 8)})
+    heap, q = dev.new_heap(pipe.intermediates_heap_size), dev.new_command_queue("frames")
+    x, y, z = (dev.new_tensor((64, 8), sm.float32) for _ in range(3))
+    source = torch.randn(30, 64, 8, device="cuda")
+    done = []
+    for frame in range(30):
+        cb = q.command_buffer()
+        with cb.compute_encoder() as ce:  # the caller's own work on the queue, before the network reads it
+            ce.dispatch(lambda f=frame: x.torch().copy_(source[f]), name="upload")
+        enc = cb.ml_encoder()
+        enc.set_pipeline(pipe)
+        enc.set_argument_table({"x": x, "y": y, "z": z})
+        enc.dispatch_network(heap)
+        enc.end()
+        if frame == 29:
+            cb.add_completed_handler(lambda c: done.append(c.status))
+        cb.commit()
+        if frame == 2:
+            torch.cuda.synchronize()
+            allocated = torch.cuda.memory_allocated()
+        cb.wait(60)
+        want_y, want_z = _want(source[frame].cpu(), w)
+        assert (y.torch().cpu().double() - want_y).abs().max() <= 1e-5
+        assert (z.torch().cpu().double() - want_z).abs().max() <= 1e-5
+    assert torch.cuda.memory_allocated() == allocated  # dispatches after the capture allocate nothing
+    bound = next(iter(pipe._bindings.values()))[0].__self__
+    assert bound.graph is not None and bound.zero_copy and bound.capture_error is None
+    deadline = time.time() + 10
+    while not done and time.time() < deadline:
+        time.sleep(0.01)
+    assert done == ["completed"]
+    spans = cb.timeline
+    assert [s.name for s in spans] == ["upload", "main"] and spans[0].end_us <= spans[1].start_us + 1e-3
+    assert spans[1].end_us > spans[1].start_us

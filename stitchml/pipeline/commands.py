@@ -1,13 +1,20 @@
 """Command queues, command buffers and their encoders: network dispatches beside user kernels.
 
-A queue is one CUDA stream (on the CPU: an ordered worker). A command
-buffer records commands through encoders (an ML encoder dispatches a
-pipeline, a compute encoder runs user code: a Triton kernel launch or torch
-ops), barriers and event signals/waits; `commit()` hands it to its queue,
-which runs the commands in order and timestamps each one (CUDA events on a
-GPU, the wall clock on the CPU). `wait()` or a completed handler tells when
-it is done; `timeline` and pipeline/trace.py turn the record into a
+A queue is one CUDA stream (on the CPU: an ordered worker thread). A
+command buffer records commands through encoders (an ML encoder dispatches
+a pipeline, a compute encoder runs user code: a Triton kernel launch or
+torch ops), barriers and event signals/waits; `commit()` hands it to its
+queue, which runs the commands in order and timestamps them (CUDA events
+on a GPU, the wall clock on the CPU). `wait()` or a completed handler tells
+when it is done; `timeline` and pipeline/trace.py turn the record into a
 Chrome/Perfetto trace.
+
+On a GPU, running a command only enqueues work on the stream, so `commit()`
+does it on the calling thread when nothing committed before it is still
+waiting on the queue's worker (a buffer that waits for an event nobody has
+signaled yet goes to the worker, and so do the buffers after it, which keeps
+queue order). A dispatch is then one CUDA-graph replay of the pipeline
+bound to the argument table (pipeline/device.py, runtime/bound.py).
 
     >>> import numpy as np, stitchml as sm
     >>> g = sm.Graph(); x = g.placeholder((2, 2), sm.float32, name="x")
@@ -23,7 +30,7 @@ Chrome/Perfetto trace.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -36,6 +43,11 @@ from ..tensor_data import TensorData
 from .device import Device, Heap, MLPipeline, SharedEvent
 
 DEFAULT_EVENT_TIMEOUT = 60.0  # seconds a queue waits for an event before the command buffer fails
+log = logging.getLogger("stitchml.pipeline")
+
+# The current CUDA stream, read and set without building Stream objects (a dispatch is a few microseconds).
+_get_stream = getattr(torch._C, "_cuda_getCurrentStream", None)
+_set_stream = getattr(torch._C, "_cuda_setStream", None)
 
 
 @dataclass
@@ -51,11 +63,8 @@ class Span:
     args: dict | None = None
 
 
-@dataclass
-class _Command:
-    span: Span
-    run: Callable[[], None] | None  # None: a marker (barrier)
-    event: tuple[SharedEvent, int] | None = None
+# A recorded command: (kind, name, encoder label, run or None, args or None, (event, value) or None)
+_Command = tuple
 
 
 class CommandQueue:
@@ -65,11 +74,53 @@ class CommandQueue:
         self.device = dev
         self.label = label or f"queue{id(self) % 10000}"
         self.stream = torch.cuda.Stream(dev.torch_device) if dev.is_cuda else None
-        self._launcher = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stitchml-{self.label}")
-        self._completer = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stitchml-{self.label}-done")
+        self._stream_ids = (self.stream.stream_id, self.stream.device_index, self.stream.device_type) \
+            if self.stream is not None else None
+        self._lock = threading.Lock()  # held while a buffer's commands are put on the stream
+        self._backlog = 0  # buffers handed to the worker and not yet run: later ones must queue behind them
+        self._events: list = []  # timing events of completed buffers, for reuse
+        self._finish_lock = threading.Lock()
+        self._launcher: cf.ThreadPoolExecutor | None = None
+        self._completer: cf.ThreadPoolExecutor | None = None
 
     def command_buffer(self, label: str = "") -> "CommandBuffer":
         return CommandBuffer(self, label)
+
+    # -- running buffers --------------------------------------------------------------------------
+    def _commit(self, cb: "CommandBuffer") -> None:
+        if self.stream is not None and not cb._blocked():
+            with self._lock:
+                if self._backlog == 0:
+                    cb._execute()
+                    return
+        cb._executed = threading.Event()
+        with self._lock:
+            self._backlog += 1
+        if self._launcher is None:
+            self._launcher = cf.ThreadPoolExecutor(1, thread_name_prefix=f"stitchml-{self.label}")
+        self._launcher.submit(self._run_queued, cb)
+
+    def _run_queued(self, cb: "CommandBuffer") -> None:
+        try:
+            if self.stream is not None:
+                cb._execute()
+            else:
+                cb._execute_host()
+        finally:
+            with self._lock:
+                self._backlog -= 1
+            cb._executed.set()
+
+    def _complete_later(self, cb: "CommandBuffer") -> None:
+        if self._completer is None:
+            self._completer = cf.ThreadPoolExecutor(1, thread_name_prefix=f"stitchml-{self.label}-done")
+        self._completer.submit(cb._finish)
+
+    def _event(self):
+        try:
+            return self._events.pop()
+        except IndexError:
+            return torch.cuda.Event(enable_timing=True)
 
     def __repr__(self) -> str:
         return f"CommandQueue({self.label!r} on {self.device.name})"
@@ -86,7 +137,7 @@ class _Encoder:
     def _record(self, name: str, run: Callable[[], None], args: dict | None = None) -> None:
         if self.ended:
             raise PipelineError(f"{self.kind} encoder {self.label!r}: used after end()")
-        self.cb._commands.append(_Command(Span(name, self.kind, self.label, self.cb.queue.label, args=args), run))
+        self.cb._commands.append((self.kind, name, self.label, run, args, None))
 
     def end(self) -> None:
         """Finish encoding; the command buffer can open another encoder or commit."""
@@ -115,14 +166,15 @@ class MLEncoder(_Encoder):
     def __init__(self, cb, label):
         super().__init__(cb, label)
         self.pipeline: MLPipeline | None = None
-        self.table: dict[str, TensorData] | None = None
+        self.table: tuple | None = None  # ((name, TensorData), ...), inputs then outputs
 
     def set_pipeline(self, pipeline: MLPipeline) -> None:
-        if not isinstance(pipeline, MLPipeline):
-            raise PipelineError(f"set_pipeline: expected an MLPipeline, got {type(pipeline).__name__}")
-        if pipeline.device.torch_device != self.cb.queue.device.torch_device:
-            raise PipelineError(f"set_pipeline: pipeline {pipeline.label} is for {pipeline.device.name}, "
-                                f"the queue is on {self.cb.queue.device.name}")
+        if pipeline is not self.pipeline:
+            if not isinstance(pipeline, MLPipeline):
+                raise PipelineError(f"set_pipeline: expected an MLPipeline, got {type(pipeline).__name__}")
+            if pipeline.device.torch_device != self.cb.queue.device.torch_device:
+                raise PipelineError(f"set_pipeline: pipeline {pipeline.label} is for {pipeline.device.name}, "
+                                    f"the queue is on {self.cb.queue.device.name}")
         self.pipeline, self.table = pipeline, None
 
     def set_argument_table(self, table: dict[str, TensorData]) -> None:
@@ -130,6 +182,10 @@ class MLEncoder(_Encoder):
         p = self.pipeline
         if p is None:
             raise PipelineError("set_argument_table: call set_pipeline first")
+        checked = p._checked_table
+        if checked is not None and len(table) == len(checked) and all(table.get(n) is v for n, v in checked):
+            self.table = checked  # the same tensors as the last table checked for this pipeline
+            return
         want = {**{n: (t, "input") for n, t in p.input_types.items()}, **{n: (t, "output") for n, t in p.output_types.items()}}
         unknown = sorted(set(table) - set(want))
         missing = sorted(set(want) - set(table))
@@ -143,26 +199,21 @@ class MLEncoder(_Encoder):
                     or v.device != str(p.device.torch_device):
                 raise PipelineError(f"argument table for pipeline {p.label}: {kind} {name!r} must be TensorData "
                                     f"{tt} on {p.device.name}, got {_describe(v)}")
-        self.table = dict(table)
+        self.table = p._checked_table = tuple((n, table[n]) for n in want)
 
     def dispatch_network(self, heap: Heap) -> None:
         """Run the pipeline on the bound tensors, with `heap` for its intermediates (allocates nothing)."""
         p, table = self.pipeline, self.table
         if p is None or table is None:
             raise PipelineError("dispatch_network: set_pipeline and set_argument_table first")
-        if not isinstance(heap, Heap) or heap.size < p.intermediates_heap_size or heap.device.torch_device != p.device.torch_device:
+        if heap.__class__ is not Heap or heap.size < p.intermediates_heap_size or heap.device.torch_device != p.device.torch_device:
             raise PipelineError(f"dispatch_network: pipeline {p.label} needs a heap of {p.intermediates_heap_size} "
                                 f"bytes on {p.device.name}, got {heap!r}")
-        fn = p.function
-        feeds = {fn.input_tensor(n): table[n] for n in p.input_types}
-        outputs = {fn.output_tensor(n): table[n] for n in p.output_types}
-        stream = self.cb.queue.stream
-
-        def run():
-            p.executable.run(feeds, outputs=outputs, heap=heap.data, stream=stream)
-
-        self._record(p.label, run, {"inputs": {n: list(d) for n, d in p.input_dimensions.items()},
-                                    "heap_bytes": p.intermediates_heap_size})
+        try:
+            run = p.launcher(table, heap)
+        except StitchError as e:
+            raise PipelineError(f"dispatch_network: pipeline {p.label}: {e}") from None
+        self._record(p.label, run, p.span_args)
 
 
 class ComputeEncoder(_Encoder):
@@ -174,7 +225,7 @@ class ComputeEncoder(_Encoder):
         """Record ``fn(*args, **kwargs)``; it runs on the queue's stream when the buffer executes."""
         if not callable(fn):
             raise PipelineError(f"dispatch: expected a callable, got {type(fn).__name__}")
-        self._record(name or getattr(fn, "__name__", "kernel"), lambda: fn(*args, **kwargs))
+        self._record(name or getattr(fn, "__name__", "kernel"), (lambda: fn(*args, **kwargs)) if args or kwargs else fn)
 
 
 class CommandBuffer:
@@ -183,17 +234,23 @@ class CommandBuffer:
     def __init__(self, queue: CommandQueue, label: str = ""):
         self.queue = queue
         self.label = label or f"cb{id(self) % 10000}"
-        self.status = "encoding"  # -> committed -> completed | error
+        self._status = "encoding"  # -> committed -> completed | error
         self.error: BaseException | None = None
         self._commands: list[_Command] = []
         self._open: _Encoder | None = None
+        self._encoders = 0
         self._handlers: list[Callable[["CommandBuffer"], None]] = []
-        self._done = threading.Event()
-        self._timings: list[tuple[Span, Any, Any]] = []
+        self._waits = False
+        self._executed: threading.Event | None = None  # set by the worker when it ran this buffer
+        self._stamps: list = []  # per command run: (start, end); GPU: indices into _marks
+        self._marks: list = []  # GPU: the CUDA events recorded between commands
+        self._spans: list[Span] = []
+        self._finished = False
+        self._completing = False
 
     # -- encoding ---------------------------------------------------------------------------
     def _check_encoding(self, what: str) -> None:
-        if self.status != "encoding":
+        if self._status != "encoding":
             raise PipelineError(f"command buffer {self.label}: {what} after commit()")
         if self._open is not None:
             raise PipelineError(f"command buffer {self.label}: {what} while the {self._open.kind} encoder "
@@ -201,7 +258,8 @@ class CommandBuffer:
 
     def _encoder(self, cls, label):
         self._check_encoding(f"opening a {cls.kind} encoder")
-        enc = cls(self, label or f"{cls.kind}{sum(c.span.kind == cls.kind for c in self._commands)}")
+        self._encoders += 1
+        enc = cls(self, label or f"{cls.kind}{self._encoders}")
         self._open = enc
         return enc
 
@@ -214,94 +272,169 @@ class CommandBuffer:
     def barrier(self, after: str = "machine_learning", before: str = "dispatch") -> None:
         """Order the stages: work of stage `before` waits for work of stage `after` (a trace marker on one stream)."""
         self._check_encoding("barrier")
-        self._commands.append(_Command(Span(f"barrier {after} -> {before}", "barrier", "", self.queue.label), None))
+        self._commands.append(("barrier", f"barrier {after} -> {before}", "", None, None, None))
 
     def signal_event(self, event: SharedEvent, value: int) -> None:
         """When the work before it is done, set `event` to `value`."""
         self._check_encoding("signal_event")
-        span = Span(f"signal {event.label}={value}", "signal", "", self.queue.label, args={"event": event.label, "value": value})
-        self._commands.append(_Command(span, None, (event, int(value))))
+        self._commands.append(("signal", f"signal {event.label}={value}", "", None,
+                               {"event": event.label, "value": value}, (event, int(value))))
 
     def wait_for_event(self, event: SharedEvent, value: int, timeout: float = DEFAULT_EVENT_TIMEOUT) -> None:
         """Work after this waits until `event` reaches `value` (signaled by this or another queue)."""
         self._check_encoding("wait_for_event")
-        span = Span(f"wait {event.label}>={value}", "wait", "", self.queue.label,
-                    args={"event": event.label, "value": value, "timeout": timeout})
-        self._commands.append(_Command(span, None, (event, int(value))))
+        self._waits = True
+        self._commands.append(("wait", f"wait {event.label}>={value}", "", None,
+                               {"event": event.label, "value": value, "timeout": timeout}, (event, int(value))))
 
     def add_completed_handler(self, handler: Callable[["CommandBuffer"], None]) -> None:
         """Call `handler(command_buffer)` when the work is done (or has failed: see `.error`)."""
-        if self._done.is_set():
+        with self.queue._finish_lock:
+            if not self._finished:
+                self._handlers.append(handler)
+                later = self._status != "encoding" and not self._completing
+                self._completing = self._completing or later
+            else:
+                later = None
+        if later is None:
             handler(self)
-        else:
-            self._handlers.append(handler)
+        elif later:
+            self.queue._complete_later(self)
 
     # -- execution ----------------------------------------------------------------------------
     def commit(self) -> None:
         """Hand the recorded work to the queue; it runs after the buffers committed before it."""
         self._check_encoding("commit")
-        self.status = "committed"
-        self.queue._launcher.submit(self._execute)
+        self._status = "committed"
+        self.queue._commit(self)
+        if self._handlers:
+            with self.queue._finish_lock:
+                later = not self._completing
+                self._completing = True
+            if later:
+                self.queue._complete_later(self)
 
-    def _stamp(self):
-        if self.queue.stream is None:
-            return time.perf_counter_ns()
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record(self.queue.stream)
-        return ev
+    def _blocked(self) -> bool:
+        """Whether running now would block the host on an event not signaled yet."""
+        return self._waits and any(c[0] == "wait" and c[5][0].signaled_value < c[5][1] for c in self._commands)
 
     def _execute(self) -> None:
-        stream = self.queue.stream
-        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        """Put the commands on the queue's stream (the calling thread is the committer or the worker)."""
+        q = self.queue
+        stream, marks, stamps = q.stream, self._marks, self._stamps
+        prev = _get_stream(q.device.torch_device.index) if _set_stream else None
+        if prev is not None:
+            _set_stream(*q._stream_ids)
+            scope = None
+        else:
+            scope = torch.cuda.stream(stream)
+            scope.__enter__()
         try:
-            with ctx:
-                for cmd in self._commands:
-                    start = self._stamp()
-                    if cmd.span.kind == "wait":
-                        self._wait(cmd)
-                    elif cmd.span.kind == "signal":
-                        cmd.event[0].signal(cmd.event[1], stream)
-                    elif cmd.run is not None:
-                        cmd.run()
-                    self._timings.append((cmd.span, start, self._stamp()))
+            ev = q._event()
+            ev.record(stream)
+            marks.append(ev)
+            for kind, _, _, run, args, event in self._commands:
+                start = len(marks) - 1
+                if run is not None:
+                    run()
+                elif kind == "wait":
+                    self._wait(event, args["timeout"])
+                elif kind == "signal":
+                    event[0].signal(event[1], stream)
+                if kind != "barrier" and kind != "signal":
+                    ev = q._event()
+                    ev.record(stream)
+                    marks.append(ev)
+                stamps.append((start, len(marks) - 1))
         except BaseException as e:  # the failure belongs to this buffer; later buffers on the queue still run
             self.error = e
-        self.queue._completer.submit(self._complete)
+        finally:
+            if scope is not None:
+                scope.__exit__(None, None, None)
+            else:
+                _set_stream(*prev)
 
-    def _wait(self, cmd: _Command) -> None:
-        event, value = cmd.event
-        timeout = cmd.span.args["timeout"]
-        if not event.wait_until(value, timeout):
-            raise PipelineError(f"command buffer {self.label}: event {event.label} did not reach {value} within "
-                                f"{timeout} s (it is at {event.signaled_value}); is its signal committed?")
-        cuda_event = event.cuda_event_for(value)
+    def _execute_host(self) -> None:
+        """Run the commands now, on the CPU, timing them with the wall clock."""
+        stamps = self._stamps
+        try:
+            for kind, _, _, run, args, event in self._commands:
+                start = time.perf_counter_ns()
+                if run is not None:
+                    run()
+                elif kind == "wait":
+                    self._wait(event, args["timeout"])
+                elif kind == "signal":
+                    event[0].signal(event[1])
+                stamps.append((start, time.perf_counter_ns()))
+        except BaseException as e:
+            self.error = e
+
+    def _wait(self, event: tuple[SharedEvent, int], timeout: float) -> None:
+        ev, value = event
+        if not ev.wait_until(value, timeout):
+            raise PipelineError(f"command buffer {self.label}: event {ev.label} did not reach {value} within "
+                                f"{timeout} s (it is at {ev.signaled_value}); is its signal committed?")
+        cuda_event = ev.cuda_event_for(value)
         if cuda_event is not None:
             self.queue.stream.wait_event(cuda_event)
 
-    def _complete(self) -> None:
-        if self.queue.stream is not None and self.error is None:
+    def _finish(self) -> None:
+        """Once the work is done: turn the stamps into spans, set the status, call the handlers (once)."""
+        if self._finished:
+            return
+        if self._executed is not None:
+            self._executed.wait()
+        q = self.queue
+        if self._marks and self.error is None:
             try:
-                self.queue.stream.synchronize()
+                self._marks[-1].synchronize()
             except RuntimeError as e:
                 self.error = e
-        dev = self.queue.device
-        for span, start, end in self._timings:
-            if isinstance(start, int):
-                span.start_us, span.end_us = (start - dev.origin_ns) / 1e3, (end - dev.origin_ns) / 1e3
-            elif self.error is None:
-                span.start_us = dev.origin_event.elapsed_time(start) * 1e3
-                span.end_us = dev.origin_event.elapsed_time(end) * 1e3
-        self.status = "error" if self.error is not None else "completed"
-        self._done.set()
-        for handler in self._handlers:
-            handler(self)
+        with q._finish_lock:
+            if self._finished:
+                return
+            dev = q.device
+            for (kind, name, encoder, _, args, _), (start, end) in zip(self._commands, self._stamps):
+                span = Span(name, kind, encoder, q.label, args=args)
+                if q.stream is None:
+                    span.start_us, span.end_us = (start - dev.origin_ns) / 1e3, (end - dev.origin_ns) / 1e3
+                elif self.error is None:
+                    span.start_us = dev.origin_event.elapsed_time(self._marks[start]) * 1e3
+                    span.end_us = dev.origin_event.elapsed_time(self._marks[end]) * 1e3
+                self._spans.append(span)
+            if self.error is None:
+                q._events.extend(self._marks)
+            self._marks = []
+            self._status = "error" if self.error is not None else "completed"
+            self._finished = True
+            handlers, self._handlers = self._handlers, []
+        for handler in handlers:
+            try:
+                handler(self)
+            except Exception:  # noqa: BLE001  (a handler's failure is the handler's; the buffer is done)
+                log.exception("command buffer %s: completed handler failed", self.label)
+
+    @property
+    def status(self) -> str:
+        """"encoding", "committed", "completed" or "error" (completed GPU work is noticed when asked)."""
+        if self._status == "committed" and self._executed is None and self._marks and self._marks[-1].query():
+            self._finish()
+        return self._status
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the work is done; raises its error (PipelineError wraps non-StitchML errors)."""
-        if self.status == "encoding":
+        if self._status == "encoding":
             raise PipelineError(f"command buffer {self.label}: wait() before commit()")
-        if not self._done.wait(timeout):
-            raise PipelineError(f"command buffer {self.label}: not done after {timeout} s")
+        if timeout is not None:
+            deadline = time.monotonic() + timeout
+            if self._executed is not None and not self._executed.wait(timeout):
+                raise PipelineError(f"command buffer {self.label}: not done after {timeout} s")
+            while self._marks and self.error is None and not self._marks[-1].query():
+                if time.monotonic() > deadline:
+                    raise PipelineError(f"command buffer {self.label}: not done after {timeout} s")
+                time.sleep(1e-4)
+        self._finish()
         if self.error is not None:
             if isinstance(self.error, StitchError):
                 raise self.error
@@ -311,7 +444,7 @@ class CommandBuffer:
     @property
     def timeline(self) -> list[Span]:
         """What ran, in order, with start and end times (after completion)."""
-        return [span for span, _, _ in self._timings]
+        return list(self._spans)
 
     def __repr__(self) -> str:
-        return f"CommandBuffer({self.label!r}, {self.status}, {len(self._commands)} commands)"
+        return f"CommandBuffer({self.label!r}, {self._status}, {len(self._commands)} commands)"

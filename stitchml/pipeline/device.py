@@ -18,6 +18,7 @@ intermediates in the caller's heap.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Sequence
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from .commands import CommandQueue
 
 log = logging.getLogger("stitchml.pipeline")
+BINDINGS = 8  # argument tables (with their heap) a pipeline keeps bound runs for
 
 
 class Heap:
@@ -213,6 +215,42 @@ class MLPipeline:
         self.executable = fn.graph.compile({fn.input_tensor(n): t for n, t in self.input_types.items()}, targets,
                                            device=dev.torch_device)
         self.intermediates_heap_size = int(self.executable.intermediates_heap_size)
+        self.span_args = {"inputs": {n: list(d) for n, d in dims.items()}, "heap_bytes": self.intermediates_heap_size}
+        self._checked_table: tuple | None = None  # the last argument table found valid (set_argument_table)
+        self._bindings: OrderedDict[tuple, Any] = OrderedDict()
+        self._bind_lock = threading.Lock()
+
+    def launcher(self, table: tuple, heap: Heap):
+        """What a dispatch on these tensors runs: the bound run for this argument table and heap (made on
+        first use and kept for the last `BINDINGS` tables; see runtime/bound.py), or for executables that
+        cannot be bound a full run that copies in and out. `table` is the checked ((name, TensorData), ...)
+        in input-then-output order."""
+        key = (id(heap), *[id(v) for _, v in table])
+        with self._bind_lock:
+            hit = self._bindings.get(key)
+            if hit is not None:
+                self._bindings.move_to_end(key)
+                return hit[0]
+            fn, exe, values = self.function, self.executable, dict(table)
+            feeds = {fn.input_tensor(n): values[n] for n in self.input_types}
+            outputs = {fn.output_tensor(n): values[n] for n in self.output_types}
+            names = {**{fn.input_tensor(n): n for n in self.input_types}, **{fn.output_tensor(n): n for n in self.output_types}}
+            bound = exe.bind(feeds, outputs, heap.data, names)
+            if bound is not None:
+                run = bound.launch
+            else:
+                def run():
+                    exe.run(feeds, outputs=outputs, heap=heap.data)
+            # the key's objects stay alive with the entry, so their ids cannot be reused meanwhile
+            self._bindings[key] = (run, heap, table)
+            while len(self._bindings) > BINDINGS:
+                self._bindings.popitem(last=False)
+            return run
+
+    def release_bindings(self) -> None:
+        """Forget the bound runs (and with them the references they hold to argument tensors and heaps)."""
+        with self._bind_lock:
+            self._bindings.clear()
 
     def _install_package_kernels(self, dev: Device, use: bool) -> str:
         """Put the package's compiled kernels for this machine where the compile will find them; the note

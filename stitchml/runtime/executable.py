@@ -347,6 +347,23 @@ class Executable:
                 zones.append(arena[b.offset + b.nbytes:end])
         return zones
 
+    def bind(self, feeds: dict, outputs: dict, heap: Any = None, names: dict | None = None):
+        """A `BoundRun` of this executable on fixed caller memory (runtime/bound.py), or None when it
+        cannot be bound (variables, random draws, poison mode). `feeds` maps placeholders and
+        `outputs` targets to tensors (torch or TensorData); `heap` is as for `run`; `names` gives
+        feeds and targets the names errors call them by (default: the tensors' names)."""
+        from .bound import BoundRun, bindable
+
+        if not bindable(self):
+            return None
+        unwrap = lambda v: v.torch() if isinstance(v, TensorData) else v  # noqa: E731
+        missing = [name for key, _, _, _, name in self._feed_keys if key not in feeds]
+        missing += [user.name for user, _, _ in self._results if user not in outputs]
+        if missing:
+            raise GraphError(f"bind: no tensor given for {', '.join(missing)}")
+        return BoundRun(self, {k: unwrap(v) for k, v in feeds.items()}, {k: unwrap(v) for k, v in outputs.items()},
+                        self._arena_for(heap), names or {})
+
     def run_async(self, feeds: dict | None = None, on_complete=None, **kwargs):
         """Queue a run; the handle and callback behave as Graph.run_async's."""
         from .asyncrun import submit

@@ -1,0 +1,144 @@
+"""Bound runs: an executable tied to fixed caller memory, launched with no per-run host work.
+
+`Executable.bind(feeds, outputs, heap)` places every feed, output and
+intermediate once: the kernels read the caller's input tensors and write the
+caller's output tensors where they are (zero copy), intermediates live in the
+caller's heap. `launch()` then allocates nothing and checks nothing:
+
+* the first launch runs the pre-bound steps (it also warms the kernels up);
+* on CUDA the second launch captures the steps as a CUDA graph over these
+  pointers and every launch after that is one graph replay (a few
+  microseconds of host time whatever the network's size).
+
+Capturing on the second launch, not the first, means memory used once (a
+fresh input every call) never pays for a capture. Where the caller's memory
+cannot be used as is, the bound run stages it in buffers made at bind time
+and copies in the launch (recorded in the graph too): an input that is not
+contiguous, an output that is not contiguous, that overlaps an input, or
+that the last step leaves in library memory (a cuDNN convolution result).
+
+Executables that read or assign variables, draw random numbers or run in
+poison mode are not bindable; `Executable.bind` returns None for them and
+callers use `Executable.run`.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+
+from ..errors import GraphError
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The byte range [start, end) that `t` addresses."""
+    if t.numel() == 0:
+        return t.data_ptr(), t.data_ptr()
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def bindable(exe) -> bool:
+    """Whether `exe` can be bound (see the module docstring)."""
+    return not (exe._variables or exe._in_place or exe._assigns or exe._poison
+                or any(op.primitive.kind == "random" for op in exe.program.operations))
+
+
+class BoundRun:
+    """One executable on fixed feed, output and heap tensors; see the module docstring."""
+
+    def __init__(self, exe, feeds: dict, outputs: dict, arena: torch.Tensor, names: dict):
+        self.exe = exe
+        env: list = [None] * exe._nslots
+        for slot, value in exe._constants:
+            env[slot] = value
+        for slot, off, n, dtype, shape in exe._buffers:
+            env[slot] = arena[off:off + n].view(dtype).view(shape)
+        self.stage_in: list[tuple[torch.Tensor, torch.Tensor]] = []  # (bound buffer, caller's tensor)
+        inputs = []
+        for key, slot, shape, dtype, name in exe._feed_keys:
+            t, name = feeds[key], names.get(key, name)
+            if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != exe.device:
+                raise GraphError(f"bind: feed {name} must be {tuple(shape)} {dtype} on {exe.device}, "
+                                 f"got {tuple(t.shape)} {t.dtype} on {t.device}")
+            if t.is_contiguous():
+                env[slot] = t
+            else:
+                env[slot] = torch.empty(shape, dtype=dtype, device=exe.device)
+                self.stage_in.append((env[slot], t))
+            inputs.append(_span(t))
+        output_slots = {slot for slot, _, _ in exe._outputs}
+        for slot, shape, dtype in exe._outputs:
+            env[slot] = torch.empty(shape, dtype=dtype, device=exe.device)
+        self.results: list[tuple[int, torch.Tensor]] = []  # (slot, caller's tensor): copied unless it is the slot
+        placed = []
+        for (user, slot, _), t in zip(exe._results, exe.program.outputs):
+            dst, name = outputs[user], names.get(user, user.name)
+            if dst.device != exe.device or tuple(dst.shape) != tuple(t.shape) or dst.dtype != t.dtype.torch:
+                raise GraphError(f"bind: output {name} must be {tuple(t.shape)} {t.dtype} on {exe.device}, "
+                                 f"got {tuple(dst.shape)} {dst.dtype} on {dst.device}")
+            span = _span(dst)
+            for other in placed:
+                if _overlaps(span, other):
+                    raise GraphError(f"bind: output {name} shares memory with another output")
+            placed.append(span)
+            if (slot in output_slots and dst.is_contiguous() and not any(_overlaps(span, s) for s in inputs)
+                    and not any(r is dst for _, r in self.results)):
+                env[slot] = dst  # the kernel that makes it writes the caller's memory
+                output_slots.discard(slot)
+            self.results.append((slot, dst))
+        self.env = env
+        self.keep = (feeds, outputs, arena)  # the captured pointers stay valid while this run exists
+        self.launches = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.capture_error: str | None = None
+        self._can_capture = exe.device.type == "cuda" and os.environ.get("STITCHML_CUDA_GRAPHS", "1") != "0"
+        self._lock = threading.Lock()
+
+    def launch(self) -> None:
+        """Run once on the current stream (see the module docstring)."""
+        graph = self.graph
+        if graph is not None:
+            graph.replay()
+            return
+        with self._lock:
+            if self.graph is None and self.launches >= 1 and self._can_capture:
+                self._capture()
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                self._steps()
+            self.launches += 1
+
+    def _steps(self) -> None:
+        env = self.env
+        for bound, caller in self.stage_in:
+            bound.copy_(caller)
+        for step in self.exe.steps:
+            step.run(env)
+        for slot, dst in self.results:
+            if env[slot] is not dst:
+                dst.copy_(env[slot])
+
+    def _capture(self) -> None:
+        graph = torch.cuda.CUDAGraph()
+        current = torch.cuda.current_stream(self.exe.device)
+        try:
+            current.synchronize()
+            with torch.cuda.graph(graph):
+                self._steps()
+        except Exception as e:  # noqa: BLE001  (a step that syncs with the host cannot be captured)
+            self._can_capture = False
+            self.capture_error = repr(e)
+            return
+        self.graph = graph
+
+    @property
+    def zero_copy(self) -> bool:
+        """Whether the launch reads every input and writes every output in the caller's memory."""
+        return not self.stage_in and all(self.env[slot] is dst for slot, dst in self.results)
