@@ -1,26 +1,30 @@
-"""Packaged networks against ONNX Runtime and PyTorch eager: dispatch time and memory.
+"""Packaged networks against ONNX Runtime, PyTorch eager and torch.compile: dispatch time and memory.
 
     $ python benchmarks/bench_package.py --device cpu --json bench_package.json
-    $ python benchmarks/bench_package.py --device cuda --models cnn resnet18 transformer --batch 1 8
+    $ python benchmarks/bench_package.py --device cuda --compile --models cnn resnet18 transformer --batch 1 8
 
 For each zoo model (stitchml/package/zoo.py, random weights) and batch size:
 
 * **stitchml**: the package built through torch.export, compiled into an ML
-  pipeline, one dispatch per command buffer (encode, commit, wait); also the
-  host time to encode and commit alone;
+  pipeline, one dispatch per command buffer (encode, commit, wait). Host
+  time: the caller's time to encode and commit one dispatch, from an idle
+  queue and back to back; on CUDA also the bound launch alone (one
+  CUDA-graph replay) and whether it ran in the caller's memory;
 * **onnxruntime**: the same module exported to ONNX (TorchScript exporter,
   opset 17), one InferenceSession.run (on CUDA with I/O bound to device
-  memory); skipped with a note when onnxruntime is not installed;
-* **torch eager**: ``module(x)`` under no_grad.
+  memory); skipped with a note when onnxruntime or its CUDA provider is
+  missing;
+* **torch eager**: ``module(x)`` under no_grad; **torch.compile** (with
+  --compile, CUDA): mode="reduce-overhead", PyTorch's own CUDA-graph replay.
 
-Times are medians over --iters runs after --warmup runs. On a GPU the
-stitchml and torch times are CUDA-event medians on the stream the work runs
-on, and every backend also gets a synchronized wall-clock median, which is
-the only fair clock for ONNX Runtime's own streams. Memory: the pipeline's
-`intermediates_heap_size`, the lower bound of the compiler's memory plan (the
-largest sum of intermediates alive at once over its fused schedule), and
-(on CUDA) PyTorch's peak allocated bytes for the forward pass above what the
-weights and input already held. Prints a table and writes JSON.
+Times are medians over --iters runs after --warmup runs. Every backend gets a
+synchronized wall-clock median (the only fair clock for ONNX Runtime's own
+streams); on a GPU stitchml and eager also get CUDA-event medians on the
+stream the work runs on. Memory: the pipeline's `intermediates_heap_size`,
+the lower bound of the compiler's memory plan (the largest sum of
+intermediates alive at once over its fused schedule), and (on CUDA)
+PyTorch's peak allocated bytes for the forward pass above what the weights
+and input already held. Prints a table and writes JSON.
 """
 from __future__ import annotations
 
@@ -47,6 +51,30 @@ def _median_wall(fn, warmup: int, iters: int, sync) -> float:
         sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e6
+
+
+def _median_host(fn, finish, warmup: int, iters: int) -> float:
+    """Median host time of `fn()` alone; `finish(result)` runs after each, outside the timing."""
+    times = []
+    for i in range(warmup + iters):
+        t0 = time.perf_counter()
+        out = fn()
+        t1 = time.perf_counter()
+        finish(out)
+        if i >= warmup:
+            times.append(t1 - t0)
+    return statistics.median(times) * 1e6
+
+
+def _back_to_back(fn, finish, n: int) -> float:
+    """Host time per call of `n` calls of `fn()` in a row (then `finish` on the last result)."""
+    finish(fn())
+    t0 = time.perf_counter()
+    for _ in range(n):
+        out = fn()
+    t1 = time.perf_counter()
+    finish(out)
+    return (t1 - t0) / n * 1e6
 
 
 def _median_cuda(fn, warmup: int, iters: int, stream) -> float:
@@ -76,25 +104,32 @@ def _stitchml(sm, model, x, dev, args):
     xin = sm.TensorData(x.to(dev.torch_device))
     out_name, shape = next(iter(pipeline.output_shapes.items()))
     yout = dev.new_tensor(shape, sm.float32)
-    encode_times = []
+    table = {name: xin, out_name: yout}
 
-    def dispatch():
-        t0 = time.perf_counter()
+    def encode_commit():
         cb = queue.command_buffer()
         enc = cb.ml_encoder()
         enc.set_pipeline(pipeline)
-        enc.set_argument_table({name: xin, out_name: yout})
+        enc.set_argument_table(table)
         enc.dispatch_network(heap)
         enc.end()
         cb.commit()
-        encode_times.append(time.perf_counter() - t0)
-        cb.wait()
+        return cb
 
     sync = torch.cuda.synchronize if dev.is_cuda else (lambda: None)
-    result = {"wall_us": _median_wall(dispatch, args.warmup, args.iters, sync)}
-    result["encode_commit_us"] = statistics.median(encode_times[args.warmup:]) * 1e6
+    result = {"wall_us": _median_wall(lambda: encode_commit().wait(), args.warmup, args.iters, sync)}
+    # host time of one dispatch (encode + commit), starting from an idle queue each time
+    result["encode_commit_us"] = _median_host(encode_commit, lambda cb: cb.wait(), args.warmup, args.iters)
+    # the same with dispatches back to back (a frame loop that does not wait for each one)
+    result["encode_commit_back_to_back_us"] = _back_to_back(encode_commit, lambda cb: cb.wait(), args.iters * 10)
     if dev.is_cuda:
-        result["cuda_event_us"] = _median_cuda(dispatch, args.warmup, args.iters, queue.stream)
+        result["cuda_event_us"] = _median_cuda(lambda: encode_commit().wait(), args.warmup, args.iters, queue.stream)
+        launch = pipeline.launcher(pipeline._checked_table, heap)  # what one dispatch runs: a graph replay
+        with torch.cuda.stream(queue.stream):
+            result["launch_us"] = _median_host(launch, lambda _: queue.stream.synchronize(), args.warmup, args.iters)
+        bound = getattr(launch, "__self__", None)
+        result["replayed"] = bool(bound is not None and bound.graph is not None)
+        result["zero_copy"] = bool(bound is not None and bound.zero_copy)
     result["heap_bytes"] = pipeline.intermediates_heap_size
     plan = getattr(pipeline.executable, "plan", None)  # the compiler's memory plan over its fused schedule
     result["heap_lower_bound_bytes"] = getattr(plan, "lower_bound", None)
@@ -144,6 +179,7 @@ def _torch_eager(model, x, device, args):
     with torch.no_grad():
         if device.startswith("cuda"):
             result["wall_us"] = _median_wall(lambda: m(xin), args.warmup, args.iters, torch.cuda.synchronize)
+            result["host_us"] = _median_host(lambda: m(xin), lambda _: torch.cuda.synchronize(), args.warmup, args.iters)
             result["cuda_event_us"] = _median_cuda(lambda: m(xin), args.warmup, args.iters, torch.cuda.current_stream())
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
@@ -154,6 +190,30 @@ def _torch_eager(model, x, device, args):
             result["output_bytes"] = out.numel() * out.element_size()
         else:
             result["wall_us"] = _median_wall(lambda: m(xin), args.warmup, args.iters, lambda: None)
+    m.cpu()
+    return result
+
+
+def _torch_compile(model, x, device, args):
+    """torch.compile with mode="reduce-overhead": its own CUDA-graph replay, the closest PyTorch analogue."""
+    if not args.compile or not device.startswith("cuda"):
+        return {"skipped": "not asked for (--compile, CUDA only)"}
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    m, xin = model.to(device), x.to(device)
+    compiled = torch.compile(m, mode="reduce-overhead")
+    result = {}
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        for _ in range(3):
+            compiled(xin)
+        torch.cuda.synchronize()
+        result["compile_s"] = time.perf_counter() - t0
+        result["wall_us"] = _median_wall(lambda: compiled(xin), args.warmup, args.iters, torch.cuda.synchronize)
+        result["host_us"] = _median_host(lambda: compiled(xin), lambda _: torch.cuda.synchronize(), args.warmup,
+                                         args.iters)
+        result["max_error"] = float((compiled(xin).float().cpu() - model.cpu()(x.cpu())).abs().max())
     m.cpu()
     return result
 
@@ -173,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile(mode='reduce-overhead')")
     parser.add_argument("--json", default="bench_package.json", help="where to write the results")
     args = parser.parse_args(argv)
 
@@ -199,21 +260,25 @@ def main(argv: list[str] | None = None) -> int:
             row = {"model": name, "batch": batch,
                    "stitchml": _stitchml(sm, model, x, dev, args),
                    "onnxruntime": _onnxruntime(model, x, args.device, args),
-                   "torch_eager": _torch_eager(model, x, args.device, args)}
+                   "torch_eager": _torch_eager(model, x, args.device, args),
+                   "torch_compile": _torch_compile(model, x, args.device, args)}
             rows.append(row)
     clock = "cuda_event_us" if dev.is_cuda else "wall_us"
-    header = (f"{'model':<12} {'batch':>5} {'stitchml us':>12} {'encode us':>10} {'ORT us':>10} {'torch us':>10} "
-              f"{'heap B':>12} {'lower bd B':>12} {'torch peak B':>13}")
+    header = (f"{'model':<12} {'batch':>5} | {'wall us: stitchml':>17} {'ORT':>8} {'eager':>8} {'compile':>8} | "
+              f"{'host us: dispatch':>17} {'b2b':>6} {'eager':>8} {'compile':>8} | {'heap B':>9} {'lower bd':>9} "
+              f"{'torch peak':>10}")
     print(f"{env}\n{header}\n{'-' * len(header)}")
     for r in rows:
-        s, o, t = r["stitchml"], r["onnxruntime"], r["torch_eager"]
-        print(f"{r['model']:<12} {r['batch']:>5} {_fmt(s.get(clock)):>12} {_fmt(s['encode_commit_us']):>10} "
-              f"{_fmt(o.get('wall_us')):>10} {_fmt(t.get(clock)):>10} {_fmt(s['heap_bytes']):>12} "
-              f"{_fmt(s['heap_lower_bound_bytes']):>12} {_fmt(t.get('peak_allocated_bytes')):>13}")
+        s, o, t, c = r["stitchml"], r["onnxruntime"], r["torch_eager"], r["torch_compile"]
+        print(f"{r['model']:<12} {r['batch']:>5} | {_fmt(s['wall_us']):>17} {_fmt(o.get('wall_us')):>8} "
+              f"{_fmt(t.get('wall_us')):>8} {_fmt(c.get('wall_us')):>8} | {_fmt(s['encode_commit_us']):>17} "
+              f"{_fmt(s['encode_commit_back_to_back_us']):>6} {_fmt(t.get('host_us')):>8} {_fmt(c.get('host_us')):>8} | "
+              f"{_fmt(s['heap_bytes']):>9} {_fmt(s['heap_lower_bound_bytes']):>9} {_fmt(t.get('peak_allocated_bytes')):>10}")
     if any("skipped" in r["onnxruntime"] for r in rows):
         print(f"onnxruntime: {rows[0]['onnxruntime'].get('skipped')}")
-    print(f"times: medians of {args.iters} runs after {args.warmup} warm-up runs "
-          f"({'CUDA events' if dev.is_cuda else 'wall clock'}; ORT always wall clock, synchronized)")
+    print(f"wall: synchronized wall clock per forward pass (dispatch: encode, commit, wait); host: the caller's "
+          f"time to encode and commit one dispatch, alone (dispatch) or back to back (b2b), and to launch an "
+          f"eager or compiled forward without waiting; medians of {args.iters} runs after {args.warmup} warm-up runs")
     with open(args.json, "w") as f:
         json.dump({"environment": env, "clock": clock, "results": rows}, f, indent=1)
     print(f"wrote {args.json}")

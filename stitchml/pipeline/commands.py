@@ -183,9 +183,13 @@ class MLEncoder(_Encoder):
         if p is None:
             raise PipelineError("set_argument_table: call set_pipeline first")
         checked = p._checked_table
-        if checked is not None and len(table) == len(checked) and all(table.get(n) is v for n, v in checked):
-            self.table = checked  # the same tensors as the last table checked for this pipeline
-            return
+        if checked is not None and len(table) == len(checked):
+            for n, v in checked:
+                if table.get(n) is not v:
+                    break
+            else:
+                self.table = checked  # the same tensors as the last table checked for this pipeline
+                return
         want = {**{n: (t, "input") for n, t in p.input_types.items()}, **{n: (t, "output") for n, t in p.output_types.items()}}
         unknown = sorted(set(table) - set(want))
         missing = sorted(set(want) - set(table))

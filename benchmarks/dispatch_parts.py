@@ -1,0 +1,106 @@
+"""Where the host time of one packaged-network dispatch goes (informs pipeline/commands.py's commit path).
+
+    $ python benchmarks/dispatch_parts.py [--model cnn] [--batch 1]
+
+Each line is the median host time of one piece over many calls, each call
+starting from an idle queue: encoding (command buffer, encoder, pipeline,
+argument table, dispatch_network, end), commit (stream switch, timestamps,
+the launch), the bound launch alone (one CUDA-graph replay), and the CUDA
+primitives under it.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import stitchml as sm  # noqa: E402
+from stitchml.package import zoo  # noqa: E402
+
+
+def median_us(fn, after=lambda _: None, n=2000, warmup=50):
+    times = []
+    for i in range(warmup + n):
+        t0 = time.perf_counter()
+        out = fn()
+        t1 = time.perf_counter()
+        after(out)
+        if i >= warmup:
+            times.append(t1 - t0)
+    return statistics.median(times) * 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="cnn")
+    parser.add_argument("--batch", type=int, default=1)
+    args = parser.parse_args()
+    model, (example,) = zoo.build(args.model)
+    x = example[:1].repeat(args.batch, *[1] * (example.dim() - 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fn = sm.package.from_torch(model, (x,)).function()
+    dev = sm.device("cuda")
+    pipe = sm.Compiler(dev).new_ml_pipeline(sm.MLPipelineDescriptor(fn))
+    heap, q = dev.new_heap(pipe.intermediates_heap_size), dev.new_command_queue("parts")
+    (in_name,), (out_name, shape) = list(pipe.input_types), next(iter(pipe.output_shapes.items()))
+    table = {in_name: sm.TensorData(x.cuda()), out_name: dev.new_tensor(shape, sm.float32)}
+
+    def encode():
+        cb = q.command_buffer()
+        enc = cb.ml_encoder()
+        enc.set_pipeline(pipe)
+        enc.set_argument_table(table)
+        enc.dispatch_network(heap)
+        enc.end()
+        return cb
+
+    def whole():
+        cb = encode()
+        cb.commit()
+        return cb
+
+    for _ in range(5):
+        whole().wait()
+    pending = [encode()]  # commit alone: each timed commit takes a buffer encoded before the timing
+    rows = [("encode + commit (one dispatch)", median_us(whole, lambda cb: cb.wait()))]
+    rows.append(("  encode alone", median_us(encode)))
+    def commit():
+        cb = pending.pop()
+        cb.commit()
+        return cb
+    rows.append(("  commit alone", median_us(commit, lambda cb: (cb.wait(), pending.append(encode())))))
+    launch = pipe.launcher(pipe._checked_table, heap)
+    with torch.cuda.stream(q.stream):
+        rows.append(("  the bound launch (graph replay)", median_us(launch, lambda _: q.stream.synchronize())))
+    ev = torch.cuda.Event(enable_timing=True)
+    rows.append(("  one timing event record", median_us(lambda: ev.record(q.stream))))
+    get, put = torch._C._cuda_getCurrentStream, torch._C._cuda_setStream
+    ids = (q.stream.stream_id, q.stream.device_index, q.stream.device_type)
+
+    def switch():
+        prev = get(0)
+        put(*ids)
+        put(*prev)
+    rows.append(("  stream switch and back", median_us(switch)))
+    rows.append(("  torch.cuda.stream() context", median_us(lambda: _ctx(q.stream))))
+    bound = getattr(launch, "__self__", None)
+    print(f"{args.model} batch {args.batch} on {torch.cuda.get_device_name()}, torch {torch.__version__}; "
+          f"kernels {pipe.executable.kernel_count}, replayed {bool(bound and bound.graph is not None)}, "
+          f"zero copy {bool(bound and bound.zero_copy)}")
+    for name, us in rows:
+        print(f"{name:<36} {us:8.2f} us")
+    return 0
+
+
+def _ctx(stream):
+    with torch.cuda.stream(stream):
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
