@@ -326,7 +326,7 @@ class CommandBuffer:
         """Put the commands on the queue's stream (the calling thread is the committer or the worker)."""
         q = self.queue
         stream, marks, stamps = q.stream, self._marks, self._stamps
-        prev = _get_stream(q.device.torch_device.index) if _set_stream else None
+        prev = _get_stream(q._stream_ids[1]) if _set_stream else None
         if prev is not None:
             _set_stream(*q._stream_ids)
             scope = None
