@@ -20,6 +20,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stitchml as sm  # noqa: E402
 from stitchml.package import zoo  # noqa: E402
+from stitchml.runtime import cudart  # noqa: E402
 
 
 def median_us(fn, after=lambda _: None, n=2000, warmup=50):
@@ -69,16 +70,36 @@ def main() -> int:
     pending = [encode()]  # commit alone: each timed commit takes a buffer encoded before the timing
     rows = [("encode + commit (one dispatch)", median_us(whole, lambda cb: cb.wait()))]
     rows.append(("  encode alone", median_us(encode)))
+
+    def eight():
+        cb = q.command_buffer()
+        enc = cb.ml_encoder()
+        enc.set_pipeline(pipe)
+        for _ in range(8):
+            enc.set_argument_table(table)
+            enc.dispatch_network(heap)
+        enc.end()
+        cb.commit()
+        return cb
+    rows.append(("  per dispatch, 8 in one buffer", median_us(eight, lambda cb: cb.wait(), n=500) / 8))
+
     def commit():
         cb = pending.pop()
         cb.commit()
         return cb
     rows.append(("  commit alone", median_us(commit, lambda cb: (cb.wait(), pending.append(encode())))))
     launch = pipe.launcher(pipe._checked_table, heap)
-    with torch.cuda.stream(q.stream):
-        rows.append(("  the bound launch (graph replay)", median_us(launch, lambda _: q.stream.synchronize())))
+    bound = getattr(launch, "__self__", None)
+    rows.append(("  the bound launch on the queue", median_us(lambda: launch(q.stream), lambda _: q.stream.synchronize())))
+    if bound is not None and bound.graph is not None:
+        with torch.cuda.stream(q.stream):
+            rows.append(("  torch's CUDAGraph.replay()", median_us(bound.graph.replay, lambda _: q.stream.synchronize())))
     ev = torch.cuda.Event(enable_timing=True)
-    rows.append(("  one timing event record", median_us(lambda: ev.record(q.stream))))
+    ev.record(q.stream)
+    rows.append(("  timing event record (torch)", median_us(lambda: ev.record(q.stream))))
+    rt = cudart.runtime()
+    if rt is not None:
+        rows.append(("  timing event record (direct)", median_us(lambda: rt.event_record(ev.cuda_event, q.stream.cuda_stream))))
     get, put = torch._C._cuda_getCurrentStream, torch._C._cuda_setStream
     ids = (q.stream.stream_id, q.stream.device_index, q.stream.device_type)
 
@@ -88,10 +109,9 @@ def main() -> int:
         put(*prev)
     rows.append(("  stream switch and back", median_us(switch)))
     rows.append(("  torch.cuda.stream() context", median_us(lambda: _ctx(q.stream))))
-    bound = getattr(launch, "__self__", None)
     print(f"{args.model} batch {args.batch} on {torch.cuda.get_device_name()}, torch {torch.__version__}; "
           f"kernels {pipe.executable.kernel_count}, replayed {bool(bound and bound.graph is not None)}, "
-          f"zero copy {bool(bound and bound.zero_copy)}")
+          f"zero copy {bool(bound and bound.zero_copy)}, direct CUDA calls {cudart.runtime() is not None}")
     for name, us in rows:
         print(f"{name:<36} {us:8.2f} us")
     return 0

@@ -39,16 +39,13 @@ from typing import Any, Callable
 import torch
 
 from ..errors import PipelineError, StitchError
+from ..runtime import cudart
+from ..runtime.cudart import using
 from ..tensor_data import TensorData
 from .device import Device, Heap, MLPipeline, SharedEvent
 
 DEFAULT_EVENT_TIMEOUT = 60.0  # seconds a queue waits for an event before the command buffer fails
 log = logging.getLogger("stitchml.pipeline")
-
-# The current CUDA stream, read and set without building Stream objects (a dispatch is a few microseconds).
-_get_stream = getattr(torch._C, "_cuda_getCurrentStream", None)
-_set_stream = getattr(torch._C, "_cuda_setStream", None)
-
 
 @dataclass
 class Span:
@@ -74,8 +71,8 @@ class CommandQueue:
         self.device = dev
         self.label = label or f"queue{id(self) % 10000}"
         self.stream = torch.cuda.Stream(dev.torch_device) if dev.is_cuda else None
-        self._stream_ids = (self.stream.stream_id, self.stream.device_index, self.stream.device_type) \
-            if self.stream is not None else None
+        self._handle = self.stream.cuda_stream if dev.is_cuda else 0
+        self._direct = cudart.runtime() if dev.is_cuda else None
         self._lock = threading.Lock()  # held while a buffer's commands are put on the stream
         self._backlog = 0  # buffers handed to the worker and not yet run: later ones must queue behind them
         self._events: list = []  # timing events of completed buffers, for reuse
@@ -116,11 +113,22 @@ class CommandQueue:
             self._completer = cf.ThreadPoolExecutor(1, thread_name_prefix=f"stitchml-{self.label}-done")
         self._completer.submit(cb._finish)
 
-    def _event(self):
-        try:
-            return self._events.pop()
-        except IndexError:
-            return torch.cuda.Event(enable_timing=True)
+    def _mark(self):
+        """A timing event recorded on the stream now (from the pool of events of finished buffers)."""
+        events = self._events
+        ev = events.pop() if events else None
+        if ev is None:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(self.stream)  # torch makes the CUDA event on its first record
+            return ev
+        rt = self._direct
+        if rt is None:
+            ev.record(self.stream)
+        else:
+            code = rt.event_record(ev.cuda_event, self._handle)
+            if code:
+                rt.fail("cudaEventRecord", code)
+        return ev
 
     def __repr__(self) -> str:
         return f"CommandQueue({self.label!r} on {self.device.name})"
@@ -128,6 +136,7 @@ class CommandQueue:
 
 class _Encoder:
     kind = ""
+    __slots__ = ("cb", "label", "ended")
 
     def __init__(self, cb: "CommandBuffer", label: str):
         self.cb = cb
@@ -162,6 +171,7 @@ class MLEncoder(_Encoder):
     """Dispatches ML pipelines (MTL4MachineLearningCommandEncoder)."""
 
     kind = "ml"
+    __slots__ = ("pipeline", "table")
 
     def __init__(self, cb, label):
         super().__init__(cb, label)
@@ -224,6 +234,7 @@ class ComputeEncoder(_Encoder):
     """Runs user work in queue order: Triton kernel launches or torch ops (MTL4ComputeCommandEncoder)."""
 
     kind = "compute"
+    __slots__ = ()
 
     def dispatch(self, fn: Callable[..., Any], *args: Any, name: str | None = None, **kwargs: Any) -> None:
         """Record ``fn(*args, **kwargs)``; it runs on the queue's stream when the buffer executes."""
@@ -234,6 +245,9 @@ class ComputeEncoder(_Encoder):
 
 class CommandBuffer:
     """Recorded work for one queue (MTL4CommandBuffer); see the module docstring."""
+
+    __slots__ = ("queue", "label", "_status", "error", "_commands", "_open", "_encoders", "_handlers", "_waits",
+                 "_executed", "_stamps", "_marks", "_spans", "_finished", "_completing")
 
     def __init__(self, queue: CommandQueue, label: str = ""):
         self.queue = queue
@@ -325,38 +339,25 @@ class CommandBuffer:
     def _execute(self) -> None:
         """Put the commands on the queue's stream (the calling thread is the committer or the worker)."""
         q = self.queue
-        stream, marks, stamps = q.stream, self._marks, self._stamps
-        prev = _get_stream(q._stream_ids[1]) if _set_stream else None
-        if prev is not None:
-            _set_stream(*q._stream_ids)
-            scope = None
-        else:
-            scope = torch.cuda.stream(stream)
-            scope.__enter__()
+        stream, marks, stamps, mark = q.stream, self._marks, self._stamps, q._mark
         try:
-            ev = q._event()
-            ev.record(stream)
-            marks.append(ev)
+            marks.append(mark())
             for kind, _, _, run, args, event in self._commands:
                 start = len(marks) - 1
-                if run is not None:
-                    run()
+                if kind == "ml":
+                    run(stream)
+                elif kind == "compute":
+                    with using(stream):
+                        run()
                 elif kind == "wait":
                     self._wait(event, args["timeout"])
                 elif kind == "signal":
                     event[0].signal(event[1], stream)
                 if kind != "barrier" and kind != "signal":
-                    ev = q._event()
-                    ev.record(stream)
-                    marks.append(ev)
+                    marks.append(mark())
                 stamps.append((start, len(marks) - 1))
         except BaseException as e:  # the failure belongs to this buffer; later buffers on the queue still run
             self.error = e
-        finally:
-            if scope is not None:
-                scope.__exit__(None, None, None)
-            else:
-                _set_stream(*prev)
 
     def _execute_host(self) -> None:
         """Run the commands now, on the CPU, timing them with the wall clock."""

@@ -28,6 +28,7 @@ import torch
 from .. import dtypes
 from ..errors import FeedError, PipelineError
 from ..ir import TensorType
+from ..runtime.cudart import using
 from ..tensor_data import TensorData, resolve_device
 
 if TYPE_CHECKING:
@@ -222,7 +223,7 @@ class MLPipeline:
         self._last: tuple = (None, None, None)  # (table, heap, run) of the last dispatch
 
     def launcher(self, table: tuple, heap: Heap):
-        """What a dispatch on these tensors runs: the bound run for this argument table and heap (made on
+        """What a dispatch on these tensors runs, `run(stream)`: the bound run's launch for this argument table and heap (made on
         first use and kept for the last `BINDINGS` tables; see runtime/bound.py), or for executables that
         cannot be bound a full run that copies in and out. `table` is the checked ((name, TensorData), ...)
         in input-then-output order."""
@@ -244,8 +245,9 @@ class MLPipeline:
             if bound is not None:
                 run = bound.launch
             else:
-                def run():
-                    exe.run(feeds, outputs=outputs, heap=heap.data)
+                def run(stream=None):
+                    with using(stream):
+                        exe.run(feeds, outputs=outputs, heap=heap.data)
             # the key's objects stay alive with the entry, so their ids cannot be reused meanwhile
             self._bindings[key] = (run, heap, table)
             while len(self._bindings) > BINDINGS:
