@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     colour = dev.new_tensor((1, 3, size, size), sm.float32)
     image = dev.new_tensor((1, 3, size, size), sm.float32)
 
-    queue = dev.new_command_queue("graphics")
+    queue = dev.new_command_queue("graphics", timestamps=True)  # GPU times for the trace
     cb = queue.command_buffer("frame0")
     with cb.compute_encoder("render") as ce:
         ce.dispatch(render, frame.torch(), spheres, name="render depth+normals")

@@ -286,11 +286,11 @@ def test_cuda_pipeline_streams_events_and_timestamps(cnn):
     x = torch.randn(4, 3, 16, 16, device="cuda")
     xin, yout = dev.new_tensor((4, 3, 16, 16), sm.float32), dev.new_tensor((4, 10), sm.float32)
     ev = dev.new_shared_event("input ready")
-    upload = dev.new_command_queue("upload").command_buffer()
+    upload = dev.new_command_queue("upload", timestamps=True).command_buffer()
     with upload.compute_encoder() as ce:
         ce.dispatch(lambda: xin.torch().copy_(x), name="upload")
     upload.signal_event(ev, 1)
-    infer = dev.new_command_queue("infer").command_buffer()
+    infer = dev.new_command_queue("infer", timestamps=True).command_buffer()
     infer.wait_for_event(ev, 1)
     enc = infer.ml_encoder()
     enc.set_pipeline(pipe)
@@ -307,6 +307,7 @@ def test_cuda_pipeline_streams_events_and_timestamps(cnn):
     assert (yout.torch() - want).abs().max().item() <= 1e-4
     spans = {s.name: s for s in upload.timeline + infer.timeline}
     assert spans["main"].start_us >= spans["upload"].end_us - 1.0
+    assert {s.clock for s in spans.values()} == {"gpu"} and spans["main"].end_us > spans["main"].start_us
 
 
 @pytest.mark.parametrize("name", sorted(zoo.MODELS))
@@ -481,7 +482,7 @@ def test_cuda_dispatch_replays_in_place_and_allocates_nothing():
     source = torch.randn(30, 64, 8, device="cuda")
     done = []
     for frame in range(30):
-        cb = q.command_buffer()
+        cb = q.command_buffer(timestamps=frame >= 28)  # GPU timing asked for on the last two frames
         with cb.compute_encoder() as ce:  # the caller's own work on the queue, before the network reads it
             ce.dispatch(lambda f=frame: x.torch().copy_(source[f]), name="upload")
         enc = cb.ml_encoder()
@@ -508,4 +509,11 @@ def test_cuda_dispatch_replays_in_place_and_allocates_nothing():
     assert done == ["completed"]
     spans = cb.timeline
     assert [s.name for s in spans] == ["upload", "main"] and spans[0].end_us <= spans[1].start_us + 1e-3
-    assert spans[1].end_us > spans[1].start_us
+    assert spans[1].end_us > spans[1].start_us and {s.clock for s in spans} == {"gpu"}
+    cb = q.command_buffer()
+    with cb.compute_encoder() as ce:
+        ce.dispatch(lambda: x.torch().copy_(source[0]), name="upload")
+    cb.commit()
+    assert cb.status in ("committed", "completed")
+    cb.wait(60)
+    assert cb.status == "completed" and [s.clock for s in cb.timeline] == ["host"]

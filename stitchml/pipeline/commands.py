@@ -4,10 +4,18 @@ A queue is one CUDA stream (on the CPU: an ordered worker thread). A
 command buffer records commands through encoders (an ML encoder dispatches
 a pipeline, a compute encoder runs user code: a Triton kernel launch or
 torch ops), barriers and event signals/waits; `commit()` hands it to its
-queue, which runs the commands in order and timestamps them (CUDA events
-on a GPU, the wall clock on the CPU). `wait()` or a completed handler tells
-when it is done; `timeline` and pipeline/trace.py turn the record into a
-Chrome/Perfetto trace.
+queue, which runs the commands in order. `wait()` or a completed handler
+tells when it is done; `timeline` and pipeline/trace.py turn the record
+into a Chrome/Perfetto trace.
+
+Times: on the CPU the wall clock around each command. On a GPU, a queue
+made with `timestamps=True` (or a buffer asked for with it) records a CUDA
+event between commands and the spans carry GPU times (`clock == "gpu"`);
+otherwise the spans carry the times the host enqueued each command
+(`clock == "host"`), which costs nothing. GPU timestamps are a profiling
+setting, as in Metal 4 where timestamps are asked for explicitly: an event
+record costs about 2.5 us of host time, as much as the whole launch of a
+captured network (benchmarks/dispatch_parts.py).
 
 On a GPU, running a command only enqueues work on the stream, so `commit()`
 does it on the calling thread when nothing committed before it is still
@@ -58,6 +66,7 @@ class Span:
     start_us: float = 0.0
     end_us: float = 0.0
     args: dict | None = None
+    clock: str = "host"  # "gpu": CUDA-event times; "host": when the host ran (CPU) or enqueued (GPU) it
 
 
 # A recorded command: (kind, name, encoder label, run or None, args or None, (event, value) or None)
@@ -67,9 +76,10 @@ _Command = tuple
 class CommandQueue:
     """An ordered queue of command buffers on one device (MTL4CommandQueue): one CUDA stream."""
 
-    def __init__(self, dev: Device, label: str = ""):
+    def __init__(self, dev: Device, label: str = "", timestamps: bool = False):
         self.device = dev
         self.label = label or f"queue{id(self) % 10000}"
+        self.timestamps = bool(timestamps)
         self.stream = torch.cuda.Stream(dev.torch_device) if dev.is_cuda else None
         self._handle = self.stream.cuda_stream if dev.is_cuda else 0
         self._direct = cudart.runtime() if dev.is_cuda else None
@@ -80,8 +90,9 @@ class CommandQueue:
         self._launcher: cf.ThreadPoolExecutor | None = None
         self._completer: cf.ThreadPoolExecutor | None = None
 
-    def command_buffer(self, label: str = "") -> "CommandBuffer":
-        return CommandBuffer(self, label)
+    def command_buffer(self, label: str = "", timestamps: bool | None = None) -> "CommandBuffer":
+        """A new command buffer; `timestamps` (default: the queue's) times its commands on the GPU."""
+        return CommandBuffer(self, label, self.timestamps if timestamps is None else timestamps)
 
     # -- running buffers --------------------------------------------------------------------------
     def _commit(self, cb: "CommandBuffer") -> None:
@@ -247,10 +258,11 @@ class CommandBuffer:
     """Recorded work for one queue (MTL4CommandBuffer); see the module docstring."""
 
     __slots__ = ("queue", "label", "_status", "error", "_commands", "_open", "_encoders", "_handlers", "_waits",
-                 "_executed", "_stamps", "_marks", "_spans", "_finished", "_completing")
+                 "_executed", "_stamps", "_marks", "_spans", "_finished", "_completing", "timestamps", "_done")
 
-    def __init__(self, queue: CommandQueue, label: str = ""):
+    def __init__(self, queue: CommandQueue, label: str = "", timestamps: bool = False):
         self.queue = queue
+        self.timestamps = timestamps and queue.stream is not None  # GPU timing events (the CPU is always timed)
         self.label = label or f"cb{id(self) % 10000}"
         self._status = "encoding"  # -> committed -> completed | error
         self.error: BaseException | None = None
@@ -260,8 +272,9 @@ class CommandBuffer:
         self._handlers: list[Callable[["CommandBuffer"], None]] = []
         self._waits = False
         self._executed: threading.Event | None = None  # set by the worker when it ran this buffer
-        self._stamps: list = []  # per command run: (start, end); GPU: indices into _marks
-        self._marks: list = []  # GPU: the CUDA events recorded between commands
+        self._stamps: list = []  # per command run: (start, end): indices into _marks, else host nanoseconds
+        self._marks: list = []  # with timestamps: the CUDA events recorded between commands
+        self._done = None  # without timestamps, when a handler waits: a CUDA event after the last command
         self._spans: list[Span] = []
         self._finished = False
         self._completing = False
@@ -339,11 +352,13 @@ class CommandBuffer:
     def _execute(self) -> None:
         """Put the commands on the queue's stream (the calling thread is the committer or the worker)."""
         q = self.queue
-        stream, marks, stamps, mark = q.stream, self._marks, self._stamps, q._mark
+        stream, marks, stamps, timed = q.stream, self._marks, self._stamps, self.timestamps
+        clock = time.perf_counter_ns
         try:
-            marks.append(mark())
+            if timed:
+                marks.append(q._mark())
             for kind, _, _, run, args, event in self._commands:
-                start = len(marks) - 1
+                start = len(marks) - 1 if timed else clock()
                 if kind == "ml":
                     run(stream)
                 elif kind == "compute":
@@ -353,9 +368,14 @@ class CommandBuffer:
                     self._wait(event, args["timeout"])
                 elif kind == "signal":
                     event[0].signal(event[1], stream)
+                if not timed:
+                    stamps.append((start, clock()))
+                    continue
                 if kind != "barrier" and kind != "signal":
-                    marks.append(mark())
+                    marks.append(q._mark())
                 stamps.append((start, len(marks) - 1))
+            if not timed and self._handlers:
+                self._done = q._mark()
         except BaseException as e:  # the failure belongs to this buffer; later buffers on the queue still run
             self.error = e
 
@@ -384,6 +404,15 @@ class CommandBuffer:
         if cuda_event is not None:
             self.queue.stream.wait_event(cuda_event)
 
+    def _last_event(self):
+        """The CUDA event that completes with this buffer's work, if one was recorded."""
+        return self._marks[-1] if self._marks else self._done
+
+    def _gpu_done(self) -> bool:
+        """Whether the GPU finished this buffer's work (without an event: whether the queue is idle)."""
+        ev = self._last_event()
+        return ev.query() if ev is not None else self.queue.stream.query()
+
     def _finish(self) -> None:
         """Once the work is done: turn the stamps into spans, set the status, call the handlers (once)."""
         if self._finished:
@@ -391,18 +420,19 @@ class CommandBuffer:
         if self._executed is not None:
             self._executed.wait()
         q = self.queue
-        if self._marks and self.error is None:
-            try:
-                self._marks[-1].synchronize()
+        if q.stream is not None and self.error is None:
+            try:  # without an event, waiting for the queue also waits for work committed after this buffer
+                ev = self._last_event()
+                ev.synchronize() if ev is not None else q.stream.synchronize()
             except RuntimeError as e:
                 self.error = e
         with q._finish_lock:
             if self._finished:
                 return
-            dev = q.device
+            dev, timed = q.device, self.timestamps
             for (kind, name, encoder, _, args, _), (start, end) in zip(self._commands, self._stamps):
-                span = Span(name, kind, encoder, q.label, args=args)
-                if q.stream is None:
+                span = Span(name, kind, encoder, q.label, args=args, clock="gpu" if timed else "host")
+                if not timed:
                     span.start_us, span.end_us = (start - dev.origin_ns) / 1e3, (end - dev.origin_ns) / 1e3
                 elif self.error is None:
                     span.start_us = dev.origin_event.elapsed_time(self._marks[start]) * 1e3
@@ -410,7 +440,9 @@ class CommandBuffer:
                 self._spans.append(span)
             if self.error is None:
                 q._events.extend(self._marks)
-            self._marks = []
+                if self._done is not None:
+                    q._events.append(self._done)
+            self._marks, self._done = [], None
             self._status = "error" if self.error is not None else "completed"
             self._finished = True
             handlers, self._handlers = self._handlers, []
@@ -423,7 +455,8 @@ class CommandBuffer:
     @property
     def status(self) -> str:
         """"encoding", "committed", "completed" or "error" (completed GPU work is noticed when asked)."""
-        if self._status == "committed" and self._executed is None and self._marks and self._marks[-1].query():
+        if self._status == "committed" and self._executed is None and self.queue.stream is not None \
+                and self._gpu_done():
             self._finish()
         return self._status
 
@@ -435,7 +468,8 @@ class CommandBuffer:
             deadline = time.monotonic() + timeout
             if self._executed is not None and not self._executed.wait(timeout):
                 raise PipelineError(f"command buffer {self.label}: not done after {timeout} s")
-            while self._marks and self.error is None and not self._marks[-1].query():
+            while self.queue.stream is not None and self.error is None and not self._finished \
+                    and not self._gpu_done():
                 if time.monotonic() > deadline:
                     raise PipelineError(f"command buffer {self.label}: not done after {timeout} s")
                 time.sleep(1e-4)

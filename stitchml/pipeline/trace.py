@@ -2,7 +2,8 @@
 
 Each queue is a track; ML dispatches and compute work are slices, barriers
 instants, and every event signal is joined to the waits it releases by a
-flow arrow.
+flow arrow. Each slice's `clock` says whether its times are GPU times or
+host times (see pipeline/commands.py).
 
     sm.write_trace("timeline.json", [cb1, cb2])
 """
@@ -29,7 +30,8 @@ def trace_events(command_buffers: Iterable) -> list[dict]:
         tid = tracks[key]
         for span in cb.timeline:
             base = {"name": span.name, "cat": span.kind, "pid": dev, "tid": tid, "ts": span.start_us,
-                    "args": {"command_buffer": cb.label, "encoder": span.encoder, **(span.args or {})}}
+                    "args": {"command_buffer": cb.label, "encoder": span.encoder, "clock": span.clock,
+                             **(span.args or {})}}
             if span.kind in ("barrier", "signal"):
                 events.append({**base, "ph": "i", "s": "t"})
             else:
