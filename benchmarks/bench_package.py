@@ -124,6 +124,10 @@ def _stitchml(sm, model, x, dev, args):
     result["encode_commit_back_to_back_us"] = _back_to_back(encode_commit, lambda cb: cb.wait(), args.iters * 10)
     if dev.is_cuda:
         result["cuda_event_us"] = _median_cuda(lambda: encode_commit().wait(), args.warmup, args.iters, queue.stream)
+        timed_queue, queue = queue, dev.new_command_queue("bench-timed", timestamps=True)
+        result["encode_commit_timestamps_us"] = _median_host(encode_commit, lambda cb: cb.wait(), args.warmup,
+                                                             args.iters)
+        queue = timed_queue
         launch = pipeline.launcher(pipeline._checked_table, heap)  # what one dispatch runs: a graph replay
         with torch.cuda.stream(queue.stream):
             result["launch_us"] = _median_host(launch, lambda _: queue.stream.synchronize(), args.warmup, args.iters)

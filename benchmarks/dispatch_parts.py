@@ -70,6 +70,10 @@ def main() -> int:
     pending = [encode()]  # commit alone: each timed commit takes a buffer encoded before the timing
     rows = [("encode + commit (one dispatch)", median_us(whole, lambda cb: cb.wait()))]
     rows.append(("  encode alone", median_us(encode)))
+    timed = dev.new_command_queue("parts-timed", timestamps=True)
+    q, plain = timed, q
+    rows.append(("encode + commit, GPU timestamps on", median_us(whole, lambda cb: cb.wait())))
+    q = plain
 
     def eight():
         cb = q.command_buffer()
