@@ -158,17 +158,26 @@ def _onnxruntime(model, x, device, args):
     if providers[0] not in ort.get_available_providers():
         return {"skipped": f"{providers[0]} is not available in onnxruntime {ort.__version__}"}
     sess = ort.InferenceSession(f.getvalue(), providers=providers)
-    if device.startswith("cuda"):
-        xin = x.cuda().contiguous()
-        y = torch.empty(tuple(model(x.cpu()).shape), device="cuda")
-        binding = sess.io_binding()
-        binding.bind_input("x", "cuda", 0, _ort_type(xin), list(xin.shape), xin.data_ptr())
-        binding.bind_output("y", "cuda", 0, _ort_type(y), list(y.shape), y.data_ptr())
-        run, sync = (lambda: sess.run_with_iobinding(binding)), torch.cuda.synchronize
-    else:
+    if not device.startswith("cuda"):
         feed = {"x": x.cpu().numpy()}
-        run, sync = (lambda: sess.run(None, feed)), (lambda: None)
-    return {"wall_us": _median_wall(run, args.warmup, args.iters, sync), "version": ort.__version__}
+        return {"wall_us": _median_wall(lambda: sess.run(None, feed), args.warmup, args.iters, lambda: None),
+                "version": ort.__version__}
+    xin = x.cuda().contiguous()
+    y = torch.empty(tuple(model(x.cpu()).shape), device="cuda")
+    result = {"version": ort.__version__}
+    for key, options in (("wall_us", {}), ("cuda_graph_wall_us", {"enable_cuda_graph": "1"})):
+        try:  # with enable_cuda_graph ONNX Runtime captures the first run and replays it after
+            s = sess if not options else ort.InferenceSession(f.getvalue(), providers=[(providers[0], options)])
+            binding = s.io_binding()
+            binding.bind_input("x", "cuda", 0, _ort_type(xin), list(xin.shape), xin.data_ptr())
+            binding.bind_output("y", "cuda", 0, _ort_type(y), list(y.shape), y.data_ptr())
+            result[key] = _median_wall(lambda: s.run_with_iobinding(binding), args.warmup, args.iters,
+                                       torch.cuda.synchronize)
+            with torch.no_grad():
+                result[key.replace("wall_us", "max_error")] = float((y.cpu() - model.cpu()(x.cpu())).abs().max())
+        except Exception as e:  # noqa: BLE001  (a provider option a model cannot take is reported, not fatal)
+            result[key.replace("wall_us", "error")] = f"{type(e).__name__}: {str(e)[:200]}"
+    return result
 
 
 def _ort_type(t: torch.Tensor):
@@ -267,14 +276,16 @@ def main(argv: list[str] | None = None) -> int:
                    "torch_eager": _torch_eager(model, x, args.device, args),
                    "torch_compile": _torch_compile(model, x, args.device, args)}
             rows.append(row)
-    clock = "cuda_event_us" if dev.is_cuda else "wall_us"
-    header = (f"{'model':<12} {'batch':>5} | {'wall us: stitchml':>17} {'ORT':>8} {'eager':>8} {'compile':>8} | "
+            _save(args.json, env, rows)  # a run cut short keeps the rows it finished
+            print(f"done: {name} batch {batch}", flush=True)
+    header = (f"{'model':<12} {'batch':>5} | {'wall us: stitchml':>17} {'ORT':>8} {'ORT gr':>8} {'eager':>8} {'compile':>8} | "
               f"{'host us: dispatch':>17} {'b2b':>6} {'eager':>8} {'compile':>8} | {'heap B':>9} {'lower bd':>9} "
               f"{'torch peak':>10}")
     print(f"{env}\n{header}\n{'-' * len(header)}")
     for r in rows:
         s, o, t, c = r["stitchml"], r["onnxruntime"], r["torch_eager"], r["torch_compile"]
         print(f"{r['model']:<12} {r['batch']:>5} | {_fmt(s['wall_us']):>17} {_fmt(o.get('wall_us')):>8} "
+              f"{_fmt(o.get('cuda_graph_wall_us')):>8} "
               f"{_fmt(t.get('wall_us')):>8} {_fmt(c.get('wall_us')):>8} | {_fmt(s['encode_commit_us']):>17} "
               f"{_fmt(s['encode_commit_back_to_back_us']):>6} {_fmt(t.get('host_us')):>8} {_fmt(c.get('host_us')):>8} | "
               f"{_fmt(s['heap_bytes']):>9} {_fmt(s['heap_lower_bound_bytes']):>9} {_fmt(t.get('peak_allocated_bytes')):>10}")
@@ -283,10 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wall: synchronized wall clock per forward pass (dispatch: encode, commit, wait); host: the caller's "
           f"time to encode and commit one dispatch, alone (dispatch) or back to back (b2b), and to launch an "
           f"eager or compiled forward without waiting; medians of {args.iters} runs after {args.warmup} warm-up runs")
-    with open(args.json, "w") as f:
-        json.dump({"environment": env, "clock": clock, "results": rows}, f, indent=1)
+    _save(args.json, env, rows)
     print(f"wrote {args.json}")
     return 0
+
+
+def _save(path: str, env: dict, rows: list) -> None:
+    with open(path, "w") as f:
+        json.dump({"environment": env, "results": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

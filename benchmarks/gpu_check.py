@@ -41,8 +41,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gpu_check.json"))
     parser.add_argument("--budget", type=float, default=1e9, help="stop starting new cases after this many seconds")
+    parser.add_argument("--only", nargs="*", help="check just these cases (by name)")
     args = parser.parse_args()
-    cases = [c for c in all_cases() if not c.known_failure]
+    cases = [c for c in all_cases() if not c.known_failure and (not args.only or c.name in args.only)]
     failures = {}
     start, done = time.perf_counter(), 0
     for case in cases:
