@@ -30,7 +30,7 @@ def check(case) -> str | None:
     exe = g.compile({p: v.cuda() for p, v in feeds.items()}, targets, device="cuda")
     got = exe.run({p: v.cuda() for p, v in feeds.items()})
     got = exe.run({p: v.cuda() for p, v in feeds.items()})  # the second run replays the captured graph
-    # Op by op on the same device: cuBLAS and cuDNN (TF32 convolutions by default) are the same on both sides.
+    # Op by op on the same device: cuBLAS and cuDNN calls are the same on both sides.
     want = g.run({p: v.cuda() for p, v in feeds.items()}, targets, device="cuda", compiled=False)
     refs = [None] * len(targets)
     if case.reference is not None:  # as in CI: a kernel may be closer to float64 than half-type eager is
@@ -50,6 +50,9 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=1e9, help="stop starting new cases after this many seconds")
     parser.add_argument("--only", nargs="*", help="check just these cases (by name)")
     args = parser.parse_args()
+    # Full float32 convolutions on both sides, so that the float64 reference check means something
+    # (cuDNN may use TF32 by default; matmuls already default to full float32).
+    torch.backends.cudnn.allow_tf32 = False
     cases = [c for c in all_cases() if not c.known_failure and (not args.only or c.name in args.only)]
     failures = {}
     start, done = time.perf_counter(), 0

@@ -8,7 +8,8 @@
    from a torch module into a package and loaded back, on that tensor;
 3. a barrier, then a compute kernel composites the network's colour over a
    background with depth fog;
-4. the command buffer's timeline is written as a Chrome/Perfetto trace.
+4. the command buffers' timelines (one buffer a frame; the first frame also
+   compiles the kernels) are written as a Chrome/Perfetto trace.
 
 On the CPU the Triton kernels run in Triton's interpreter (TRITON_INTERPRET=1,
 set here before Triton is imported) or, with --kernels torch, as torch ops.
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=64, help="frame height and width")
     parser.add_argument("--kernels", choices=("triton", "torch"), default="triton",
                         help="run the renderer and compositor as Triton kernels (interpreted on the CPU) or torch ops")
+    parser.add_argument("--frames", type=int, default=3, help="frames to run (the first compiles the kernels)")
     parser.add_argument("--out", default="timeline.json", help="where to write the Perfetto trace")
     args = parser.parse_args(argv)
     if args.kernels == "triton" and not args.device.startswith("cuda"):
@@ -154,22 +156,30 @@ def main(argv: list[str] | None = None) -> int:
     image = dev.new_tensor((1, 3, size, size), sm.float32)
 
     queue = dev.new_command_queue("graphics", timestamps=True)  # GPU times for the trace
-    cb = queue.command_buffer("frame0")
-    with cb.compute_encoder("render") as ce:
-        ce.dispatch(render, frame.torch(), spheres, name="render depth+normals")
-    cb.barrier(after="dispatch", before="machine_learning")
-    ml = cb.ml_encoder("shade")
-    ml.set_pipeline(pipeline)
-    ml.set_argument_table({"frame": frame, "output": colour})
-    ml.dispatch_network(heap)
-    ml.end()
-    cb.barrier(after="machine_learning", before="dispatch")
-    with cb.compute_encoder("composite") as ce:
-        ce.dispatch(composite, image.torch(), colour.torch(), frame.torch(), name="composite")
-    start = time.perf_counter()
-    cb.commit()
-    cb.wait()
-    elapsed = time.perf_counter() - start
+
+    def encode_frame(index: int):
+        cb = queue.command_buffer(f"frame{index}")
+        with cb.compute_encoder("render") as ce:
+            ce.dispatch(render, frame.torch(), spheres, name="render depth+normals")
+        cb.barrier(after="dispatch", before="machine_learning")
+        ml = cb.ml_encoder("shade")
+        ml.set_pipeline(pipeline)
+        ml.set_argument_table({"frame": frame, "output": colour})
+        ml.dispatch_network(heap)
+        ml.end()
+        cb.barrier(after="machine_learning", before="dispatch")
+        with cb.compute_encoder("composite") as ce:
+            ce.dispatch(composite, image.torch(), colour.torch(), frame.torch(), name="composite")
+        return cb
+
+    buffers = []
+    for index in range(args.frames):  # the first frame compiles the kernels; the trace shows every frame
+        cb = encode_frame(index)
+        start = time.perf_counter()
+        cb.commit()
+        cb.wait()
+        elapsed = time.perf_counter() - start
+        buffers.append(cb)
 
     with torch.no_grad():
         check = torch.zeros(1, 4, size, size, device=dev.torch_device)
@@ -177,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         want = torch.empty(1, 3, size, size, device=dev.torch_device)
         composite_torch(want, shader.to(dev.torch_device)(check), check)
     error = (image.torch() - want).abs().max().item()
-    sm.write_trace(args.out, [cb])
-    print(f"frame {size}x{size} on {dev.name} ({args.kernels} kernels): {elapsed * 1e3:.1f} ms, "
+    sm.write_trace(args.out, buffers)
+    print(f"frame {args.frames - 1} of {size}x{size} on {dev.name} ({args.kernels} kernels): {elapsed * 1e3:.1f} ms, "
           f"heap {pipeline.intermediates_heap_size} bytes, max error against torch {error:.2e}")
     for span in cb.timeline:
         print(f"  {span.kind:<8} {span.name:<40} {span.end_us - span.start_us:10.1f} us")

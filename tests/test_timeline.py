@@ -268,11 +268,11 @@ def test_timeline_example_runs_with_triton_interpreter(tmp_path):
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = tmp_path / "timeline.json"
     proc = subprocess.run([sys.executable, os.path.join(root, "examples", "timeline.py"), "--size", "16",
-                           "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
+                           "--frames", "2", "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text())
     names = [e["name"] for e in doc["traceEvents"] if e["ph"] == "X"]
-    assert names == ["render depth+normals", "shader", "composite"]
+    assert names == ["render depth+normals", "shader", "composite"] * 2
     assert "max error against torch" in proc.stdout
 
 

@@ -142,7 +142,7 @@ class BoundRun:
         current = torch.cuda.current_stream(self.exe.device)
         try:
             current.synchronize()
-            with torch.cuda.graph(graph):
+            with cudart.capture(graph):
                 self._steps()
         except Exception as e:  # noqa: BLE001  (a step that syncs with the host cannot be captured)
             self._can_capture = False

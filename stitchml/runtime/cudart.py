@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import warnings
 from typing import Any
 
 import torch
@@ -88,3 +89,13 @@ def using(stream: torch.cuda.Stream | None):
         yield
     finally:
         _set_stream(*prev)
+
+
+@contextlib.contextmanager
+def capture(graph: torch.cuda.CUDAGraph):
+    """`torch.cuda.graph(graph)`, quiet about a capture that enqueued nothing (a run of views only):
+    replaying an empty graph is correct and costs one launch."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+        with torch.cuda.graph(graph):
+            yield

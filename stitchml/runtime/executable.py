@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from ..errors import FeedError, GraphError
-from ..ir import Operation, Tensor, TensorType
+from ..ir import Operation, Tensor
 from ..tensor_data import TensorData
+from . import cudart
 
 
 @dataclass(frozen=True)
@@ -425,7 +426,7 @@ class _CapturedRun:
         cuda_graph = torch.cuda.CUDAGraph()
         try:
             torch.cuda.synchronize(exe.device)
-            with torch.cuda.graph(cuda_graph):
+            with cudart.capture(cuda_graph):
                 for step in exe.steps:
                     step.run(env)
                 for source, slot in exe._assigns:
