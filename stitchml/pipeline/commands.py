@@ -69,7 +69,7 @@ class Span:
     clock: str = "host"  # "gpu": CUDA-event times; "host": when the host ran (CPU) or enqueued (GPU) it
 
 
-# A recorded command: (kind, name, encoder label, run or None, args or None, (event, value) or None)
+# A recorded command: (kind, name, encoder or None, run or None, args or None, (event, value) or None)
 _Command = tuple
 
 
@@ -96,7 +96,7 @@ class CommandQueue:
 
     # -- running buffers --------------------------------------------------------------------------
     def _commit(self, cb: "CommandBuffer") -> None:
-        if self.stream is not None and not cb._blocked():
+        if self.stream is not None and not (cb._waits and cb._blocked()):
             with self._lock:
                 if self._backlog == 0:
                     cb._execute()
@@ -147,17 +147,23 @@ class CommandQueue:
 
 class _Encoder:
     kind = ""
-    __slots__ = ("cb", "label", "ended")
+    __slots__ = ("cb", "_label", "_index", "ended")
 
-    def __init__(self, cb: "CommandBuffer", label: str):
+    def __init__(self, cb: "CommandBuffer", label: str, index: int):
         self.cb = cb
-        self.label = label
+        self._label = label
+        self._index = index
         self.ended = False
+
+    @property
+    def label(self) -> str:
+        """The encoder's label (default: its kind and its place among the buffer's encoders)."""
+        return self._label or f"{self.kind}{self._index}"
 
     def _record(self, name: str, run: Callable[[], None], args: dict | None = None) -> None:
         if self.ended:
             raise PipelineError(f"{self.kind} encoder {self.label!r}: used after end()")
-        self.cb._commands.append((self.kind, name, self.label, run, args, None))
+        self.cb._commands.append((self.kind, name, self, run, args, None))
 
     def end(self) -> None:
         """Finish encoding; the command buffer can open another encoder or commit."""
@@ -184,8 +190,8 @@ class MLEncoder(_Encoder):
     kind = "ml"
     __slots__ = ("pipeline", "table")
 
-    def __init__(self, cb, label):
-        super().__init__(cb, label)
+    def __init__(self, cb, label, index):
+        super().__init__(cb, label, index)
         self.pipeline: MLPipeline | None = None
         self.table: tuple | None = None  # ((name, TensorData), ...), inputs then outputs
 
@@ -231,14 +237,21 @@ class MLEncoder(_Encoder):
         p, table = self.pipeline, self.table
         if p is None or table is None:
             raise PipelineError("dispatch_network: set_pipeline and set_argument_table first")
-        if heap.__class__ is not Heap or heap.size < p.intermediates_heap_size or heap.device.torch_device != p.device.torch_device:
+        if heap.__class__ is not Heap or heap.size < p.intermediates_heap_size or (
+                heap.device is not p.device and heap.device.torch_device != p.device.torch_device):
             raise PipelineError(f"dispatch_network: pipeline {p.label} needs a heap of {p.intermediates_heap_size} "
                                 f"bytes on {p.device.name}, got {heap!r}")
-        try:
-            run = p.launcher(table, heap)
-        except StitchError as e:
-            raise PipelineError(f"dispatch_network: pipeline {p.label}: {e}") from None
-        self._record(p.label, run, p.span_args)
+        if self.ended:
+            raise PipelineError(f"ml encoder {self.label!r}: used after end()")
+        last = p._last  # the previous dispatch's table and heap: the same launch again
+        if last[0] is table and last[1] is heap:
+            run = last[2]
+        else:
+            try:
+                run = p.launcher(table, heap)
+            except StitchError as e:
+                raise PipelineError(f"dispatch_network: pipeline {p.label}: {e}") from None
+        self.cb._commands.append(("ml", p.label, self, run, p.span_args, None))
 
 
 class ComputeEncoder(_Encoder):
@@ -257,13 +270,13 @@ class ComputeEncoder(_Encoder):
 class CommandBuffer:
     """Recorded work for one queue (MTL4CommandBuffer); see the module docstring."""
 
-    __slots__ = ("queue", "label", "_status", "error", "_commands", "_open", "_encoders", "_handlers", "_waits",
+    __slots__ = ("queue", "_label", "_status", "error", "_commands", "_open", "_encoders", "_handlers", "_waits",
                  "_executed", "_stamps", "_marks", "_spans", "_finished", "_completing", "timestamps", "_done")
 
     def __init__(self, queue: CommandQueue, label: str = "", timestamps: bool = False):
         self.queue = queue
         self.timestamps = timestamps and queue.stream is not None  # GPU timing events (the CPU is always timed)
-        self.label = label or f"cb{id(self) % 10000}"
+        self._label = label
         self._status = "encoding"  # -> committed -> completed | error
         self.error: BaseException | None = None
         self._commands: list[_Command] = []
@@ -279,6 +292,10 @@ class CommandBuffer:
         self._finished = False
         self._completing = False
 
+    @property
+    def label(self) -> str:
+        return self._label or f"cb{id(self) % 10000}"
+
     # -- encoding ---------------------------------------------------------------------------
     def _check_encoding(self, what: str) -> None:
         if self._status != "encoding":
@@ -288,10 +305,10 @@ class CommandBuffer:
                                 f"{self._open.label!r} is open; end() it first")
 
     def _encoder(self, cls, label):
-        self._check_encoding(f"opening a {cls.kind} encoder")
+        if self._status != "encoding" or self._open is not None:
+            self._check_encoding(f"opening a {cls.kind} encoder")
         self._encoders += 1
-        enc = cls(self, label or f"{cls.kind}{self._encoders}")
-        self._open = enc
+        enc = self._open = cls(self, label, self._encoders)
         return enc
 
     def ml_encoder(self, label: str = "") -> MLEncoder:
@@ -303,19 +320,19 @@ class CommandBuffer:
     def barrier(self, after: str = "machine_learning", before: str = "dispatch") -> None:
         """Order the stages: work of stage `before` waits for work of stage `after` (a trace marker on one stream)."""
         self._check_encoding("barrier")
-        self._commands.append(("barrier", f"barrier {after} -> {before}", "", None, None, None))
+        self._commands.append(("barrier", f"barrier {after} -> {before}", None, None, None, None))
 
     def signal_event(self, event: SharedEvent, value: int) -> None:
         """When the work before it is done, set `event` to `value`."""
         self._check_encoding("signal_event")
-        self._commands.append(("signal", f"signal {event.label}={value}", "", None,
+        self._commands.append(("signal", f"signal {event.label}={value}", None, None,
                                {"event": event.label, "value": value}, (event, int(value))))
 
     def wait_for_event(self, event: SharedEvent, value: int, timeout: float = DEFAULT_EVENT_TIMEOUT) -> None:
         """Work after this waits until `event` reaches `value` (signaled by this or another queue)."""
         self._check_encoding("wait_for_event")
         self._waits = True
-        self._commands.append(("wait", f"wait {event.label}>={value}", "", None,
+        self._commands.append(("wait", f"wait {event.label}>={value}", None, None,
                                {"event": event.label, "value": value, "timeout": timeout}, (event, int(value))))
 
     def add_completed_handler(self, handler: Callable[["CommandBuffer"], None]) -> None:
@@ -347,7 +364,7 @@ class CommandBuffer:
 
     def _blocked(self) -> bool:
         """Whether running now would block the host on an event not signaled yet."""
-        return self._waits and any(c[0] == "wait" and c[5][0].signaled_value < c[5][1] for c in self._commands)
+        return any(c[0] == "wait" and c[5][0].signaled_value < c[5][1] for c in self._commands)
 
     def _execute(self) -> None:
         """Put the commands on the queue's stream (the calling thread is the committer or the worker)."""
@@ -431,7 +448,8 @@ class CommandBuffer:
                 return
             dev, timed = q.device, self.timestamps
             for (kind, name, encoder, _, args, _), (start, end) in zip(self._commands, self._stamps):
-                span = Span(name, kind, encoder, q.label, args=args, clock="gpu" if timed else "host")
+                span = Span(name, kind, encoder.label if encoder else "", q.label, args=args,
+                            clock="gpu" if timed else "host")
                 if not timed:
                     span.start_us, span.end_us = (start - dev.origin_ns) / 1e3, (end - dev.origin_ns) / 1e3
                 elif self.error is None:
