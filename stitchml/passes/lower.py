@@ -130,9 +130,13 @@ def _vendor(contraction: Operation, placeholders, ins: list[int], out_slot: int)
     if contraction.op == "matrix_multiplication":
         def run(env):
             torch.matmul(env[ins[index[0]]], env[ins[index[1]]], out=env[out_slot])
-    else:  # cuDNN returns its own memory: the epilogue reads it where it is
+    else:  # cuDNN returns its own memory: the epilogue reads it where it is, row-major
         def run(env):
-            env[out_slot] = prim.impl(*[env[ins[i]] for i in index], **attrs)
+            # cuDNN picks channels-last output when an operand's strides look channels-last, which a
+            # contiguous tensor with one channel can (a (N, 1, H, W) image batch, a (C, 1, k, k) filter);
+            # the epilogue was generated for the row-major layout, so anything else is made row-major.
+            out = prim.impl(*[env[ins[i]] for i in index], **attrs)
+            env[out_slot] = out if out.is_contiguous() else out.contiguous()
     return run
 
 
