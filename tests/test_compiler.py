@@ -478,3 +478,27 @@ def test_kernels_compile_for_cuda(batch, monkeypatch, tmp_path):
     failed = compile_for_cuda(list(launches), tmp_path)
     broken = {name: error for job, error in failed.items() for name in launches[job]}
     assert not broken, "kernels that do not compile for CUDA:\n" + "\n".join(f"{k}: {v}" for k, v in broken.items())
+
+
+@pytest.mark.parametrize("operand", ["filter", "image"])
+def test_convolution_epilogue_reads_channels_last_library_output(operand):
+    """A one-channel operand is contiguous in both layouts; when its strides look channels-last the
+    convolution library returns channels-last output, which the epilogue must not read as row-major."""
+    torch.manual_seed(0)
+    w = torch.randn(4, 1, 3, 3)
+    xin = torch.randn(2, 1, 8, 8)
+    if operand == "filter":
+        w = w.to(memory_format=torch.channels_last)
+    else:
+        xin = xin.to(memory_format=torch.channels_last)
+    assert (w if operand == "filter" else xin).is_contiguous()  # the compiler sees an ordinary tensor
+    g = sm.Graph()
+    x = g.placeholder((2, 1, 8, 8), sm.float32, name="x")
+    bias = torch.randn(1, 4, 1, 1)
+    y = g.relu(g.convolution2d(x, g.variable(w, name="w")) + g.constant(bias))
+    exe = g.compile({x: xin}, [y], device="cpu")
+    assert "kernel 0 (convolution): convolution2d" in exe.fusion_report()
+    want = torch.relu(torch.nn.functional.conv2d(xin.double(), w.double()) + bias.double())
+    for _ in range(2):
+        got = exe.run({x: xin})[y].torch()
+        assert (got.double() - want).abs().max().item() <= 1e-5
