@@ -102,11 +102,11 @@ class CommandQueue:
                     cb._execute()
                     return
         cb._executed = threading.Event()
-        with self._lock:
+        with self._lock:  # one worker, and buffers reach it in commit order
             self._backlog += 1
-        if self._launcher is None:
-            self._launcher = cf.ThreadPoolExecutor(1, thread_name_prefix=f"stitchml-{self.label}")
-        self._launcher.submit(self._run_queued, cb)
+            if self._launcher is None:
+                self._launcher = cf.ThreadPoolExecutor(1, thread_name_prefix=f"stitchml-{self.label}")
+            self._launcher.submit(self._run_queued, cb)
 
     def _run_queued(self, cb: "CommandBuffer") -> None:
         try:
@@ -120,9 +120,10 @@ class CommandQueue:
             cb._executed.set()
 
     def _complete_later(self, cb: "CommandBuffer") -> None:
-        if self._completer is None:
-            self._completer = cf.ThreadPoolExecutor(1, thread_name_prefix=f"stitchml-{self.label}-done")
-        self._completer.submit(cb._finish)
+        with self._lock:
+            if self._completer is None:
+                self._completer = cf.ThreadPoolExecutor(1, thread_name_prefix=f"stitchml-{self.label}-done")
+            self._completer.submit(cb._finish)
 
     def _mark(self):
         """A timing event recorded on the stream now (from the pool of events of finished buffers)."""
