@@ -160,8 +160,10 @@ def _onnxruntime(model, x, device, args):
     sess = ort.InferenceSession(f.getvalue(), providers=providers)
     if not device.startswith("cuda"):
         feed = {"x": x.cpu().numpy()}
+        with torch.no_grad():
+            error = float((torch.from_numpy(sess.run(None, feed)[0]) - model.cpu()(x.cpu())).abs().max())
         return {"wall_us": _median_wall(lambda: sess.run(None, feed), args.warmup, args.iters, lambda: None),
-                "version": ort.__version__}
+                "max_error": error, "version": ort.__version__}
     xin = x.cuda().contiguous()
     y = torch.empty(tuple(model(x.cpu()).shape), device="cuda")
     result = {"version": ort.__version__}
