@@ -150,11 +150,10 @@ class Tensor:
 
     @property
     def T(self):
-        if self.rank is None or self.rank < 2:
+        """The last two axes swapped (also for a tensor of unknown rank, checked when it runs)."""
+        if self.rank is not None and self.rank < 2:
             raise ShapeError(f"T: tensor {self.name} of type {self.type} has no last two axes to swap")
-        perm = list(range(self.rank))
-        perm[-1], perm[-2] = perm[-2], perm[-1]
-        return self.graph.transpose(self, perm)
+        return self.graph.transpose(self, -2, -1)
 
 
 class Operation:

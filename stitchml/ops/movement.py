@@ -77,24 +77,45 @@ def _reshape(g, x, shape, name=None):
 
 
 # -- transpose ----------------------------------------------------------------
-transpose = _prim("transpose", "Permute the axes: output axis i is input axis permutation[i].")
+transpose = _prim("transpose", "Permute the axes: output axis i is input axis permutation[i]; or, as `swap`, "
+                              "exchange two axes (negative positions count from the end), which needs no rank.")
+
+
+def swap_permutation(swap, rank: int) -> tuple[int, ...]:
+    """The permutation that exchanges the two axes of `swap` in a tensor of rank `rank`."""
+    a, b = (normalize_axis(int(axis), rank) for axis in swap)
+    perm = list(range(rank))
+    perm[a], perm[b] = perm[b], perm[a]
+    return tuple(perm)
 
 
 @transpose.def_infer
-def _transpose_infer(types, permutation):
+def _transpose_infer(types, permutation=None, swap=None):
     x = types[0]
     if x.shape is None:
         return TensorType(None, x.dtype)
+    if swap is not None:
+        permutation = swap_permutation(swap, x.rank)
     if sorted(permutation) != list(range(x.rank)):
         raise ShapeError(f"permutation {permutation} is not a permutation of the {x.rank} axes")
     return TensorType(tuple(x.shape[p] for p in permutation), x.dtype)
 
 
-transpose.def_impl(lambda x, permutation: x.permute(permutation))
+@transpose.def_impl
+def _transpose_impl(x, permutation=None, swap=None):
+    if swap is not None:
+        try:
+            permutation = swap_permutation(swap, x.dim())
+        except ShapeError as e:  # the rank seen at run time: reported as a failure of this op on its inputs
+            raise ValueError(str(e)) from None
+    return x.permute(permutation)
 
 
 @transpose.def_vjp
 def _transpose_vjp(g, op, dy):
+    swap = op.attrs.get("swap")
+    if swap is not None:  # a swap is its own inverse
+        return [g.transpose(dy, swap[0], swap[1])]
     perm = op.attrs["permutation"]
     inverse = [0] * len(perm)
     for i, p in enumerate(perm):
@@ -106,16 +127,20 @@ def _transpose_vjp(g, op, dy):
 def _transpose(g, x, permutation=None, with_dimension=None, name=None):
     """Permute axes: ``transpose(x, (1, 0, 2))``, or swap two: ``transpose(x, 0, 1)`` (MPSGraph).
 
-    With no permutation the axes are reversed, as in NumPy.
+    With no permutation the axes are reversed, as in NumPy. Swapping two axes also works on a
+    tensor of unknown rank when they are given from the end (``transpose(x, -2, -1)``).
     """
     x = g.as_tensor(x)
     if x.rank is None:
-        raise g._error("transpose", "needs a tensor of known rank", [x])
+        if with_dimension is None:
+            raise g._error("transpose", "needs a tensor of known rank (or two axes to swap, counted from the end)",
+                           [x])
+        swap = g._checked("transpose", [x], _ints, (permutation, with_dimension), "axes to swap")
+        if any(axis >= 0 for axis in swap):
+            raise g._error("transpose", f"axes {swap} of a tensor of unknown rank must count from the end (< 0)", [x])
+        return g._emit1("transpose", [x], {"swap": swap}, name)
     if with_dimension is not None:
-        a = g._checked("transpose", [x], normalize_axis, permutation, x.rank)
-        b = g._checked("transpose", [x], normalize_axis, with_dimension, x.rank)
-        perm = list(range(x.rank))
-        perm[a], perm[b] = perm[b], perm[a]
+        perm = list(g._checked("transpose", [x], swap_permutation, (permutation, with_dimension), x.rank))
     elif permutation is None:
         perm = list(reversed(range(x.rank)))
     else:

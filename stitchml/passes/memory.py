@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..ir import Operation
+from ..registry import lookup
 from ..codegen.common import Layout
 from .legality import VIEW_OPS
 from .program import Program
@@ -80,7 +81,7 @@ def view_layout(op: Operation, src: Layout) -> Layout | None:
         if op.op in ("reshape", "expand_dims", "squeeze"):
             out = base.view(shape)
         elif op.op == "transpose":
-            out = base.permute(op.attrs["permutation"])
+            out = lookup("transpose").impl(base, **op.attrs)  # a permutation, or a swap of two axes
         elif op.op == "broadcast_to":
             out = base.expand(shape)
         elif op.op == "slice":

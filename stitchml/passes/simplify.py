@@ -9,7 +9,9 @@ Requires: static types. Ensures:
 * identities: x*1, 1*x, x+0, 0+x, x-0, x/1, x**1, x**2 -> x*x, x**0.5 -> sqrt,
   x**-1 -> reciprocal, -(-x), cast to its own dtype, identity, stop_gradient,
   reshape/transpose/broadcast to the same shape, chains of reshapes and of
-  transposes, select on a constant predicate.
+  transposes, select on a constant predicate;
+* a transpose that swaps two axes counted from the end (built for an operand
+  of unknown rank) becomes a permutation.
 
 Each rule is an entry of RULES keyed by op name: `rule(g, op, inputs)`
 returns replacement outputs or None.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ..ops.movement import swap_permutation
 from .fold import constant_value, is_constant
 from .program import Program, rewrite
 
@@ -108,10 +111,13 @@ def _sum_to_shape(g, op, inputs):
 
 def _transpose(g, op, inputs):
     (x,) = inputs
+    swap = op.attrs.get("swap")
+    if swap is not None:  # the rank is known now: the permutation form, which the later passes read
+        return [g._emit1("transpose", [x], {"permutation": swap_permutation(swap, x.rank)}, op.name)]
     perm = op.attrs["permutation"]
     if list(perm) == list(range(len(perm))):
         return [x]
-    if x.op.op == "transpose":
+    if x.op.op == "transpose" and "permutation" in x.op.attrs:
         inner = x.op.attrs["permutation"]
         return [g.transpose(x.op.inputs[0], [inner[p] for p in perm])]
     return None

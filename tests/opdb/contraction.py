@@ -16,7 +16,7 @@ import torch
 
 import stitchml as sm
 
-from .core import FLOATS, NUMERIC, ErrorInput, KnownFailure, OpInfo, P, Sample, adjoint, make, to_float, vjp
+from .core import FLOATS, NUMERIC, ErrorInput, OpInfo, P, Sample, adjoint, make, to_float, vjp
 
 # The gradient of max pooling adds up to 9 window contributions per element, in bfloat16.
 _SUMMED_BF16_TOL = {sm.bfloat16: (2e-2, 2e-2)}
@@ -340,10 +340,6 @@ def _pool_errors():
 RECORDS = [
     OpInfo("matrix_multiplication", _matmul_samples, _matmul_ref, NUMERIC, out_dtype=to_float, float_only=True,
            second_order=True, equivalent="np.matmul / torch.matmul / @",
-           known_failures=(KnownFailure(
-               "gradient", sample="/unranked",
-               reason="the rule transposes the operands' last two axes, and a transpose stores a permutation, "
-                      "which needs the rank: operands of unknown rank have no gradient yet"),),
            errors=lambda: [ErrorInput((P((2, 3)), P((4, 5))), match="contraction extents differ"),
                            ErrorInput((P((2, 2, 3)), P((3, 3, 4))), match="do not broadcast"),
                            ErrorInput((P((-1, 3)), P((-1, 4))), error=sm.ExecutionError, match="failed on inputs",

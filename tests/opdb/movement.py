@@ -75,6 +75,10 @@ def _transpose_samples(record, dtype, rng):
         yield Sample(s.args, s.kwargs, s.name, unranked=False,
                      more=((make((1,) * s.args[0].dim(), dtype, rng),),) if s.args[0].dim() else ())
     yield Sample((make((3, 4), dtype, rng, layout="transposed"),), name="transposed", unranked=False)
+    # two axes counted from the end: builds for an operand of unknown rank too
+    for name, shape in (("swap-last", (2, 3, 4)), ("swap-last-matrix", (3, 5))):
+        yield Sample((make(shape, dtype, rng),), {"permutation": -2, "with_dimension": -1}, name,
+                     more=((make((1,) * len(shape), dtype, rng),),))
 
 
 def _transpose_ref(x, permutation=None, with_dimension=None):
@@ -334,7 +338,11 @@ RECORDS = [
            errors=lambda: [ErrorInput((P((2, 3, 4)),), {"permutation": (0, 0, 1)}, match="is not a permutation"),
                            ErrorInput((P((2, 3)),), {"permutation": 0, "with_dimension": 2},
                                       match="out of range for rank 2"),
-                           ErrorInput((P(None),), {}, match="needs a tensor of known rank")]),
+                           ErrorInput((P(None),), {}, match="needs a tensor of known rank"),
+                           ErrorInput((P(None),), {"permutation": 0, "with_dimension": -1},
+                                      match="must count from the end"),
+                           ErrorInput((P(None),), {"permutation": -3, "with_dimension": -1}, error=sm.ExecutionError,
+                                      match="axis -3 is out of range for rank 2", feeds=(np.ones((2, 3), np.float32),))]),
     OpInfo("expand_dims", shaped([("first", [(2, 3)], {"axes": 0}), ("last", [(2, 3)], {"axes": -1}),
                                   ("two", [(2, 3)], {"axes": (0, 3)}), ("scalar", [()], {"axes": 0}),
                                   ("zero-size", [(0, 3)], {"axes": 1})], layouts=_LAYOUTS),
