@@ -10,9 +10,7 @@ primitives under it.
 """
 import argparse
 import os
-import statistics
 import sys
-import time
 import warnings
 
 import torch
@@ -22,17 +20,12 @@ import stitchml as sm  # noqa: E402
 from stitchml.package import zoo  # noqa: E402
 from stitchml.runtime import cudart  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_package import _median_host as median_host  # noqa: E402
+
 
 def median_us(fn, after=lambda _: None, n=2000, warmup=50):
-    times = []
-    for i in range(warmup + n):
-        t0 = time.perf_counter()
-        out = fn()
-        t1 = time.perf_counter()
-        after(out)
-        if i >= warmup:
-            times.append(t1 - t0)
-    return statistics.median(times) * 1e6
+    return median_host(fn, after, warmup, n)
 
 
 def main() -> int:
@@ -51,8 +44,8 @@ def main() -> int:
     (in_name,), (out_name, shape) = list(pipe.input_types), next(iter(pipe.output_shapes.items()))
     table = {in_name: sm.TensorData(x.cuda()), out_name: dev.new_tensor(shape, sm.float32)}
 
-    def encode():
-        cb = q.command_buffer()
+    def encode(queue=q):
+        cb = queue.command_buffer()
         enc = cb.ml_encoder()
         enc.set_pipeline(pipe)
         enc.set_argument_table(table)
@@ -60,8 +53,8 @@ def main() -> int:
         enc.end()
         return cb
 
-    def whole():
-        cb = encode()
+    def whole(queue=q):
+        cb = encode(queue)
         cb.commit()
         return cb
 
@@ -71,9 +64,7 @@ def main() -> int:
     rows = [("encode + commit (one dispatch)", median_us(whole, lambda cb: cb.wait()))]
     rows.append(("  encode alone", median_us(encode)))
     timed = dev.new_command_queue("parts-timed", timestamps=True)
-    q, plain = timed, q
-    rows.append(("encode + commit, GPU timestamps on", median_us(whole, lambda cb: cb.wait())))
-    q = plain
+    rows.append(("encode + commit, GPU timestamps on", median_us(lambda: whole(timed), lambda cb: cb.wait())))
 
     def eight():
         cb = q.command_buffer()

@@ -53,13 +53,17 @@ def _gather_vjp(g, op, dy):
     return [g.scatter_add(zeros, idx, dy, op.attrs["axis"]), None]
 
 
+def _along_axis(g, op: str, tensors: list, axis: int, name):
+    """Emit a gather or scatter along `axis`, checked against the first tensor's rank when it is known."""
+    if tensors[0].rank is not None:
+        axis = g._checked(op, tensors, normalize_axis, axis, tensors[0].rank)
+    return g._emit1(op, tensors, {"axis": int(axis)}, name)
+
+
 @builder("gather")
 def _gather(g, x, indices, axis=0, name=None):
     """``x.take(indices, axis)``: out shape = x[:axis] + indices + x[axis+1:]."""
-    x, indices = g.as_tensor(x), g.as_tensor(indices)
-    if x.rank is not None:
-        axis = g._checked("gather", [x, indices], normalize_axis, axis, x.rank)
-    return g._emit1("gather", [x, indices], {"axis": int(axis)}, name)
+    return _along_axis(g, "gather", [g.as_tensor(x), g.as_tensor(indices)], axis, name)
 
 
 scatter_add = _prim("scatter_add", "The adjoint of gather: add `updates` into `data` at `indices` along `axis`.")
@@ -95,11 +99,8 @@ def _scatter_add_vjp(g, op, dy):
 @builder("scatter_add")
 def _scatter_add(g, data, indices, updates, axis=0, name=None):
     """``out = data; out[..., indices[j], ...] += updates[..., j, ...]`` along `axis`."""
-    data, indices = g.as_tensor(data), g.as_tensor(indices)
-    updates = g.as_tensor(updates, data.dtype)
-    if data.rank is not None:
-        axis = g._checked("scatter_add", [data, indices, updates], normalize_axis, axis, data.rank)
-    return g._emit1("scatter_add", [data, indices, updates], {"axis": int(axis)}, name)
+    data = g.as_tensor(data)
+    return _along_axis(g, "scatter_add", [data, g.as_tensor(indices), g.as_tensor(updates, data.dtype)], axis, name)
 
 
 gather_along_axis = _prim("gather_along_axis", "out[i][j] = x[i][indices[i][j]] along `axis` (torch.gather).")
@@ -127,10 +128,7 @@ def _gather_along_axis_vjp(g, op, dy):
 @builder("gather_along_axis")
 def _gather_along_axis(g, x, indices, axis, name=None):
     """Pick one element per index along `axis` (MPSGraph gatherAlongAxis)."""
-    x, indices = g.as_tensor(x), g.as_tensor(indices)
-    if x.rank is not None:
-        axis = g._checked("gather_along_axis", [x, indices], normalize_axis, axis, x.rank)
-    return g._emit1("gather_along_axis", [x, indices], {"axis": int(axis)}, name)
+    return _along_axis(g, "gather_along_axis", [g.as_tensor(x), g.as_tensor(indices)], axis, name)
 
 
 scatter_add_along_axis = _prim("scatter_add_along_axis", "The adjoint of gather_along_axis (torch.scatter_add).")
@@ -162,11 +160,9 @@ def _scatter_add_along_axis_vjp(g, op, dy):
 @builder("scatter_add_along_axis")
 def _scatter_add_along_axis(g, data, indices, updates, axis, name=None):
     """``out = data; out[i][indices[i][j]] += updates[i][j]`` along `axis`."""
-    data, indices = g.as_tensor(data), g.as_tensor(indices)
-    updates = g.as_tensor(updates, data.dtype)
-    if data.rank is not None:
-        axis = g._checked("scatter_add_along_axis", [data, indices, updates], normalize_axis, axis, data.rank)
-    return g._emit1("scatter_add_along_axis", [data, indices, updates], {"axis": int(axis)}, name)
+    data = g.as_tensor(data)
+    return _along_axis(g, "scatter_add_along_axis", [data, g.as_tensor(indices), g.as_tensor(updates, data.dtype)],
+                       axis, name)
 
 
 one_hot = _prim("one_hot", "on_value where the position along `axis` equals the index, else off_value "

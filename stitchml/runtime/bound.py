@@ -60,8 +60,8 @@ class BoundRun:
         env: list = [None] * exe._nslots
         for slot, value in exe._constants:
             env[slot] = value
-        for slot, off, n, dtype, shape in exe._buffers:
-            env[slot] = arena[off:off + n].view(dtype).view(shape)
+        for slot, view in exe._arena_views(arena):
+            env[slot] = view
         self.stage_in: list[tuple[torch.Tensor, torch.Tensor]] = []  # (bound buffer, caller's tensor)
         inputs = []
         for key, slot, shape, dtype, name in exe._feed_keys:

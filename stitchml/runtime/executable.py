@@ -17,7 +17,6 @@ run is captured as a CUDA graph and later runs replay it.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -211,12 +210,15 @@ class Executable:
             self._arena = torch.empty(max(self.intermediates_heap_size, 1), dtype=torch.uint8, device=self.device)
         return self._arena
 
+    def _arena_views(self, arena: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+        """(slot, typed view of `arena`) for every arena buffer of the plan."""
+        return [(slot, arena[off:off + n].view(dtype).view(shape)) for slot, off, n, dtype, shape in self._buffers]
+
     def _bind_arena(self, env: list, arena: torch.Tensor) -> None:
         if not self._buffers:
             return
         if self._bound_arena_ptr != arena.data_ptr():
-            self._bound = [(slot, arena[off:off + n].view(dtype).view(shape))
-                           for slot, off, n, dtype, shape in self._buffers]
+            self._bound = self._arena_views(arena)
             self._bound_arena_ptr = arena.data_ptr()
         for slot, view in self._bound:
             env[slot] = view
@@ -232,7 +234,7 @@ class Executable:
         """
         if stream is None and heap is None and outputs is None and not profile and not self._poison:
             return self._run_plain(feeds)
-        with self._lock, (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()):
+        with self._lock, cudart.using(stream):
             arena = self._arena_for(heap)
             if not profile and self._graph_state is not None and self._graph_state.fits(self, arena):
                 return self._replay(feeds, outputs)
