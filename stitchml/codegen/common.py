@@ -83,6 +83,31 @@ def literal(value: torch.Tensor, dt: DType) -> str:
     return str(int(v)) if cd == dtypes.int32 else f"tl.full((), {int(v)}, {tl_type(cd)})"
 
 
+# Integer division and modulo by zero have no value (torch raises on the CPU, CUDA computes garbage).
+# A kernel cannot raise, so one that divides integers takes a last pointer argument `err` (one int32)
+# and writes the code of the first such op that met a zero divisor there with an atomic minimum;
+# the run reads it once at its end (passes/lower.py). NO_FLAG: no zero divisor met.
+DIVISIONS = ("floor_division", "modulo")
+NO_FLAG = 2**31 - 1
+
+
+def checks_divisor(op: Operation) -> bool:
+    """Whether `op` is an integer division whose divisor (operand 1) must be checked in a kernel: not
+    when it is a nonzero constant."""
+    if op.op not in DIVISIONS or op.inputs[0].dtype.is_floating:
+        return False
+    d = op.inputs[1]
+    return d.op.op != "constant" or d.op.attrs["value"].eq(0).any().item()
+
+
+def divisor_check(op: Operation, args: list[str], code: int, mask: str, lanes: str) -> str:
+    """The line that flags a zero divisor of `op` (see DIVISIONS) under `mask`; `lanes` is an index
+    expression of zeros shaped like the mask."""
+    d = op.inputs[1]
+    zero = mask if d.op.op == "constant" else f"{mask} & ({args[1]} == 0)"
+    return f"    tl.atomic_min(err + {lanes}, {code}, mask={zero})"
+
+
 def expression(op: Operation, args: list[str]) -> str:
     """Triton source for one elementwise op over already computed operand names."""
     out = op.outputs[0].dtype

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import Tensor
-from .common import Layout, compute_dtype, expression, flat_dims, header, index_expr, literal, tl_type
+from .common import (Layout, checks_divisor, compute_dtype, divisor_check, expression, flat_dims, header,
+                     index_expr, literal, tl_type)
 
 
 @dataclass
@@ -23,6 +24,7 @@ class KernelSource:
     num_warps: int
     constexprs: dict
     template: str
+    checks: tuple = ()  # integer divisions it flags a zero divisor of (codes from options["first_check"] on)
 
 
 def _block(n: int) -> tuple[int, int]:
@@ -46,6 +48,7 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
     stream = options.get("pointwise_stream", False)
     loaded: dict[tuple[int, tuple], str] = {}
     value: dict[int, str] = {}
+    checks: list = []
     arg_of = {t.id: f"in{i}" for i, t in enumerate(placeholders)}
     layout_of = {t.id: lay for t, lay in zip(placeholders, in_layouts)}
 
@@ -71,6 +74,9 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
             value[out.id] = literal(op.attrs["value"], out.dtype)
             continue
         args = [operand(t, out.shape) for t in op.inputs]
+        if checks_divisor(op):
+            lines.append(divisor_check(op, args, options.get("first_check", 0) + len(checks), "mask", "i * 0"))
+            checks.append(op)
         lines.append(f"    v{k} = {expression(op, args)}")
         value[out.id] = f"v{k}"
     outs = [f"out{j}" for j in range(len(body.outputs))]
@@ -79,7 +85,7 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
         lines.append(f"    tl.store({outs[j]} + i, ({v}).to({tl_type(t.dtype)}), mask=mask)")
     block, warps = _block(n)
     block, warps = options.get("pointwise_block", block), options.get("pointwise_warps", warps)
-    params = ", ".join([arg_of[t.id] for t in placeholders] + outs)
+    params = ", ".join([arg_of[t.id] for t in placeholders] + outs + (["err"] if checks else []))
     start = "tl.program_id(0).to(tl.int64) * BLOCK" if wide else "tl.program_id(0) * BLOCK"
     src = header(f"pointwise kernel {name} over {n} elements", interpret) + f'''
 
@@ -88,4 +94,4 @@ def {name}({params}, BLOCK: tl.constexpr):
     i = {start} + tl.arange(0, BLOCK)
     mask = i < {n}
 ''' + "\n".join(lines) + "\n"
-    return KernelSource(name, src, ((n + block - 1) // block,), warps, {"BLOCK": block}, "pointwise")
+    return KernelSource(name, src, ((n + block - 1) // block,), warps, {"BLOCK": block}, "pointwise", tuple(checks))

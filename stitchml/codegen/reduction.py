@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import Operation, Tensor
-from .common import Layout, compute_dtype, expression, header, index_expr, literal, tl_type
+from .common import (Layout, checks_divisor, compute_dtype, divisor_check, expression, header, index_expr,
+                     literal, tl_type)
 from .pointwise import KernelSource
 
 MAX_PERSISTENT = 16384  # columns a program keeps in registers
@@ -137,13 +138,14 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
 
     splits = split_factor(body, options.get("sm_count", 132))
     if splits > 1:
-        return _split(name, body, f, placeholders, ops, arg_of, layout_of, space, splits, interpret)
-    gen = _Gen(f, arg_of, layout_of, space)
+        return _split(name, body, f, placeholders, ops, arg_of, layout_of, space, splits, interpret,
+                      options.get("first_check", 0))
+    gen = _Gen(f, arg_of, layout_of, space, options.get("first_check", 0))
     if persistent:
         body_lines = gen.straight(ops, lambda op: True, store=body.outputs)
     else:
         body_lines = gen.looped(ops, body.outputs, op_space)
-    outs = [f"out{j}" for j in range(len(body.outputs))]
+    outs = [f"out{j}" for j in range(len(body.outputs))] + (["err"] if gen.checks else [])
     params = ", ".join([arg_of[t.id] for t in placeholders] + outs)
     src = header(f"reduction kernel {name}: {f.R} rows of {f.C}", interpret, reduction=True) + f'''
 
@@ -153,17 +155,19 @@ def {name}({params}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     rmask = rows < {f.R}
 ''' + "\n".join(body_lines) + "\n"
     grid = ((f.R + block_r - 1) // block_r,)
-    return KernelSource(name, src, grid, warps, {"BLOCK_R": block_r, "BLOCK_C": block_c}, "reduction")
+    return KernelSource(name, src, grid, warps, {"BLOCK_R": block_r, "BLOCK_C": block_c}, "reduction",
+                        tuple(gen.checks))
 
 
-def _split(name, body, f, placeholders, ops, arg_of, layout_of, space, splits, interpret) -> SplitSource:
+def _split(name, body, f, placeholders, ops, arg_of, layout_of, space, splits, interpret,
+           first_check: int) -> SplitSource:
     red = next(op for op in ops if op.op in _COMBINE)
     chunk = -(-f.C // splits)
     chunk = -(-chunk // LOOP_BLOCK) * LOOP_BLOCK
     splits = -(-f.C // chunk)
     acc_dtype = _accumulator(red)
     params = ", ".join(arg_of[t.id] for t in placeholders)
-    gen = _Gen(f, arg_of, layout_of, space)
+    gen = _Gen(f, arg_of, layout_of, space, first_check)
     # Stage 1: program (row, chunk) reduces its chunk of columns into part[row, chunk].
     lines: list[str] = []
     env: dict = {}
@@ -211,7 +215,7 @@ def _split(name, body, f, placeholders, ops, arg_of, layout_of, space, splits, i
     for j, t in enumerate(body.outputs):
         if space.get(t.id, "full") == "row":
             gen.store(t, j, fin, fenv)
-    outs = ", ".join(f"out{j}" for j in range(len(body.outputs)))
+    outs = ", ".join([f"out{j}" for j in range(len(body.outputs))] + (["err"] if gen.checks else []))
     block_s = max(16, 1 << max(splits - 1, 0).bit_length())
     src = header(f"split reduction kernel {name}: {f.R} rows of {f.C} in {splits} chunks", interpret, reduction=True) + f'''
 
@@ -228,9 +232,11 @@ def {name}({params}, part, {outs}, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr)
     rmask = rows < {f.R}
 ''' + "\n".join(fin) + "\n"
     block_r = max(1, min(64, 4096 // block_s))
+    checks = tuple(gen.checks)
     partial = KernelSource(f"{name}_partial", src, (f.R, splits), 8,
-                           {"BLOCK_R": 1, "BLOCK_C": LOOP_BLOCK, "CHUNK": chunk}, "reduction")
-    finish = KernelSource(name, src, (-(-f.R // block_r),), 4, {"BLOCK_R": block_r, "BLOCK_S": block_s}, "reduction")
+                           {"BLOCK_R": 1, "BLOCK_C": LOOP_BLOCK, "CHUNK": chunk}, "reduction", checks)
+    finish = KernelSource(name, src, (-(-f.R // block_r),), 4, {"BLOCK_R": block_r, "BLOCK_S": block_s}, "reduction",
+                          checks)
     return SplitSource(partial, finish, splits, f.R * splits * acc_dtype.itemsize)
 
 
@@ -272,9 +278,11 @@ def split_scratch(body, sm_count: int):
 class _Gen:
     """Emits loads, elementwise ops, reductions and stores for one kernel."""
 
-    def __init__(self, f: _Frame, arg_of, layout_of, space):
+    def __init__(self, f: _Frame, arg_of, layout_of, space, first_check: int = 0):
         self.f, self.arg_of, self.layout_of, self.space = f, arg_of, layout_of, space
         self.count = 0
+        self.first_check = first_check
+        self.checks: list[Operation] = []  # integer divisions flagged (common.DIVISIONS), in code order
 
     def fresh(self, prefix: str) -> str:
         self.count += 1
@@ -308,6 +316,12 @@ class _Gen:
             return
         full = self.space.get(out.id, "full") == "full"
         args = [self.operand(t, full, lines, env) for t in op.inputs]
+        if checks_divisor(op):  # an op recomputed in several passes keeps its first code
+            code = next((k for k, o in enumerate(self.checks) if o is op), len(self.checks)) + self.first_check
+            if code - self.first_check == len(self.checks):
+                self.checks.append(op)
+            lines.append(divisor_check(op, args, code, "mask" if full else "rmask",
+                                       "rows * 0 + cols * 0" if full else "rows * 0"))
         var = self.fresh("v")
         lines.append(f"    {var} = {expression(op, args)}")
         env[out.id] = var

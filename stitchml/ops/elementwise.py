@@ -227,12 +227,33 @@ division.def_vjp(lambda g, op, dy: [dy / op.inputs[1], -dy * op.outputs[0] / op.
 # Integers divide exactly: Triton's // and % truncate toward zero (C), corrected to round toward minus
 # infinity where the remainder is nonzero and its sign differs from the divisor's (Python, torch).
 _FLOOR_FIX = "((({0} % {1}) != 0) & ((({0} % {1}) < 0) != ({1} < 0)))"
-floor_division = binary("floor_division", lambda a, b: torch.div(a, b, rounding_mode="floor"),
+
+
+def _nonzero_divisor(fn):
+    """`fn` on integers refuses a zero divisor on every device: torch raises on the CPU (for free), a GPU
+    would give garbage, so there the divisor is checked first; compiled kernels flag it the same way
+    (codegen/common.py, DIVISIONS)."""
+    def checked(a, b):
+        if b.is_floating_point():
+            return fn(a, b)
+        if b.device.type == "cpu":
+            try:
+                return fn(a, b)
+            except RuntimeError as e:
+                if "ZeroDivisionError" not in str(e):
+                    raise
+        elif not bool((b == 0).any()):
+            return fn(a, b)
+        raise ZeroDivisionError("integer division by zero")
+    return checked
+
+
+floor_division = binary("floor_division", _nonzero_divisor(lambda a, b: torch.div(a, b, rounding_mode="floor")),
                         {"float": "tl.floor({0} / {1})", "int": "{0} // {1} - " + _FLOOR_FIX},
                         allow="numeric", doc="floor(a / b), Python's //.")
 floor_division.def_vjp(_zeros_like_vjp)
 
-modulo = binary("modulo", torch.remainder,
+modulo = binary("modulo", _nonzero_divisor(torch.remainder),
                 {"float": "{0} - tl.floor({0} / {1}) * {1}", "int": "{0} % {1} + {1} * " + _FLOOR_FIX}, allow="numeric",
                 doc="a - floor(a / b) * b: the result takes the sign of b, like Python's %.")
 modulo.def_vjp(lambda g, op, dy: [dy, -dy * g.floor_division(op.inputs[0], op.inputs[1])])

@@ -13,6 +13,13 @@ slots of an environment list; `ctx.slots` maps tensor ids to slots.
 * opaque ops: their reference implementation, result copied into its buffer;
 * with the reference backend (CPU without the Triton interpreter) kernels run
   their bodies op by op.
+
+Every step carries the user's ops it computes (a fused kernel: all of them; a
+vendor call, gather or view: its op), so a step that fails raises the
+`ExecutionError` an op-by-op run raises: the op, its name and the line that
+built it (`failure`). Kernels that divide integers flag a zero divisor in a
+one-element buffer (`ctx.checks`: the flagged ops, by code) that the run
+reads once at its end (`raise_flagged`): a kernel cannot raise.
 """
 from __future__ import annotations
 
@@ -23,7 +30,8 @@ import numpy as np
 import torch
 
 from ..codegen import choices, loader, pointwise, reduction
-from ..codegen.common import Layout
+from ..codegen.common import NO_FLAG, Layout
+from ..errors import ExecutionError, StitchError
 from ..graph import Graph
 from ..ir import Operation
 from ..registry import lookup
@@ -40,6 +48,41 @@ class Step:
     run: Callable[[list], None]
     source: str | None = None  # generated Triton source, if any
     writes: tuple[int, ...] = ()  # buffer ids it writes (poison checks look at their guard zones)
+    ops: tuple[Operation, ...] = ()  # the user's ops it computes, for errors
+    inputs: tuple[tuple[str, int], ...] = ()  # (tensor name, slot) of what it reads, for errors
+
+
+def _where(op: Operation) -> str:
+    return f"{op.op} ({op.name}, built at {op.location})"
+
+
+def failure(step: Step, error: BaseException, env: list, checks: list[Operation], flag_slot: int | None):
+    """The error a run raises when `step` raised `error`: our typed errors pass through; anything else
+    becomes the ExecutionError an op-by-op run gives, naming every op the step computes. A zero divisor
+    flagged by an earlier kernel is reported first (the failure may be its consequence)."""
+    if flag_slot is not None:
+        raise_flagged(env, checks, flag_slot)
+    if isinstance(error, StitchError):
+        return error
+    shapes = ", ".join(f"{name}: {tuple(v.shape)} {v.dtype}" if isinstance(v := env[slot], torch.Tensor) else name
+                       for name, slot in step.inputs)
+    what = ", ".join(_where(op) for op in step.ops) or step.name
+    if len(step.ops) > 1:
+        what += f" (fused in kernel {step.name})"
+    return ExecutionError(f"{what} failed on inputs [{shapes}]: {error}")
+
+
+def raise_flagged(env: list, checks: list[Operation], flag_slot: int) -> None:
+    """Raise the ExecutionError of the first integer division that met a zero divisor, if any (and clear
+    the flag for the next run). Reads one int from the device: the run's only synchronisation."""
+    flag = env[flag_slot]
+    code = int(flag.item())
+    if code == NO_FLAG:
+        return
+    flag.fill_(NO_FLAG)
+    op = checks[code]
+    shapes = ", ".join(f"{t.name}: {tuple(t.shape)} {t.dtype.torch}" for t in op.inputs)
+    raise ExecutionError(f"{_where(op)} failed on inputs [{shapes}]: integer division by zero")
 
 
 def _layouts(op: Operation, plan) -> list[Layout]:
@@ -150,20 +193,34 @@ def lower(program: Program, ctx) -> Program:
     temps = [op.id for op in program.operations if op.op == "fusion" and
              (op.id in plan.scratch or op.attrs["template"] == "convolution")]
     scratch_slots = {op_id: len(slots) + i for i, op_id in enumerate(temps)}
+    flag_slot = len(slots) + len(temps)  # used only when a kernel divides integers
+    checks: list[Operation] = []
     steps: list[Step] = []
     for op in program.operations:
         if op.op in ("placeholder", "variable", "constant", "assign_variable"):
             continue
-        step = _step(op, plan, slots, scratch_slots, ctx.backend, ctx.options, ctx.run_context)
+        step = _step(op, plan, slots, scratch_slots, ctx.backend, ctx.options, ctx.run_context, (checks, flag_slot))
         step.writes = tuple(t.id for t in op.outputs) + ((plan.scratch[op.id],) if op.id in plan.scratch else ())
+        step.ops = _computes(op)
+        step.inputs = tuple((t.name, slots[t.id]) for t in op.inputs)
         steps.append(step)
     ctx.launches = steps
     ctx.slots = slots
     ctx.scratch_slots = scratch_slots
+    ctx.checks = checks
+    ctx.flag_slot = flag_slot if checks else None
     return program
 
 
-def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, options: dict, run_context) -> Step:
+def _computes(op: Operation) -> tuple[Operation, ...]:
+    """The user's ops a program op computes: a kernel's body ops (their names and lines are the user's)."""
+    if op.op != "fusion":
+        return (op,)
+    return tuple(o for o in op.attrs["body"].operations if o.op not in ("placeholder", "constant"))
+
+
+def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, options: dict, run_context,
+          flags: tuple[list[Operation], int]) -> Step:
     ins = [slots[t.id] for t in op.inputs]
     outs = [slots[t.id] for t in op.outputs]
     if _is_view(op) and plan.place[op.outputs[0].id][:2] != ("buffer", op.outputs[0].id):
@@ -174,13 +231,18 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     if backend == "reference":
         return Step(op.name, "reference", _opaque(op, ins, outs, into=True))
     interpret = backend == "interpret"
+    checks, flag_slot = flags
+    options = {**options, "first_check": len(checks)}
     if template in ("pointwise", "reduction"):
         src = _generate(op.name, template, body, _layouts(op, plan), interpret, options)
+        first = src.partial if isinstance(src, reduction.SplitSource) else src
+        checks.extend(first.checks)
+        flag = [flag_slot] if first.checks else []
         if isinstance(src, reduction.SplitSource):
             tmp = scratch_slots[op.id]
-            run = _chain(_Launch(src.partial, ins, [tmp] + outs), _Launch(src.finish, ins + [tmp], outs))
+            run = _chain(_Launch(src.partial, ins, [tmp] + outs + flag), _Launch(src.finish, ins + [tmp], outs + flag))
             return Step(op.name, template, run, src.partial.source)
-        return Step(op.name, template, _Launch(src, ins, outs), src.source)
+        return Step(op.name, template, _Launch(src, ins, outs + flag), src.source)
     contraction, epi, used = _epilogue(body)
     placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
     if epi is None:
@@ -188,8 +250,9 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     tmp = scratch_slots[op.id]
     layouts = [Layout.contiguous(contraction.outputs[0].shape)] + [_layouts(op, plan)[i] for i in used]
     src = _generate(op.name, "pointwise", epi, layouts, interpret, options)
+    checks.extend(src.checks)
     vendor = _vendor(contraction, placeholders, ins, tmp)
-    launch = _Launch(src, [tmp] + [ins[i] for i in used], outs)
+    launch = _Launch(src, [tmp] + [ins[i] for i in used], outs + ([flag_slot] if src.checks else []))
     run = _chain(vendor, launch)
     fused = _cublaslt_epilogue(body, contraction, placeholders, ins, outs) if backend == "triton" else None
     if fused is not None:

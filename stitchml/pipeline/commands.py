@@ -442,7 +442,12 @@ class CommandBuffer:
             try:  # without an event, waiting for the queue also waits for work committed after this buffer
                 ev = self._last_event()
                 ev.synchronize() if ev is not None else q.stream.synchronize()
-            except RuntimeError as e:
+                for kind, _, _, run, _, _ in self._commands:
+                    # a replayed dispatch met its zero integer divisors on the device: raise them now
+                    check = getattr(getattr(run, "__self__", None), "check", None) if kind == "ml" else None
+                    if check is not None:
+                        check()
+            except (RuntimeError, StitchError) as e:
                 self.error = e
         with q._finish_lock:
             if self._finished:

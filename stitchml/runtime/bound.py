@@ -29,7 +29,8 @@ import threading
 
 import torch
 
-from ..errors import GraphError
+from ..errors import ExecutionError, GraphError
+from ..passes.lower import failure, raise_flagged
 from . import cudart
 from .cudart import using
 
@@ -104,19 +105,27 @@ class BoundRun:
         self._lock = threading.Lock()
         self._direct = None  # the direct-call runtime, once there is a graph to launch
         self._exec = 0
+        self._capturing = False  # while capturing, the steps must not read the division flag
 
     def launch(self, stream: torch.cuda.Stream | None = None) -> None:
-        """Run once on `stream` (None: the current stream); see the module docstring."""
+        """Run once on `stream` (None: the current stream); see the module docstring.
+
+        A launch that runs the steps raises an `ExecutionError` naming the failing op; one that replays
+        the recorded graph does not wait for the device, so a zero integer divisor it meets is raised
+        by `check()` (a command buffer calls it when its work is done)."""
         rt = self._direct
         if rt is not None and stream is not None:
             code = rt.graph_launch(self._exec, stream.cuda_stream)
             if code:
-                rt.fail("cudaGraphLaunch", code)
+                self._replay_failed(f"cudaGraphLaunch failed: CUDA error {code}")
             return
         with using(stream):
             graph = self.graph
             if graph is not None:
-                graph.replay()
+                try:
+                    graph.replay()
+                except RuntimeError as e:
+                    self._replay_failed(e)
                 return
             with self._lock:
                 if self.graph is None and self.launches >= 1 and self._can_capture:
@@ -128,26 +137,44 @@ class BoundRun:
                 self.launches += 1
 
     def _steps(self) -> None:
-        env = self.env
+        env, exe = self.env, self.exe
         for bound, caller in self.stage_in:
             bound.copy_(caller)
-        for step in self.exe.steps:
-            step.run(env)
+        try:
+            for step in exe.steps:
+                step.run(env)
+        except Exception as e:
+            raise failure(step, e, env, exe._checks, exe._flag_slot) from e
+        if exe._flag_slot is not None and not self._capturing:
+            raise_flagged(env, exe._checks, exe._flag_slot)
         for slot, dst in self.results:
             if env[slot] is not dst:
                 dst.copy_(env[slot])
+
+    def check(self) -> None:
+        """Raise the ExecutionError of an integer division by zero that a replayed launch met (reads one
+        int from the device: call it once the launches are done); a no-op for runs that divide no integers."""
+        if self.exe._flag_slot is not None:
+            raise_flagged(self.env, self.exe._checks, self.exe._flag_slot)
+
+    def _replay_failed(self, error) -> None:
+        ops = ", ".join(f"{op.op} ({op.name}, built at {op.location})" for s in self.exe.steps for op in s.ops)
+        raise ExecutionError(f"a replay of the bound run of {ops} failed: {error}")
 
     def _capture(self) -> None:
         graph = torch.cuda.CUDAGraph()
         current = torch.cuda.current_stream(self.exe.device)
         try:
             current.synchronize()
+            self._capturing = True
             with cudart.capture(graph):
                 self._steps()
         except Exception as e:  # noqa: BLE001  (a step that syncs with the host cannot be captured)
             self._can_capture = False
             self.capture_error = repr(e)
             return
+        finally:
+            self._capturing = False
         self.graph = graph
         self._direct = cudart.runtime()  # later launches on a given stream call cudaGraphLaunch directly
         if self._direct is not None:

@@ -25,8 +25,10 @@ from typing import Any
 
 import torch
 
-from ..errors import FeedError, GraphError
+from ..codegen.common import NO_FLAG
+from ..errors import ExecutionError, FeedError, GraphError
 from ..ir import Operation, Tensor
+from ..passes.lower import failure, raise_flagged
 from ..tensor_data import TensorData
 from . import cudart
 
@@ -73,7 +75,8 @@ class Executable:
         self._report = ctx.fusion_report
         self._poison = bool(ctx.options.get("poison"))
         slots = ctx.slots
-        self._nslots = len(slots) + len(ctx.scratch_slots)
+        self._nslots = len(slots) + len(ctx.scratch_slots) + (ctx.flag_slot is not None)
+        self._checks, self._flag_slot = ctx.checks, ctx.flag_slot  # integer divisions kernels flag (lower.py)
         self._feeds: list[tuple[int, int, tuple, torch.dtype, str]] = []  # (user op id, slot, shape, dtype, name)
         self._variables: list[tuple[int, int]] = []  # (user variable op id, slot)
         self._constants: list[tuple[int, torch.Tensor]] = []
@@ -92,6 +95,8 @@ class Executable:
                     self._in_place.append((op.inputs[0].op.attrs["source"], slots[op.inputs[1].id]))
                 else:
                     self._assigns.append((op.inputs[0].op.attrs["source"], slots[op.inputs[1].id]))
+        if self._flag_slot is not None:  # bound like a constant on every path: runs, replays, captures
+            self._constants.append((self._flag_slot, torch.full((1,), NO_FLAG, dtype=torch.int32, device=self.device)))
         self._buffers = []  # (slot, offset, nbytes, dtype, shape) for arena buffers
         self._outputs = []  # (slot, shape, dtype) allocated per run
         scratch_of = {v: k for k, v in self.plan.scratch.items()}
@@ -242,18 +247,24 @@ class Executable:
             self._feed_env(env, feeds)
             self._bind(env, arena)
             timer = _StepTimer(self.device) if profile else None
-            for step in self.steps:
-                zones = self._guard_zones(arena, step) if self._poison else ()
-                for zone in zones:
-                    zone.fill_(0xFF)
-                if timer:
-                    timer.start()
-                step.run(env)
-                if timer:
-                    timer.stop(step)
-                for zone in zones:
-                    if bool((zone != 0xFF).any()):
-                        raise GraphError(f"{step.name} wrote past the end of its output buffer")
+            step = None
+            try:
+                for step in self.steps:
+                    zones = self._guard_zones(arena, step) if self._poison else ()
+                    for zone in zones:
+                        zone.fill_(0xFF)
+                    if timer:
+                        timer.start()
+                    step.run(env)
+                    if timer:
+                        timer.stop(step)
+                    for zone in zones:
+                        if bool((zone != 0xFF).any()):
+                            raise GraphError(f"{step.name} wrote past the end of its output buffer")
+            except Exception as e:
+                raise failure(step, e, env, self._checks, self._flag_slot) from e
+            if self._flag_slot is not None:
+                raise_flagged(env, self._checks, self._flag_slot)
             if timer:
                 self.last_profile = timer.results()
             return self._finish(env, outputs, arena)
@@ -276,8 +287,13 @@ class Executable:
             device = self.device
             for slot, shape, dtype in self._outputs:
                 env[slot] = torch.empty(shape, dtype=dtype, device=device)
-            for step in self.steps:
-                step.run(env)
+            try:
+                for step in self.steps:
+                    step.run(env)
+            except Exception as e:
+                raise failure(step, e, env, self._checks, self._flag_slot) from e
+            if self._flag_slot is not None:
+                raise_flagged(env, self._checks, self._flag_slot)
             return self._finish(env, None, self._arena_for(None))
 
     def _finish(self, env: list, outputs: dict | None, arena: torch.Tensor) -> dict[Tensor, TensorData]:
@@ -309,6 +325,8 @@ class Executable:
         (a replay collects results after the recorded assignments)."""
         if self._capture_ok is None:
             hazard = bool(self._assigns) and (bool(self._assign_reads) or self._results_read_variables)
+            # A replay assigns before the run can read a flagged zero divisor: such runs are not captured.
+            hazard = hazard or (bool(self._assigns) and self._flag_slot is not None)
             self._capture_ok = (self.device.type == "cuda" and len(self.steps) > 1 and not self._poison and not hazard
                                 and os.environ.get("STITCHML_CUDA_GRAPHS", "1") != "0"
                                 and not any(op.primitive.kind == "random" for op in self.program.operations))
@@ -320,7 +338,13 @@ class Executable:
         self._feed_env(fed, feeds)
         for _, slot, *_ in self._feeds:
             state.env[slot].copy_(fed[slot])
-        state.graph.replay()
+        try:
+            state.graph.replay()
+        except Exception as e:  # the device reports a failure at the replay, not at the kernel that made it
+            ops = ", ".join(f"{op.op} ({op.name}, built at {op.location})" for s in self.steps for op in s.ops)
+            raise ExecutionError(f"a replay of the run of {ops} failed: {e}") from e
+        if self._flag_slot is not None:
+            raise_flagged(state.env, self._checks, self._flag_slot)
         self.runs += 1
         self.graph.run_count += 1
         return self._collect(state.env, outputs, copy_all=True)
