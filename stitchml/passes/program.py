@@ -15,9 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import FeedError, GraphError, ShapeError
+from ..errors import ExecutionError, FeedError, GraphError, ShapeError
 from ..graph import Graph
 from ..ir import Operation, Tensor, TensorType
+from ..registry import lookup
 
 
 class CompileError(GraphError):
@@ -109,9 +110,12 @@ def extract(graph: Graph, feed_types: dict[Tensor, TensorType], targets: list[Te
         if op.op == "variable":
             attrs["source"] = op.id
         try:
-            new = g._emit(op.op, inputs, attrs, op.name)
-        except ShapeError as e:
-            raise CompileError(f"compile: with the given feed types, {e}") from None
+            types = lookup(op.op).infer([t.type for t in inputs], **attrs)
+        except ShapeError as e:  # what an op-by-op run of these feeds raises, at the line that built the op
+            shapes = ", ".join(f"{t.name}: {t.shape} {t.dtype.torch}" for t in inputs)
+            raise ExecutionError(f"{op.op} ({op.name}, built at {op.location}) failed on inputs [{shapes}]: "
+                                 f"{e} (compiling for the given feed types)") from None
+        new = g._emit(op.op, inputs, attrs, op.name, types=[types] if isinstance(types, TensorType) else types)
         new.location, new.scope = op.location, op.scope
         if op.op == "assign_variable":
             assigned[op.inputs[0].op.id] = inputs[1]

@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 import os
 from collections import OrderedDict
+from collections.abc import Mapping
 
 import torch
 
 from ..dtypes import as_dtype
-from ..errors import FeedError
+from ..errors import ExecutionError, FeedError
 from ..ir import Tensor, TensorType
 from ..passes import CompileContext, extract, run_pipeline
 from ..tensor_data import TensorData, resolve_device
@@ -36,11 +37,25 @@ def _backend(device: torch.device) -> str:
     return "interpret" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "reference"
 
 
-def _feed_type(key: Tensor, value) -> TensorType:
-    if isinstance(value, TensorType):
-        return value
-    data = value if isinstance(value, TensorData) else TensorData(value)
-    return TensorType(data.shape, data.dtype)
+def _feed_types(graph, feeds) -> dict[Tensor, TensorType]:
+    """{placeholder: TensorType} from feeds of TensorTypes or example data; FeedError for anything else."""
+    if not isinstance(feeds, Mapping):
+        raise FeedError(f"compile: feeds must map placeholders to TensorTypes or example data, "
+                        f"got {type(feeds).__name__}")
+    out = {}
+    for key, value in feeds.items():
+        if not isinstance(key, Tensor) or key.graph is not graph or key.op.op != "placeholder":
+            raise FeedError(f"compile: feed keys must be placeholders of graph {graph.name!r}, got {key!r}")
+        if isinstance(value, TensorType):
+            out[key] = value
+            continue
+        try:
+            data = value if isinstance(value, TensorData) else TensorData(value)
+        except (TypeError, ValueError) as e:
+            raise FeedError(f"compile: feed for placeholder {key.name}: expected a TensorType or example data, "
+                            f"got {type(value).__name__} ({e})") from None
+        out[key] = TensorType(data.shape, data.dtype)
+    return out
 
 
 def signature_of(graph, feed_types: dict[Tensor, TensorType], targets, target_ops, device) -> Signature:
@@ -50,20 +65,41 @@ def signature_of(graph, feed_types: dict[Tensor, TensorType], targets, target_op
 
 def _check_types(feed_types: dict[Tensor, TensorType]) -> None:
     for t, tt in feed_types.items():
-        if not isinstance(t, Tensor) or t.op.op != "placeholder":
-            raise FeedError(f"compile: feed keys must be placeholders, got {t!r}")
         if tt.shape is None or -1 in tt.shape:
             raise FeedError(f"compile: placeholder {t.name} needs a static shape to compile for, got {tt}")
         if as_dtype(tt.dtype) != t.dtype or not t.type.accepts(tt.shape):
             raise FeedError(f"compile: placeholder {t.name} is {t.type}; cannot compile it for {tt}")
 
 
+# Reductions with no value over zero elements (sum, mean and product have one: 0, NaN and 1, as in torch).
+_NEED_ELEMENTS = ("reduction_maximum", "reduction_minimum", "reduction_arg_maximum", "reduction_arg_minimum")
+
+
+def _check_reductions(program) -> None:
+    """Refuse, before any device work, a maximum, minimum or arg-extremum over an empty axis: every shape
+    is static here, and a kernel would return its neutral element (-inf for a maximum) where an op-by-op
+    run raises. The error is the one an op-by-op run gives, at the line that built the op."""
+    for op in program.operations:
+        if op.op not in _NEED_ELEMENTS:
+            continue
+        shape = op.inputs[0].shape
+        axes = op.attrs["axes"] if "axes" in op.attrs else (op.attrs["axis"],)
+        axes = range(len(shape)) if axes is None else [a % len(shape) for a in axes] if shape else []
+        empty = [a for a in axes if shape[a] == 0]
+        if empty:
+            t = op.inputs[0]
+            raise ExecutionError(f"{op.op} ({op.name}, built at {op.location}) failed on inputs "
+                                 f"[{t.name}: {t.shape} {t.dtype.torch}]: it reduces over axis {empty[0]}, "
+                                 f"which has no elements")
+
+
 def compile_graph(graph, feeds: dict, targets, target_ops, device, options: dict) -> Executable:
     device = resolve_device(device)
     targets, target_ops = check_request(graph, targets, target_ops)
-    feed_types = {t: _feed_type(t, v) for t, v in feeds.items()}
+    feed_types = _feed_types(graph, feeds)
     _check_types(feed_types)
     program = extract(graph, feed_types, targets, target_ops)
+    _check_reductions(program)
     options = dict(options)
     if device.type == "cuda":
         options.setdefault("sm_count", torch.cuda.get_device_properties(device).multi_processor_count)
@@ -82,7 +118,7 @@ class ExecutableCache:
         self.log: list[str] = []
 
     def get(self, graph, feeds: dict, targets, target_ops, device) -> Executable:
-        feed_types = {t: _feed_type(t, v) for t, v in (feeds or {}).items()}
+        feed_types = _feed_types(graph, feeds or {})
         sig = signature_of(graph, feed_types, targets, target_ops, device)
         exe = self.entries.get(sig)
         if exe is not None:
