@@ -52,7 +52,8 @@ class Step:
     inputs: tuple[tuple[str, int], ...] = ()  # (tensor name, slot) of what it reads, for errors
 
 
-def _where(op: Operation) -> str:
+def built_at(op: Operation) -> str:
+    """How errors name an op: `gather (gather_3, built at train.py:12)`, as an op-by-op run does."""
     return f"{op.op} ({op.name}, built at {op.location})"
 
 
@@ -66,7 +67,7 @@ def failure(step: Step, error: BaseException, env: list, checks: list[Operation]
         return error
     shapes = ", ".join(f"{name}: {tuple(v.shape)} {v.dtype}" if isinstance(v := env[slot], torch.Tensor) else name
                        for name, slot in step.inputs)
-    what = ", ".join(_where(op) for op in step.ops) or step.name
+    what = ", ".join(built_at(op) for op in step.ops) or step.name
     if len(step.ops) > 1:
         what += f" (fused in kernel {step.name})"
     return ExecutionError(f"{what} failed on inputs [{shapes}]: {error}")
@@ -82,7 +83,7 @@ def raise_flagged(env: list, checks: list[Operation], flag_slot: int) -> None:
     flag.fill_(NO_FLAG)
     op = checks[code]
     shapes = ", ".join(f"{t.name}: {tuple(t.shape)} {t.dtype.torch}" for t in op.inputs)
-    raise ExecutionError(f"{_where(op)} failed on inputs [{shapes}]: integer division by zero")
+    raise ExecutionError(f"{built_at(op)} failed on inputs [{shapes}]: integer division by zero")
 
 
 def _layouts(op: Operation, plan) -> list[Layout]:

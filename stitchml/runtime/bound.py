@@ -30,7 +30,7 @@ import threading
 import torch
 
 from ..errors import ExecutionError, GraphError
-from ..passes.lower import failure, raise_flagged
+from ..passes.lower import built_at, failure, raise_flagged
 from . import cudart
 from .cudart import using
 
@@ -158,7 +158,7 @@ class BoundRun:
             raise_flagged(self.env, self.exe._checks, self.exe._flag_slot)
 
     def _replay_failed(self, error) -> None:
-        ops = ", ".join(f"{op.op} ({op.name}, built at {op.location})" for s in self.exe.steps for op in s.ops)
+        ops = ", ".join(built_at(op) for s in self.exe.steps for op in s.ops)
         raise ExecutionError(f"a replay of the bound run of {ops} failed: {error}")
 
     def _capture(self) -> None:

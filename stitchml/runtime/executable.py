@@ -28,7 +28,7 @@ import torch
 from ..codegen.common import NO_FLAG
 from ..errors import ExecutionError, FeedError, GraphError
 from ..ir import Operation, Tensor
-from ..passes.lower import failure, raise_flagged
+from ..passes.lower import built_at, failure, raise_flagged
 from ..tensor_data import TensorData
 from . import cudart
 
@@ -341,7 +341,7 @@ class Executable:
         try:
             state.graph.replay()
         except Exception as e:  # the device reports a failure at the replay, not at the kernel that made it
-            ops = ", ".join(f"{op.op} ({op.name}, built at {op.location})" for s in self.steps for op in s.ops)
+            ops = ", ".join(built_at(op) for s in self.steps for op in s.ops)
             raise ExecutionError(f"a replay of the run of {ops} failed: {e}") from e
         if self._flag_slot is not None:
             raise_flagged(state.env, self._checks, self._flag_slot)
