@@ -56,6 +56,12 @@ def _broadcast_chain(g):
     return [g.tanh(x * y + z) - g.transpose(w, [1, 0])]
 
 
+def _integer_division(g):
+    # Only the divisor that can be zero is checked (the kernel's `err` argument); the constant 3 is not.
+    a, b = g.placeholder((4, 8), sm.int32, name="a"), g.placeholder((8,), sm.int32, name="b")
+    return [g.floor_division(a * 7, g.absolute(b) + 1) + g.modulo(a, 3)]
+
+
 F = torch.nn.functional
 GRAPHS = {  # name: (builder, float64 reference of its placeholders in order)
     "gelu": (_gelu, lambda x: F.gelu(x)),
@@ -64,6 +70,7 @@ GRAPHS = {  # name: (builder, float64 reference of its placeholders in order)
     "matmul_bias_relu": (_matmul_bias_relu, lambda x, w, b: torch.relu(x @ w + b)),
     "sum_axis0": (_sum_axis0, lambda x: (x * x * 0.5).sum(0)),
     "broadcast_chain": (_broadcast_chain, lambda x, y, z, w: torch.tanh(x * y + z) - w.T),
+    "integer_division": (_integer_division, lambda a, b: torch.floor(a * 7 / (b.abs() + 1)) + torch.remainder(a, 3)),
 }
 
 
