@@ -4,8 +4,8 @@ Every failure of a compiled run (its fast path, its stepped path, bound runs, pi
 the `ExecutionError` an eager run raises: it names the op, its name and the user's line that built it.
 Integer division or modulo by zero and a maximum, minimum or arg-extremum over an empty axis raise on
 every path; sum, mean and product over an empty axis give torch's values (docs/semantics.md, "Errors
-during a run"). Compiled runs here use the default CPU backend (Triton's interpreter under
-TRITON_INTERPRET=1, as CI runs) and the reference backend.
+during a run"). Compiled runs here use both CPU backends: the generated kernels under Triton's
+interpreter, and the reference backend that runs kernel bodies op by op.
 """
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ import stitchml as sm
 from opdb import OPS
 from opdb.core import P
 
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 HERE = os.path.abspath(__file__)
 OPDB = os.path.join(os.path.dirname(HERE), "opdb")
-BACKENDS = ["default", "reference"]  # default: the interpreter's kernels under TRITON_INTERPRET=1
+BACKENDS = ["interpret", "reference"]  # generated kernels under Triton's interpreter; bodies op by op
 
 
 def _line(marker: str) -> int:
@@ -31,8 +32,7 @@ def _line(marker: str) -> int:
 
 
 def _compile(g, feeds, targets, backend, target_ops=()):
-    options = {"backend": "reference"} if backend == "reference" else {}
-    return g.compile(feeds, targets, target_ops, device="cpu", options=options)
+    return g.compile(feeds, targets, target_ops, device="cpu", options={"backend": backend})
 
 
 def _run_compiled(g, feeds, targets, backend, target_ops=()):
@@ -189,7 +189,7 @@ def test_integer_division_in_a_reduction_kernel():
     av = rng.integers(-20, 20, (3, 5)).astype(np.int32)
     bv = rng.choice(np.array([-4, -3, -2, 2, 5], np.int32), (3, 5))
     bv[:, 0] = 5  # every row's maximum is 5: the per-row divisor is 2
-    exe = _compile(g, {a: av, b: bv}, [y], "default")
+    exe = _compile(g, {a: av, b: bv}, [y], "interpret")
     got = exe.run({a: av, b: bv})[y].torch()
     ta, tb = torch.from_numpy(av), torch.from_numpy(bv)
     want = torch.div(torch.remainder(ta, tb).sum(1, keepdim=True), 2, rounding_mode="floor")
