@@ -284,6 +284,22 @@ def test_compile_time_error_names_the_line_that_built_the_op():
     assert f"{HERE}:{_line('unfit-extents') + 2}" not in str(info.value)
 
 
+def test_kernel_the_compiler_cannot_make_names_the_ops(monkeypatch):
+    """A code generator failure is a CompileError naming the ops of the kernel and their lines."""
+    from stitchml.codegen import pointwise
+
+    def refuse(*args, **kwargs):
+        raise NotImplementedError("no template for this")
+
+    monkeypatch.setattr(pointwise, "generate", refuse)
+    g = sm.Graph()
+    x = g.placeholder((4,), sm.float32, name="x")
+    y = g.sin(x) + 1.0  # ungenerated
+    with pytest.raises(sm.GraphError, match="no template for this") as info:
+        g.compile({x: sm.TensorType((4,), sm.float32)}, [y], device="cpu", options={"backend": "interpret"})
+    _names(str(info.value), "sin (", "ungenerated")
+
+
 def test_compile_refuses_bad_feeds():
     """Feeds of the wrong kind raise FeedError naming what was expected, never TypeError."""
     g = sm.Graph()

@@ -36,7 +36,7 @@ from ..graph import Graph
 from ..ir import Operation
 from ..registry import lookup
 from .memory import _is_view
-from .program import Program, copy_op
+from .program import CompileError, Program, copy_op
 
 
 @dataclass
@@ -200,7 +200,13 @@ def lower(program: Program, ctx) -> Program:
     for op in program.operations:
         if op.op in ("placeholder", "variable", "constant", "assign_variable"):
             continue
-        step = _step(op, plan, slots, scratch_slots, ctx.backend, ctx.options, ctx.run_context, (checks, flag_slot))
+        try:
+            step = _step(op, plan, slots, scratch_slots, ctx.backend, ctx.options, ctx.run_context, (checks, flag_slot))
+        except StitchError:
+            raise
+        except Exception as e:  # a kernel the code generator cannot make: name the user's ops and lines
+            ops = ", ".join(built_at(o) for o in _computes(op))
+            raise CompileError(f"lower: {ops}: {type(e).__name__}: {e}") from e
         step.writes = tuple(t.id for t in op.outputs) + ((plan.scratch[op.id],) if op.id in plan.scratch else ())
         step.ops = _computes(op)
         step.inputs = tuple((t.name, slots[t.id]) for t in op.inputs)
