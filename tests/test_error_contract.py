@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import stitchml as sm
+from stitchml.codegen import reduction
 from opdb import OPS
 from opdb.core import P
 
@@ -178,24 +179,33 @@ def test_integer_division_by_zero_raises(name, dtype, divisor):
         assert "integer division by zero" in message
 
 
-def test_integer_division_in_a_reduction_kernel():
+# codegen/reduction.py's limits, shrunk so that small rows take the looped and the split kernels
+LOOPED = {"MAX_PERSISTENT": 8, "LOOP_BLOCK": 16}
+SPLIT = {**LOOPED, "SPLIT_MIN_COLUMNS": 32}
+
+
+@pytest.mark.parametrize("limits", [{}, LOOPED], ids=["persistent", "looped"])
+def test_integer_division_in_a_reduction_kernel(limits, monkeypatch):
     """The zero check also works inside a reduction kernel (before the reduction and per row after it),
     and divisors without zeros give torch's floor values."""
+    for name, value in limits.items():
+        monkeypatch.setattr(reduction, name, value)
     g = sm.Graph()
-    a, b = g.placeholder((3, 5), sm.int32, name="a"), g.placeholder((3, 5), sm.int32, name="b")
+    a, b = g.placeholder((3, 20), sm.int32, name="a"), g.placeholder((3, 20), sm.int32, name="b")
     s = g.reduction_sum(g.modulo(a, b), 1, keep_dims=True)  # row-modulo
     y = g.floor_division(s, g.reduction_maximum(b, 1, keep_dims=True) - 3)  # per-row
     rng = np.random.default_rng(0)
-    av = rng.integers(-20, 20, (3, 5)).astype(np.int32)
-    bv = rng.choice(np.array([-4, -3, -2, 2, 5], np.int32), (3, 5))
+    av = rng.integers(-20, 20, (3, 20)).astype(np.int32)
+    bv = rng.choice(np.array([-4, -3, -2, 2, 5], np.int32), (3, 20))
     bv[:, 0] = 5  # every row's maximum is 5: the per-row divisor is 2
     exe = _compile(g, {a: av, b: bv}, [y], "interpret")
+    assert ("for c0 in range" in exe.steps[0].source) == bool(limits), exe.steps[0].source
     got = exe.run({a: av, b: bv})[y].torch()
     ta, tb = torch.from_numpy(av), torch.from_numpy(bv)
     want = torch.div(torch.remainder(ta, tb).sum(1, keepdim=True), 2, rounding_mode="floor")
     assert torch.equal(got, want)
     bz = bv.copy()
-    bz[1, 2] = 0
+    bz[1, 12] = 0
     with pytest.raises(sm.ExecutionError) as info:
         exe.run({a: av, b: bz})
     _names(str(info.value), "modulo (", "row-modulo")
@@ -206,6 +216,24 @@ def test_integer_division_in_a_reduction_kernel():
         exe.run({a: av, b: b3})
     _names(str(info.value), "floor_division (", "per-row")
     assert torch.equal(exe.run({a: av, b: bv})[y].torch(), want), "the flag of a failed run stays set"
+
+
+def test_integer_division_in_a_split_reduction(monkeypatch):
+    """Both kernels of a split reduction take the flag: its partial sums check the divisor."""
+    for name, value in SPLIT.items():
+        monkeypatch.setattr(reduction, name, value)
+    g = sm.Graph()
+    a, b = g.placeholder((2, 64), sm.int64, name="a"), g.placeholder((2, 64), sm.int64, name="b")
+    r = g.reduction_sum(g.floor_division(a, b), 1)  # split-division
+    av = torch.arange(128).reshape(2, 64) - 50
+    bv = torch.full((2, 64), 3)
+    exe = _compile(g, {a: av, b: bv}, [r], "interpret")
+    assert "split reduction kernel" in exe.steps[0].source
+    assert torch.equal(exe.run({a: av, b: bv})[r].torch(), torch.div(av, 3, rounding_mode="floor").sum(1))
+    bv[1, 40] = 0
+    with pytest.raises(sm.ExecutionError) as info:
+        exe.run({a: av, b: bv})
+    _names(str(info.value), "floor_division (", "split-division")
 
 
 # -- failures inside kernels, on every way of running an executable ------------------------------------------

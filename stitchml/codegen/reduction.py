@@ -317,9 +317,9 @@ class _Gen:
         full = self.space.get(out.id, "full") == "full"
         args = [self.operand(t, full, lines, env) for t in op.inputs]
         if checks_divisor(op):  # an op recomputed in several passes keeps its first code
-            code = next((k for k, o in enumerate(self.checks) if o is op), len(self.checks)) + self.first_check
-            if code - self.first_check == len(self.checks):
+            if not any(o is op for o in self.checks):
                 self.checks.append(op)
+            code = self.first_check + next(k for k, o in enumerate(self.checks) if o is op)
             lines.append(divisor_check(op, args, code, "mask" if full else "rmask",
                                        "rows * 0 + cols * 0" if full else "rows * 0"))
         var = self.fresh("v")
