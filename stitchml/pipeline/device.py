@@ -21,6 +21,7 @@ import logging
 from collections import OrderedDict
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
@@ -39,12 +40,38 @@ BINDINGS = 8  # argument tables (with their heap) a pipeline keeps bound runs fo
 
 
 class Heap:
-    """Caller-owned memory for a pipeline's intermediates: one uint8 buffer on the device."""
+    """Caller-owned memory for a pipeline's intermediates: one uint8 buffer on the device.
+
+    A heap serves one command queue at a time: buffers of one queue run in order, so they share it
+    safely, but a buffer of another queue would overwrite intermediates still in use. A dispatch on a
+    heap that a buffer of another queue holds (encoding, committed, or not completed yet) raises
+    PipelineError naming that buffer; once it completes, the heap is free for any queue.
+    """
 
     def __init__(self, device: "Device", size: int):
         self.device = device
         self.size = int(size)
         self.data = TensorData.empty((max(self.size, 1),), dtypes.uint8, device.torch_device)
+        self._users: weakref.WeakSet = weakref.WeakSet()  # command buffers that dispatch on it, not known done
+        self._lock = threading.Lock()
+
+    def _claim(self, cb) -> None:
+        """Record that command buffer `cb` dispatches on this heap; refuse while another queue's buffer does."""
+        with self._lock:
+            users = self._users
+            if cb in users:
+                return
+            for other in list(users):
+                if other.queue is cb.queue:
+                    continue
+                if not other._work_done():
+                    raise PipelineError(
+                        f"dispatch_network: {self!r} is in use by command buffer {other.label!r} on queue "
+                        f"{other.queue.label!r} ({other._status}, not completed); command buffer {cb.label!r} on "
+                        f"queue {cb.queue.label!r} cannot use it until that one completes: wait for it, or give "
+                        f"each queue its own heap")
+                users.discard(other)
+            users.add(cb)
 
     def __repr__(self) -> str:
         return f"Heap({self.size} bytes on {self.device.name})"
