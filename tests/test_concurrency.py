@@ -111,7 +111,7 @@ def test_random_draws_are_unique_and_those_of_sequential_runs():
         return g, r
 
     g, r = build()
-    exe = g.compile(targets=[r], device="cpu")
+    exe = _slowed(g.compile(targets=[r], device="cpu"))
     runs = 30
 
     def work(i):
@@ -221,7 +221,18 @@ def test_bound_and_plain_runs_of_one_executable_share_its_arena_safely():
 
 
 # -- building ----------------------------------------------------------------------------------------------------
-def test_building_from_threads_gives_unique_ids_in_program_order():
+def test_building_from_threads_gives_unique_ids_in_program_order(monkeypatch):
+    import stitchml.graph
+
+    class SlowOperation(stitchml.graph.Operation):
+        """Takes its time to construct: a builder that reads the id counter and bumps it later lets every
+        other thread read the same id meanwhile."""
+
+        def __init__(self, *args, **kwargs):
+            time.sleep(1e-5)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(stitchml.graph, "Operation", SlowOperation)
     g = sm.Graph("built")
     x = g.placeholder((3,), sm.float32, name="x")
     per_thread = 150
