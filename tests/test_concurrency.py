@@ -131,8 +131,18 @@ def test_random_draws_are_unique_and_those_of_sequential_runs():
 def test_compiled_runs_from_threads_compile_once(monkeypatch):
     from stitchml.runtime import compiled
 
-    slow = compiled.compile_graph
-    monkeypatch.setattr(compiled, "compile_graph", lambda *a: (time.sleep(5e-3), slow(*a))[1])  # a long compile
+    compile_graph, together = compiled.compile_graph, threading.Barrier(THREADS)
+
+    def meeting_compile(*args):
+        """Waits (up to 0.5 s) for every thread to be compiling too: only a cache that lets one
+        thread compile while the others wait for it lets them meet here."""
+        try:
+            together.wait(0.5)
+        except threading.BrokenBarrierError:
+            pass
+        return compile_graph(*args)
+
+    monkeypatch.setattr(compiled, "compile_graph", meeting_compile)
     g = sm.Graph("cached")
     x = g.placeholder((8,), sm.float32, name="x")
     y = g.exponent(x) * 2.0

@@ -52,26 +52,25 @@ class Heap:
         self.device = device
         self.size = int(size)
         self.data = TensorData.empty((max(self.size, 1),), dtypes.uint8, device.torch_device)
-        self._users: weakref.WeakSet = weakref.WeakSet()  # command buffers that dispatch on it, not known done
+        self._queue = None  # the queue whose buffers use it (the one that may dispatch on it without checks)
+        self._users: weakref.WeakSet = weakref.WeakSet()  # that queue's buffers that dispatch on it
         self._lock = threading.Lock()
 
     def _claim(self, cb) -> None:
-        """Record that command buffer `cb` dispatches on this heap; refuse while another queue's buffer does."""
+        """Record that command buffer `cb` dispatches on this heap; refuse while another queue's buffer
+        that uses it is not completed. O(1) while one queue keeps using it."""
         with self._lock:
-            users = self._users
-            if cb in users:
-                return
-            for other in list(users):
-                if other.queue is cb.queue:
-                    continue
-                if not other._work_done():
-                    raise PipelineError(
-                        f"dispatch_network: {self!r} is in use by command buffer {other.label!r} on queue "
-                        f"{other.queue.label!r} ({other._status}, not completed); command buffer {cb.label!r} on "
-                        f"queue {cb.queue.label!r} cannot use it until that one completes: wait for it, or give "
-                        f"each queue its own heap")
-                users.discard(other)
-            users.add(cb)
+            if self._queue is not cb.queue:
+                for other in list(self._users):
+                    if not other._work_done():
+                        raise PipelineError(
+                            f"dispatch_network: {self!r} is in use by command buffer {other.label!r} on queue "
+                            f"{other.queue.label!r} ({other._status}, not completed); command buffer {cb.label!r} "
+                            f"on queue {cb.queue.label!r} cannot use it until that one completes: wait for it, or "
+                            f"give each queue its own heap")
+                self._users.clear()
+                self._queue = cb.queue
+            self._users.add(cb)
 
     def __repr__(self) -> str:
         return f"Heap({self.size} bytes on {self.device.name})"
