@@ -55,7 +55,10 @@ class Graph:
         # Variable values live here between runs: variable op id -> torch tensor on its device.
         self._variable_values: dict[int, torch.Tensor] = {}
         self._constant_cache: dict[tuple[int, str], torch.Tensor] = {}
+        # One lock for everything that reads or writes the variables or run_count: eager runs, every
+        # executable's runs and replays, bound runs and pipelines made from this graph (docs/semantics.md).
         self._run_lock = threading.RLock()
+        self._build_lock = threading.Lock()  # ids and the operation list, for builders on several threads
         self._runner = None  # the async run queue, made on first use
         self.run_count = 0  # runs so far; random ops draw from (seed, run_count)
         self._fold_constants = False  # set while building gradients (autodiff.py)
@@ -91,16 +94,17 @@ class Graph:
             return self._fold(prim, inputs, attrs, name)
         deps = tuple(dict.fromkeys(d for group in self._control_stack for d in group))
         scope = "/".join(self._scope_stack)
-        operation = Operation(self, self._next_op, op, tuple(inputs), attrs, deps, "", location, scope)
-        self._next_op += 1
-        operation.name = name or f"{op}_{operation.id}"
-        outputs = []
-        for i, tt in enumerate(types):
-            tname = operation.name if len(types) == 1 else f"{operation.name}:{i}"
-            outputs.append(Tensor(self, operation, i, tt, tname, self._next_tensor))
-            self._next_tensor += 1
-        operation.outputs = tuple(outputs)
-        self.operations.append(operation)
+        with self._build_lock:
+            operation = Operation(self, self._next_op, op, tuple(inputs), attrs, deps, "", location, scope)
+            self._next_op += 1
+            operation.name = name or f"{op}_{operation.id}"
+            outputs = []
+            for i, tt in enumerate(types):
+                tname = operation.name if len(types) == 1 else f"{operation.name}:{i}"
+                outputs.append(Tensor(self, operation, i, tt, tname, self._next_tensor))
+                self._next_tensor += 1
+            operation.outputs = tuple(outputs)
+            self.operations.append(operation)
         return operation
 
     _FOLD_LIMIT = 4096  # elements: larger results stay ops, so folding never bloats the IR
@@ -229,15 +233,19 @@ class Graph:
         return v.op
 
     def variable_value(self, v: Tensor) -> "TensorData":
-        """The variable's current value (after the runs so far), as TensorData on its device."""
+        """A copy of the variable's current value (after the runs so far), as TensorData on its device.
+
+        A copy, taken between runs: later runs (compiled ones write variables in place) never change it.
+        """
         from .tensor_data import TensorData
 
         op = self._check_variable(v)
-        value = self._variable_values.get(op.id)
-        return TensorData(op.attrs["initial_value"] if value is None else value)
+        with self._run_lock:
+            value = self._variable_values.get(op.id)
+            return TensorData._wrap((op.attrs["initial_value"] if value is None else value).clone())
 
     def set_variable_value(self, v: Tensor, value: Any) -> None:
-        """Overwrite a variable between runs (loading a checkpoint, say)."""
+        """Overwrite a variable between runs (loading a checkpoint, say); the graph keeps a copy."""
         from .tensor_data import TensorData
 
         op = self._check_variable(v)
@@ -246,9 +254,10 @@ class Graph:
             raise GraphError(
                 f"set_variable_value: variable {v.name} is {v.type}, got {tuple(data.shape)} {data.dtype}"
             )
-        old = self._variable_values.get(op.id)
-        device = old.device if old is not None else data.device
-        self._variable_values[op.id] = data.to(device).clone(memory_format=torch.contiguous_format)
+        with self._run_lock:
+            old = self._variable_values.get(op.id)
+            device = old.device if old is not None else data.device
+            self._variable_values[op.id] = data.to(device).clone(memory_format=torch.contiguous_format)
 
     # -- running ---------------------------------------------------------------
     def run(self, feeds=None, targets=(), target_ops=(), device=None, compiled: bool | None = None):
@@ -271,9 +280,11 @@ class Graph:
         from .runtime.eager import check_request
 
         targets, target_ops = check_request(self, targets, target_ops)
-        if self._executables is None:
-            self._executables = ExecutableCache()
-        return self._executables.get(self, feeds or {}, targets, target_ops, dev).run(feeds)
+        with self._run_lock:  # the cache is shared by every thread that runs this graph
+            if self._executables is None:
+                self._executables = ExecutableCache()
+            exe = self._executables.get(self, feeds or {}, targets, target_ops, dev)
+        return exe.run(feeds)
 
     @property
     def compile_log(self) -> list[str]:
@@ -317,13 +328,18 @@ class Graph:
 
     # -- serialization -------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
-        """Write the graph as JSON at `path` and its tensors to `path` + '.safetensors'."""
+        """Write the graph as JSON at `path` and its tensors to `path` + '.safetensors'.
+
+        The variables' current values and `run_count` are saved too (between runs, under the run
+        lock), so `Graph.load` gives back a graph that continues exactly as this one would.
+        """
         from .serialize import save
 
         save(self, path)
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Graph":
+        """The graph `save` wrote, with its variables' values and run count as they were saved."""
         from .serialize import load
 
         return load(path)

@@ -6,6 +6,12 @@ locations. Tensor-valued attributes (constants, initial values) live in a
 safetensors file beside it, referenced by key. Loading checks the format and
 version, every reference and every output type (re-inferred through the
 registry), so a damaged file fails with SerializationError, never later.
+
+Version 2 also holds the graph's run state: every variable's current value
+(beside its initial value, which stays an attribute) and the run counter
+that seeds random draws, so a trained graph loads trained and a resumed
+training run draws what the uninterrupted one would have. Version 1 files
+(no run state) still load, with their variables at their initial values.
 """
 from __future__ import annotations
 
@@ -22,7 +28,8 @@ from .ir import Operation, Tensor, TensorType
 from .registry import REGISTRY
 
 FORMAT = "stitchml.graph"
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)  # version 1 has no run state
 
 
 # -- text -------------------------------------------------------------------------
@@ -98,7 +105,11 @@ def _decode(v: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
 
 
 def to_dict(graph) -> tuple[dict, dict[str, torch.Tensor]]:
-    """The graph as a JSON-able dict and the tensors its attributes reference."""
+    """The graph as a JSON-able dict and the tensors it references: attributes, and the variables'
+    current values with the run counter (taken under the run lock, so never half a run's updates)."""
+    with graph._run_lock:
+        state = {op_id: v.detach().to("cpu", copy=True) for op_id, v in graph._variable_values.items()}
+        run_count = graph.run_count
     tensors: dict[str, torch.Tensor] = {}
     ops = []
     for op in graph.operations:
@@ -114,8 +125,13 @@ def to_dict(graph) -> tuple[dict, dict[str, torch.Tensor]]:
             "scope": op.scope,
             "location": op.location,
         })
+    variables = []
+    for op_id, value in sorted(state.items()):
+        tensors[f"state.var{op_id}"] = value.contiguous()
+        variables.append({"id": op_id, "value": {"$tensor": f"state.var{op_id}"}})
     doc = {"format": FORMAT, "version": VERSION, "name": graph.name, "operations": ops,
-           "next_op": graph._next_op, "next_tensor": graph._next_tensor}
+           "next_op": graph._next_op, "next_tensor": graph._next_tensor,
+           "variables": variables, "run_count": run_count}
     return doc, tensors
 
 
@@ -129,8 +145,8 @@ def from_dict(doc: dict, tensors: dict[str, torch.Tensor]):
     from .graph import Graph
 
     _require(isinstance(doc, dict) and doc.get("format") == FORMAT, f"not a {FORMAT} document")
-    _require(doc.get("version") == VERSION, f"graph format version {doc.get('version')!r} is not supported "
-                                            f"(this build reads version {VERSION})")
+    _require(doc.get("version") in READABLE, f"graph format version {doc.get('version')!r} is not supported "
+                                             f"(this build reads versions {', '.join(map(str, READABLE))})")
     _require(isinstance(doc.get("operations"), list), "the document has no operation list")
     g = Graph(str(doc.get("name", "graph")))
     tensor_by_id: dict[int, Tensor] = {}
@@ -153,7 +169,33 @@ def from_dict(doc: dict, tensors: dict[str, torch.Tensor]):
         g._next_tensor = max([int(doc.get("next_tensor", 0))] + [i + 1 for i in tensor_by_id])
     except (TypeError, ValueError) as e:
         raise SerializationError(f"malformed id counters ({e})") from None
+    _read_state(g, doc, tensors, op_by_id)
     return g
+
+
+def _read_state(g, doc: dict, tensors: dict[str, torch.Tensor], op_by_id: dict[int, Operation]) -> None:
+    """The variables' current values and the run counter, each checked against the graph."""
+    run_count = doc.get("run_count", 0)
+    _require(isinstance(run_count, int) and not isinstance(run_count, bool) and run_count >= 0,
+             f"run_count must be a non-negative integer, got {run_count!r}")
+    records = doc.get("variables", [])
+    _require(isinstance(records, list), f"variables must be a list of {{id, value}} records, got {type(records).__name__}")
+    for i, rec in enumerate(records):
+        where = f"variables[{i}]"
+        _require(isinstance(rec, dict) and isinstance(rec.get("id"), int) and isinstance(rec.get("value"), dict),
+                 f"{where}: expected {{'id': int, 'value': {{'$tensor': key}}}}, got {rec!r}")
+        op = op_by_id.get(rec["id"])
+        _require(op is not None and op.op == "variable",
+                 f"{where}: operation {rec['id']} is {'not in the graph' if op is None else f'a {op.op}'}, "
+                 f"expected a variable")
+        value = _decode(rec["value"], tensors, where)
+        t = op.outputs[0]
+        _require(isinstance(value, torch.Tensor) and value.dtype == t.dtype.torch and tuple(value.shape) == t.shape,
+                 f"{where}: variable {t.name} is {t.type}, the stored value is "
+                 f"{tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__} "
+                 f"{getattr(value, 'dtype', '')}")
+        g._variable_values[op.id] = value.clone(memory_format=torch.contiguous_format)
+    g.run_count = run_count
 
 
 def _read_operation(g, rec: dict, where: str, tensors: dict[str, torch.Tensor], tensor_by_id: dict[int, Tensor],
@@ -198,6 +240,7 @@ def _read_operation(g, rec: dict, where: str, tensors: dict[str, torch.Tensor], 
 
 
 def save(graph, path: str | os.PathLike) -> None:
+    """Write `graph` (IR, variables' current values, run counter) as JSON at `path`, tensors beside it."""
     from safetensors.torch import save_file
 
     doc, tensors = to_dict(graph)
@@ -210,6 +253,7 @@ def save(graph, path: str | os.PathLike) -> None:
 
 
 def load(path: str | os.PathLike):
+    """The graph `save` wrote at `path`, with its variables' values and run counter as they were saved."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 

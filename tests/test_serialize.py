@@ -88,6 +88,8 @@ def _saved(tmp_path):
     y = g.addition(x, c, name="y")
     with g.control_dependencies([y.op]):
         g.identity(y, name="z")
+    v = g.variable(np.zeros(3, np.float32), name="v")
+    g.run(target_ops=[g.assign_variable(v, v + 1.0)], device="cpu")
     path = tmp_path / "g.json"
     g.save(path)
     return path, json.loads(path.read_text())
@@ -108,7 +110,14 @@ def _edit(doc, fn):
 
 @pytest.mark.parametrize("change, message", [
     (lambda d: d.update(format="other"), "not a stitchml.graph document"),
-    (lambda d: d.update(version=2), "graph format version 2 is not supported (this build reads version 1)"),
+    (lambda d: d.update(version=3), "graph format version 3 is not supported (this build reads versions 1, 2)"),
+    (lambda d: d.update(run_count=-1), "run_count must be a non-negative integer, got -1"),
+    (lambda d: d.update(variables={"0": 1}), "variables must be a list"),
+    (lambda d: d.update(variables=[{"id": 1, "value": {"$tensor": "op1.value"}}]),
+     "variables[0]: operation 1 is a constant, expected a variable"),
+    (lambda d: d["variables"][0].update(value={"$tensor": "op1.value"}),
+     "variables[0]: variable v is float32[3], the stored value is (2,) torch.float32"),
+    (lambda d: d["variables"][0].update(value={"$tensor": "nope"}), "tensor 'nope' is missing from the weights file"),
     (lambda d: d.pop("operations"), "the document has no operation list"),
     (lambda d: d["operations"][2].update(op="fused_magic"), "operation #2: unknown op 'fused_magic'"),
     (lambda d: d["operations"][2].update(inputs=[0, 99]), "input tensor 99 is not defined before it"),
@@ -160,3 +169,107 @@ def test_weights_of_another_dtype_are_found(tmp_path):
     tensors = load_file(str(weights))
     save_file({k: v.double() for k, v in tensors.items()}, str(weights))
     assert "differ from the op's rule" in _load_error(path)
+
+
+# -- run state: trained values, optimizer state and the run counter -----------------------------------------
+def _trainer(seed: int = 0):
+    """A two-layer MLP with dropout (random draws follow run_count) trained by Adam (moments and step
+    count are variables): everything a resumed training run depends on."""
+    rng = np.random.default_rng(seed)
+    g = sm.Graph("mlp")
+    x = g.placeholder((16, 8), sm.float32, name="x")
+    y = g.placeholder((16, 1), sm.float32, name="y")
+    w1 = g.variable(rng.normal(0, 0.5, (8, 12)).astype(np.float32), name="w1")
+    b1 = g.variable(np.zeros(12, np.float32), name="b1")
+    w2 = g.variable(rng.normal(0, 0.5, (12, 1)).astype(np.float32), name="w2")
+    h = g.dropout(g.relu(x @ w1 + b1), 0.25, seed=7)
+    p = g.identity(h @ w2, name="p")
+    loss = g.reduction_mean(g.square(p - y), None, name="loss")
+    steps = sm.optim.Adam(0.05).minimize(g, loss, [w1, b1, w2])
+    batches = [(rng.normal(size=(16, 8)).astype(np.float32), rng.normal(size=(16, 1)).astype(np.float32))
+               for _ in range(3)]
+    return g, steps, batches
+
+
+def _train(g, steps, batches, rounds: int) -> list[float]:
+    """`rounds` passes over `batches`; the loss of every step (before its update)."""
+    x, y, loss = g.tensor("x"), g.tensor("y"), g.tensor("loss")
+    out = []
+    for _ in range(rounds):
+        for bx, by in batches:
+            out.append(g.run({x: bx, y: by}, [loss], steps, device="cpu")[loss].item())
+    return out
+
+
+def _loaded_steps(loaded, steps):
+    by_id = {op.id: op for op in loaded.operations}
+    return [by_id[op.id] for op in steps]
+
+
+def _state(g) -> dict[str, torch.Tensor]:
+    return {v.name: g.variable_value(v).torch() for v in g.variables}
+
+
+def test_save_keeps_trained_variables_optimizer_state_and_run_count(tmp_path):
+    g, steps, batches = _trainer()
+    first = _train(g, steps, batches, 2)
+    assert first[-1] < first[0]  # it trained
+    initial = {v.name: v.op.attrs["initial_value"] for v in g.variables}
+    assert any(not torch.equal(initial[n], t) for n, t in _state(g).items())
+    loaded = _round_trip(g, tmp_path)
+    assert loaded.run_count == g.run_count == 6
+    want, got = _state(g), _state(loaded)
+    assert set(got) == set(want) and {"adam_step", "w1/momentum", "w1/velocity"} <= set(got)
+    for name, t in want.items():
+        assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
+    assert got["adam_step"].item() == 6.0
+    # Initial values stay what they were: the IR is unchanged.
+    for v in loaded.variables:
+        assert torch.equal(v.op.attrs["initial_value"], initial[v.name])
+    # Resuming from the file is resuming the run: bit-identical losses (dropout draws included).
+    assert _train(loaded, _loaded_steps(loaded, steps), batches, 2) == _train(g, steps, batches, 2)
+    for name, t in _state(g).items():
+        assert torch.equal(_state(loaded)[name], t), name
+
+
+def test_saving_without_run_state_would_change_the_next_losses(tmp_path):
+    """The round trip above can fail: a graph that forgets the values or the run count trains differently."""
+    g, steps, batches = _trainer()
+    _train(g, steps, batches, 1)
+    fresh = _round_trip(g, tmp_path)
+    fresh._variable_values.clear()
+    recounted = _round_trip(g, tmp_path)
+    recounted.run_count = 0
+    want = _train(g, steps, batches, 1)
+    assert _train(fresh, _loaded_steps(fresh, steps), batches, 1) != want
+    assert _train(recounted, _loaded_steps(recounted, steps), batches, 1) != want
+
+
+def test_version_1_files_load_with_initial_values(tmp_path):
+    g, steps, batches = _trainer()
+    _train(g, steps, batches, 1)
+    path = tmp_path / "g.json"
+    g.save(path)
+    doc = json.loads(path.read_text())
+    doc["version"] = 1
+    del doc["variables"], doc["run_count"]
+    path.write_text(json.dumps(doc))
+    old = sm.Graph.load(path)
+    assert old.run_count == 0
+    for v in old.variables:
+        assert torch.equal(old.variable_value(v).torch(), v.op.attrs["initial_value"])
+
+
+def test_package_from_a_trained_graph_keeps_trained_values(tmp_path):
+    g, steps, batches = _trainer()
+    _train(g, steps, batches, 2)
+    x = g.tensor("x")
+    prediction = g.tensor("p")
+    pkg = sm.package.Package.from_graph(g, {"x": x}, {"p": prediction})
+    pkg.save(tmp_path / "mlp.smpkg")
+    fn = sm.package.load_package(tmp_path / "mlp.smpkg").function()
+    for name, t in _state(g).items():
+        assert torch.equal(_state(fn.graph)[name], t), name
+    assert fn.graph.run_count == g.run_count
+    bx = batches[0][0]
+    assert torch.equal(fn(x=bx)["p"].torch(), g.run({x: bx}, [prediction], device="cpu")[prediction].torch())

@@ -18,6 +18,10 @@ import threading
 
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}
+# Triton's interpreter is not thread-safe: a launch swaps module-level state of triton.language for
+# its own (builder, patched functions) and restores it on return, so two launches at once corrupt each
+# other (InterpreterError). Every interpreted launch in the process holds this lock; GPU launches do not.
+interpreter_lock = threading.Lock()
 stats = {"written": 0, "reused_files": 0, "imported": 0}
 
 

@@ -127,7 +127,8 @@ class _Launch:
                 k.run(*self.grid, stream, k.function, k.packed_metadata, None, None, None, *args, *self.meta_values)
                 return
         if self.interpret:
-            with np.errstate(all="ignore"):  # masked lanes may compute log(0) and the like
+            # masked lanes may compute log(0) and the like; the interpreter runs one launch at a time
+            with loader.interpreter_lock, np.errstate(all="ignore"):
                 self.fn[self.grid](*args, num_warps=self.warps, **self.meta)
             return
         k = self.fn[self.grid](*args, num_warps=self.warps, **self.meta)

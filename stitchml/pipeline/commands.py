@@ -252,6 +252,7 @@ class MLEncoder(_Encoder):
                 run = p.launcher(table, heap)
             except StitchError as e:
                 raise PipelineError(f"dispatch_network: pipeline {p.label}: {e}") from None
+        heap._claim(self.cb)
         self.cb._commands.append(("ml", p.label, self, run, p.span_args, None))
 
 
@@ -272,7 +273,8 @@ class CommandBuffer:
     """Recorded work for one queue (MTL4CommandBuffer); see the module docstring."""
 
     __slots__ = ("queue", "_label", "_status", "error", "_commands", "_open", "_encoders", "_handlers", "_waits",
-                 "_executed", "_stamps", "_marks", "_spans", "_finished", "_completing", "timestamps", "_done")
+                 "_executed", "_stamps", "_marks", "_spans", "_finished", "_completing", "timestamps", "_done",
+                 "_ran", "__weakref__")
 
     def __init__(self, queue: CommandQueue, label: str = "", timestamps: bool = False):
         self.queue = queue
@@ -292,6 +294,7 @@ class CommandBuffer:
         self._spans: list[Span] = []
         self._finished = False
         self._completing = False
+        self._ran = False  # its commands have run (on the CPU) or are on the stream (on a GPU)
 
     @property
     def label(self) -> str:
@@ -396,6 +399,7 @@ class CommandBuffer:
                 self._done = q._mark()
         except BaseException as e:  # the failure belongs to this buffer; later buffers on the queue still run
             self.error = e
+        self._ran = True
 
     def _execute_host(self) -> None:
         """Run the commands now, on the CPU, timing them with the wall clock."""
@@ -412,6 +416,7 @@ class CommandBuffer:
                 stamps.append((start, time.perf_counter_ns()))
         except BaseException as e:
             self.error = e
+        self._ran = True
 
     def _wait(self, event: tuple[SharedEvent, int], timeout: float) -> None:
         ev, value = event
@@ -421,6 +426,14 @@ class CommandBuffer:
         cuda_event = ev.cuda_event_for(value)
         if cuda_event is not None:
             self.queue.stream.wait_event(cuda_event)
+
+    def _work_done(self) -> bool:
+        """Whether its work is over (heaps ask, to know whether this buffer still uses them)."""
+        if self._finished:
+            return True
+        if not self._ran:
+            return False
+        return self.queue.stream is None or self.error is not None or self._gpu_done()
 
     def _last_event(self):
         """The CUDA event that completes with this buffer's work, if one was recorded."""

@@ -21,6 +21,7 @@ import logging
 from collections import OrderedDict
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
@@ -39,12 +40,37 @@ BINDINGS = 8  # argument tables (with their heap) a pipeline keeps bound runs fo
 
 
 class Heap:
-    """Caller-owned memory for a pipeline's intermediates: one uint8 buffer on the device."""
+    """Caller-owned memory for a pipeline's intermediates: one uint8 buffer on the device.
+
+    A heap serves one command queue at a time: buffers of one queue run in order, so they share it
+    safely, but a buffer of another queue would overwrite intermediates still in use. A dispatch on a
+    heap that a buffer of another queue holds (encoding, committed, or not completed yet) raises
+    PipelineError naming that buffer; once it completes, the heap is free for any queue.
+    """
 
     def __init__(self, device: "Device", size: int):
         self.device = device
         self.size = int(size)
         self.data = TensorData.empty((max(self.size, 1),), dtypes.uint8, device.torch_device)
+        self._queue = None  # the queue whose buffers use it (the one that may dispatch on it without checks)
+        self._users: weakref.WeakSet = weakref.WeakSet()  # that queue's buffers that dispatch on it
+        self._lock = threading.Lock()
+
+    def _claim(self, cb) -> None:
+        """Record that command buffer `cb` dispatches on this heap; refuse while another queue's buffer
+        that uses it is not completed. O(1) while one queue keeps using it."""
+        with self._lock:
+            if self._queue is not cb.queue:
+                for other in list(self._users):
+                    if not other._work_done():
+                        raise PipelineError(
+                            f"dispatch_network: {self!r} is in use by command buffer {other.label!r} on queue "
+                            f"{other.queue.label!r} ({other._status}, not completed); command buffer {cb.label!r} "
+                            f"on queue {cb.queue.label!r} cannot use it until that one completes: wait for it, or "
+                            f"give each queue its own heap")
+                self._users.clear()
+                self._queue = cb.queue
+            self._users.add(cb)
 
     def __repr__(self) -> str:
         return f"Heap({self.size} bytes on {self.device.name})"

@@ -25,7 +25,6 @@ callers use `Executable.run`.
 from __future__ import annotations
 
 import os
-import threading
 
 import torch
 
@@ -102,7 +101,7 @@ class BoundRun:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.capture_error: str | None = None
         self._can_capture = exe.device.type == "cuda" and os.environ.get("STITCHML_CUDA_GRAPHS", "1") != "0"
-        self._lock = threading.Lock()
+        self._lock = exe.graph._run_lock  # its steps use the executable's arena when no heap is given
         self._direct = None  # the direct-call runtime, once there is a graph to launch
         self._exec = 0
         self._capturing = False  # while capturing, the steps must not read the division flag

@@ -12,13 +12,13 @@ runs the pass pipeline (passes/__init__.py) and returns an Executable:
 A run binds the feeds, the variables' storage, the constants and the arena
 (the caller's `heap`, or one the executable keeps) to value slots, runs the
 pre-bound steps, then writes the assigned variables (end-of-run semantics,
-docs/semantics.md). On CUDA, once a run has warmed the kernels up, the whole
+docs/semantics.md). Runs hold the graph's run lock throughout, so runs of
+any executables of one graph, and its eager runs, never interleave. On CUDA, once a run has warmed the kernels up, the whole
 run is captured as a CUDA graph and later runs replay it.
 """
 from __future__ import annotations
 
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -122,7 +122,9 @@ class Executable:
         self._arena: torch.Tensor | None = None
         self._bound_arena_ptr = None
         self._bound: list = []
-        self._lock = threading.Lock()
+        # The graph's run lock, not one of our own: every executable of the graph, its eager runs and
+        # its bound runs read and write the same variables, run_count and (here) this arena.
+        self._lock = graph._run_lock
         self._graph_state = None  # a _CapturedRun, made after the first run
         self._capture_ok = None
         self._template = None  # slots of constants and arena buffers, bound once
@@ -388,8 +390,9 @@ class Executable:
         missing += [user.name for user, _, _ in self._results if user not in outputs]
         if missing:
             raise GraphError(f"bind: no tensor given for {', '.join(missing)}")
-        return BoundRun(self, {k: unwrap(v) for k, v in feeds.items()}, {k: unwrap(v) for k, v in outputs.items()},
-                        self._arena_for(heap), names or {})
+        with self._lock:
+            return BoundRun(self, {k: unwrap(v) for k, v in feeds.items()},
+                            {k: unwrap(v) for k, v in outputs.items()}, self._arena_for(heap), names or {})
 
     def run_async(self, feeds: dict | None = None, on_complete=None, **kwargs):
         """Queue a run; the handle and callback behave as Graph.run_async's."""
