@@ -1,0 +1,15 @@
+"""Seeing inside what StitchML compiled: captures, bisection against a reference, a local web debugger.
+
+    capture(graph_or_executable, feeds, targets)   every intermediate, keyed by the original ops
+    load_capture(path)                              a saved capture, checked
+    bisect(graph, feeds, reference)                 the first op whose output departs from a reference
+    serve(path, port)                               the web debugger (`stitchml debug FILE`)
+
+Capturing recomputes the program op by op through the reference
+implementations; compiled runs carry no instrumentation.
+"""
+from .bisect import BisectResult, bisect, float64_reference, onnx_reference, torch_reference
+from .capture import Capture, CaptureError, OpRecord, capture, load_capture
+
+__all__ = ["Capture", "CaptureError", "OpRecord", "capture", "load_capture", "BisectResult", "bisect",
+           "float64_reference", "onnx_reference", "torch_reference"]
