@@ -8,8 +8,17 @@
 Capturing recomputes the program op by op through the reference
 implementations; compiled runs carry no instrumentation.
 """
-from .bisect import BisectResult, bisect, float64_reference, onnx_reference, torch_reference
+from .bisect import BisectResult, bisect, float64_reference, import_onnx, onnx_reference, torch_reference
 from .capture import Capture, CaptureError, OpRecord, capture, load_capture
 
 __all__ = ["Capture", "CaptureError", "OpRecord", "capture", "load_capture", "BisectResult", "bisect",
-           "float64_reference", "onnx_reference", "torch_reference"]
+           "float64_reference", "import_onnx", "onnx_reference", "torch_reference", "create_app", "serve"]
+
+
+def __getattr__(name: str):
+    # The web debugger needs Flask (the `debug` extra); the rest of the package does not.
+    if name in ("create_app", "serve"):
+        from . import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module 'stitchml.debug' has no attribute {name!r}")

@@ -62,6 +62,7 @@ class BisectResult:
     probes: int
     compared: int  # ops with a reference value, the search space
     trail: list[tuple[str, bool]] = field(default_factory=list)  # (last op of the prefix, diverged), in order
+    references: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # compared values, by tensor name
 
     def summary(self) -> str:
         if self.op is None:
@@ -173,7 +174,7 @@ def _diverges(ours: np.ndarray, ref: np.ndarray, tolerance: float) -> tuple[bool
     a, b = ours.astype(np.float64), ref.astype(np.float64)
     same_nan = np.isnan(a) & np.isnan(b)
     err = np.where(same_nan | (a == b), 0.0, np.abs(a - b))
-    bad = ~(err <= tolerance + tolerance * np.abs(b))
+    bad = ~(err <= tolerance + tolerance * np.abs(np.where(same_nan, 0.0, b)))  # NaN against a number: bad
     return bool(bad.any()), float(np.nanmax(np.where(np.isnan(err), np.inf, err)))
 
 
@@ -234,8 +235,9 @@ def bisect(graph, feeds: dict, reference: Reference | str = "float64", targets: 
         return bool(found)
 
     last = len(candidates) - 1
+    compared = {t.name: expected[t.name] for op in candidates for t in op.outputs if t.name in expected}
     if not probe(last):
-        return BisectResult(None, None, None, None, 0.0, len(probes), len(candidates), trail)
+        return BisectResult(None, None, None, None, 0.0, len(probes), len(candidates), trail, compared)
     lo, hi = 0, last
     while lo < hi:
         mid = (lo + hi) // 2
@@ -250,4 +252,17 @@ def bisect(graph, feeds: dict, reference: Reference | str = "float64", targets: 
                       [x.name for x in t.op.outputs],
                       [list(mine.shape) if x is t else list(x.shape or ()) for x in t.op.outputs],
                       [str(x.dtype) for x in t.op.outputs], t.op.location, t.op.scope)
-    return BisectResult(record, t.name, mine, expected[t.name], err, len(probes), len(candidates), trail)
+    return BisectResult(record, t.name, mine, expected[t.name], err, len(probes), len(candidates), trail, compared)
+
+
+def import_onnx(model):
+    """An ONNX model as (graph, {ONNX value name: graph tensor name}) for bisecting against `onnx_reference`.
+
+    The importer names graph tensors its own way; this reads which tensor each ONNX value became.
+    """
+    from ..package.onnx_import import Importer, load_model
+
+    importer = Importer(load_model(model), "main", None)
+    importer.run()
+    names = {k: v.name for k, v in importer.values.items() if isinstance(v, Tensor) and v.graph is importer.g}
+    return importer.g, names

@@ -45,6 +45,7 @@ FORMAT = "stitchml.capture"
 VERSION = 1
 MAX_FILE_BYTES = 4 << 30  # a capture larger than this is refused when loading
 MAX_HEADER_BYTES = 64 << 20
+REFERENCE = "reference/"  # key prefix of reference values in a capture file
 _DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
            "uint8": torch.uint8, "bool": torch.bool}
@@ -79,6 +80,9 @@ class Capture:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     kernels: list[dict] = field(default_factory=list)  # {"name", "template", "ops", "not_fused", "source"}
     compile_error: str | None = None
+    profile: list[list] = field(default_factory=list)  # [step, kind, ms] of one compiled run, in order
+    reference: dict[str, torch.Tensor] = field(default_factory=dict)  # reference values, by tensor name
+    bisect: dict | None = None  # a bisection's outcome (BisectResult.to_json without the arrays)
 
     def record(self, name: str) -> OpRecord:
         """The record of the op called `name`, or of the op producing the tensor called `name`."""
@@ -98,16 +102,23 @@ class Capture:
         t = self.tensors[name]
         return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
+    def reference_tensor(self, name: str) -> np.ndarray | None:
+        """The reference's value of tensor `name` (from a bisection), or None."""
+        t = self.reference.get(name)
+        return None if t is None else (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
     def manifest(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "graph": self.graph_name,
                 "records": [asdict(r) for r in self.records], "kernels": self.kernels,
-                "compile_error": self.compile_error, "tensors": sorted(self.tensors)}
+                "compile_error": self.compile_error, "profile": self.profile, "bisect": self.bisect,
+                "tensors": sorted(self.tensors) + sorted(REFERENCE + k for k in self.reference)}
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the capture as one safetensors file (manifest in its metadata)."""
         from safetensors.torch import save_file
 
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}
+        tensors.update({REFERENCE + k: v.detach().cpu().contiguous() for k, v in self.reference.items()})
         save_file(tensors, os.fspath(path), metadata={FORMAT: json.dumps(self.manifest())})
 
 
@@ -180,13 +191,16 @@ def _execute64(op: Operation, ctx: RunContext, inputs: list[torch.Tensor]) -> tu
 
 
 def capture(graph_or_executable, feeds: dict, targets: Iterable[Tensor] | Tensor | None = None,
-            ops: Iterable[str] | None = None, device=None, compile: bool = True) -> Capture:
+            ops: Iterable[str] | None = None, device=None, compile: bool = True,
+            profile_run: bool = True) -> Capture:
     """Run the graph op by op and keep its intermediates, mapped to the original operations.
 
     `graph_or_executable` is a Graph or an Executable (its graph, targets and fusion report are
     used). `targets` defaults to the executable's targets; `ops` names the ops whose outputs are
     kept (default: all). With a Graph and `compile=True` the graph is compiled for the feeds'
-    types on `device` to learn which kernel each op was fused into.
+    types on `device` to learn which kernel each op was fused into; with `profile_run` the
+    executable also runs once with profiling, for the debugger's timeline (`Capture.profile`),
+    unless that run would assign variables or draw random numbers.
     """
     from ..runtime.executable import Executable
 
@@ -208,6 +222,10 @@ def capture(graph_or_executable, feeds: dict, targets: Iterable[Tensor] | Tensor
         except StitchError as e:
             compile_error = str(e)
     owner, kernels = _kernel_map(exe) if exe is not None else ({}, [])
+    profile = []
+    if exe is not None and profile_run and not _stateful(exe):
+        exe.run({k: v for k, v in feeds.items()}, profile=True)
+        profile = [list(p) for p in exe.last_profile]
     plan = prune(graph, targets, ())
     wanted = None if ops is None else set(ops)
     if wanted is not None:
@@ -223,7 +241,12 @@ def capture(graph_or_executable, feeds: dict, targets: Iterable[Tensor] | Tensor
         if wanted is None or op.name in wanted:
             for t in op.outputs:
                 tensors[t.name] = values[t.id].detach().cpu()
-    return Capture(graph.name, records, tensors, kernels, compile_error)
+    return Capture(graph.name, records, tensors, kernels, compile_error, profile)
+
+
+def _stateful(exe) -> bool:
+    """Whether running `exe` would change the graph's state (assignments, or the random draws' run index)."""
+    return any(op.op == "assign_variable" or op.primitive.kind == "random" for op in exe.program.operations)
 
 
 def _feeds_by_tensor(graph, feeds: dict) -> dict:
@@ -267,11 +290,13 @@ def _check_manifest(path, m: Any, header: dict) -> None:
     if set(m["tensors"]) != stored:
         raise _fail(path, f"the manifest lists tensors {sorted(set(m['tensors']) ^ stored)[:5]} that the file "
                           f"does not hold, or the reverse")
+    if not isinstance(m.get("profile", []), list) or not isinstance(m.get("bisect") or {}, dict):
+        raise _fail(path, "expected 'profile' to be a list and 'bisect' an object or null")
     for name in stored:
         info = header[name]
-        if name not in produced:
+        if name.removeprefix(REFERENCE) not in produced:
             raise _fail(path, f"tensor {name!r} belongs to no record")
-        shape, dtype = produced[name]
+        shape, dtype = produced[name.removeprefix(REFERENCE)]
         if list(info.get("shape", [])) != shape:
             raise _fail(path, f"tensor {name!r}: the record says shape {shape}, the file holds {info.get('shape')}")
 
@@ -311,8 +336,10 @@ def load_capture(path: str | os.PathLike, root: str | os.PathLike | None = None)
     except (SafetensorError, ValueError, OSError) as e:
         raise _fail(path, f"the tensor data is damaged: {e}") from None
     records = [OpRecord(**{k: r[k] for k in OpRecord.__dataclass_fields__ if k in r}) for r in manifest["records"]]
+    reference = {k[len(REFERENCE):]: tensors.pop(k) for k in list(tensors) if k.startswith(REFERENCE)}
     for r in records:
         for name, dtype in zip(r.outputs, r.dtypes):
             if name in tensors and _DTYPES.get(dtype) != tensors[name].dtype:
                 raise _fail(path, f"tensor {name!r}: the record says {dtype}, the file holds {tensors[name].dtype}")
-    return Capture(manifest["graph"], records, tensors, manifest["kernels"], manifest.get("compile_error"))
+    return Capture(manifest["graph"], records, tensors, manifest["kernels"], manifest.get("compile_error"),
+                   manifest.get("profile") or [], reference, manifest.get("bisect"))
