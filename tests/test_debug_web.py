@@ -36,6 +36,32 @@ def _image():
     return np.linspace(-1, 1, 192, dtype=np.float32).reshape(1, 3, 8, 8)
 
 
+def _command_buffer():
+    """A completed command buffer: a compute dispatch, a barrier, a network dispatch."""
+    from stitchml.package import Package
+
+    g = sm.Graph()
+    x = g.placeholder((-1, 4), sm.float32, name="x")
+    fn = Package.from_graph(g, {"x": x}, {"y": g.tanh(x) * 2.0}).function()
+    dev = sm.device("cpu")
+    desc = sm.MLPipelineDescriptor(fn)
+    desc.set_input_dimensions("x", (2, 4))
+    pipe = sm.Compiler(dev).new_ml_pipeline(desc)
+    xin, yout = dev.new_tensor((2, 4), sm.float32), dev.new_tensor((2, 4), sm.float32)
+    cb = dev.new_command_queue("main").command_buffer("frame")
+    with cb.compute_encoder("prepare") as ce:
+        ce.dispatch(lambda: xin.torch().fill_(0.5), name="fill_input")
+    cb.barrier("dispatch", "machine_learning")
+    enc = cb.ml_encoder("net")
+    enc.set_pipeline(pipe)
+    enc.set_argument_table({"x": xin, "y": yout})
+    enc.dispatch_network(dev.new_heap(pipe.intermediates_heap_size))
+    enc.end()
+    cb.commit()
+    cb.wait()
+    return cb
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """A capture, a saved graph, a capture made by `stitchml debug bisect` with a planted bug, a damaged capture."""
@@ -55,6 +81,7 @@ def files(tmp_path_factory):
     finally:
         prim.impl = true_sigmoid
     assert status == 1  # a divergence was found
+    sm.write_trace(d / "trace.json", [_command_buffer()])
     raw = (d / "run.capture").read_bytes()
     (d / "broken.capture").write_bytes(raw[:len(raw) // 2])
     return d
@@ -100,6 +127,16 @@ def test_api_network_tensor_histogram_and_timeline(files):
     g = client.get("/api/network", query_string={"file": str(files / "graph.json")}).get_json()
     assert {o["name"] for o in g["ops"]} == set(ops) and any(o["kernel"] for o in g["ops"])
     assert client.get("/api/tensor", query_string={"file": str(files / "graph.json"), "name": "root"}).status_code == 404
+
+
+def test_api_serves_a_pipeline_trace_as_written(files):
+    client = debug.create_app([files / "trace.json"]).test_client()
+    assert client.get("/api/files").get_json()[0]["kind"] == "trace"
+    events = client.get("/api/timeline").get_json()["traceEvents"]
+    assert events == json.loads((files / "trace.json").read_text())["traceEvents"]
+    kinds = {e["name"]: e["ph"] for e in events if e["ph"] in ("X", "i")}
+    assert kinds["fill_input"] == "X" and kinds["barrier dispatch -> machine_learning"] == "i"
+    assert client.get("/api/network").get_json()["ops"] == []
 
 
 def test_api_refuses_other_paths_and_reports_broken_captures(files):
@@ -158,7 +195,8 @@ def server(files):
     from werkzeug.serving import make_server
 
     srv = make_server("127.0.0.1", 0, debug.create_app([files / "bisect.capture", files / "run.capture",
-                                                          files / "broken.capture"]), threaded=True)
+                                                          files / "broken.capture", files / "trace.json"]),
+                      threaded=True)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{srv.server_port}"
@@ -238,6 +276,12 @@ def test_timeline_view_and_a_broken_capture(browser, server, tmp_path):
     _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#tl rect.slice"))
     assert "events" in browser.find_element(By.ID, "tl-info").text
     browser.save_screenshot(str(tmp_path / "timeline.png"))
+    Select(browser.find_element(By.ID, "file")).select_by_index(3)  # the pipeline trace
+    browser.find_element(By.CSS_SELECTOR, 'nav button[data-view="timeline"]').click()
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#tl line.instant"))
+    labels = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#tl text")]
+    assert "main" in labels and any(t.startswith("fill_input") for t in labels)
+    browser.save_screenshot(str(tmp_path / "pipeline.png"))
     Select(browser.find_element(By.ID, "file")).select_by_index(2)
     error = _wait(browser, lambda d: d.find_element(By.ID, "error") if d.find_element(By.ID, "error").text else None)
     assert "Cannot open" in error.text and "capture file" in error.text

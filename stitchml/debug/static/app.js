@@ -194,6 +194,7 @@ async function loadTensor() {
       <span>min ${fmt(t.min)}</span><span>max ${fmt(t.max)}</span><span>mean ${fmt(t.mean)}</span><span>std ${fmt(t.std)}</span>
       <span${bad("nan")} id="nan-count">NaN ${t.nan}${t.first_nan ? ` (first at [${t.first_nan}])` : ""}</span>
       <span${bad("inf")}>Inf ${t.inf}${t.first_inf ? ` (first at [${t.first_inf}])` : ""}</span>`;
+    state.pages = t.pages;
     $("page").textContent = `page ${t.page + 1} of ${t.pages}`;
     const cells = t.raw.map((v, i) => `<td title="flat index ${t.page * 64 + i}">${v}</td>`);
     let rows = "";
@@ -266,8 +267,10 @@ async function loadTimeline() {
       const r = svg("rect", { class: "slice", x: x(e.ts), y, width: Math.max(x(e.ts + e.dur) - x(e.ts), 1.5), height: H - 8,
         fill: palette[cats.indexOf(e.cat) % palette.length] }, root);
       svg("title", {}, r).textContent = `${e.name} (${e.cat}): ${fmt(e.dur)} µs at ${fmt(e.ts - t0)} µs`;
+      const room = x(e.ts + e.dur) - x(e.ts);
+      if (room > 40) svg("text", { x: x(e.ts) + 3, y: y + 16 }, root).textContent = e.name.slice(0, Math.floor(room / 6.5));
     } else {
-      const l = svg("line", { x1: x(e.ts), x2: x(e.ts), y1: y - 2, y2: y + H - 6, stroke: "#c92a2a", "stroke-width": 2 }, root);
+      const l = svg("line", { class: "instant", x1: x(e.ts), x2: x(e.ts), y1: y - 2, y2: y + H - 6, stroke: "#c92a2a", "stroke-width": 2 }, root);
       svg("title", {}, l).textContent = `${e.name} (${e.cat})`;
     }
   }
@@ -321,7 +324,7 @@ async function start() {
   $("tensor-name").addEventListener("change", () => { state.tensor = $("tensor-name").value; state.page = 0; loadTensor(); });
   for (const id of ["layout", "img-n", "img-c", "diff"]) $(id).addEventListener("change", loadTensor);
   $("prev").addEventListener("click", () => { state.page = Math.max(0, state.page - 1); loadTensor(); });
-  $("next").addEventListener("click", () => { state.page += 1; loadTensor(); });
+  $("next").addEventListener("click", () => { state.page = Math.min(state.page + 1, state.pages - 1); loadTensor(); });
   await loadNetwork();
   const view = new URLSearchParams(location.search).get("view");
   if (view) show(view);
