@@ -67,6 +67,18 @@ def test_capture_file_round_trip(tmp_path):
         assert torch.equal(back.tensors[k], cap.tensors[k])
 
 
+def test_capture_of_views_and_softmax_saves(tmp_path):
+    g = sm.Graph()
+    x = g.placeholder((2, 5), sm.float32, name="x")
+    y = g.softmax(g.reshape(x, (5, 2)), axis=1)  # reshape is a view; softmax holds a stop_gradient of a max
+    xv = np.arange(10, dtype=np.float32).reshape(2, 5)
+    cap = debug.capture(g, {x: xv}, [y])
+    cap.save(tmp_path / "views.capture")
+    back = debug.load_capture(tmp_path / "views.capture")
+    want = torch.softmax(torch.from_numpy(xv).double().reshape(5, 2), 1).numpy()
+    np.testing.assert_allclose(back.tensor(y.name), want, rtol=1e-6)
+
+
 def _rewrite_manifest(path, edit):
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])

@@ -117,8 +117,10 @@ class Capture:
         """Write the capture as one safetensors file (manifest in its metadata)."""
         from safetensors.torch import save_file
 
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}
-        tensors.update({REFERENCE + k: v.detach().cpu().contiguous() for k, v in self.reference.items()})
+        # Copies: ops that return views (stop_gradient, reshape) share memory, which safetensors refuses.
+        tensors = {k: v.detach().cpu().clone(memory_format=torch.contiguous_format) for k, v in self.tensors.items()}
+        tensors.update({REFERENCE + k: v.detach().cpu().clone(memory_format=torch.contiguous_format)
+                        for k, v in self.reference.items()})
         save_file(tensors, os.fspath(path), metadata={FORMAT: json.dumps(self.manifest())})
 
 
@@ -240,7 +242,7 @@ def capture(graph_or_executable, feeds: dict, targets: Iterable[Tensor] | Tensor
                                 [str(t.dtype) for t in op.outputs], op.location, op.scope, owner.get(op.name)))
         if wanted is None or op.name in wanted:
             for t in op.outputs:
-                tensors[t.name] = values[t.id].detach().cpu()
+                tensors[t.name] = values[t.id].detach().cpu().clone()  # views of constants must not alias them
     return Capture(graph.name, records, tensors, kernels, compile_error, profile)
 
 

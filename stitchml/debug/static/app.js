@@ -135,7 +135,7 @@ function selectOp(op) {
   state.selected = op.name;
   document.querySelectorAll(".op.sel").forEach((e) => e.classList.remove("sel"));
   const el = document.querySelector(`.op[data-op="${CSS.escape(op.name)}"]`);
-  if (el) el.classList.add("sel");
+  if (el) { el.classList.add("sel"); el.scrollIntoView({ block: "center", inline: "center" }); }
   const outs = op.outputs.map((t, i) => `<li>${text(t)}: ${text(op.dtypes[i])}[${op.shapes[i].join(",")}]</li>`).join("");
   const attrs = Object.entries(op.attrs).map(([k, v]) => `<li>${text(k)} = ${text(v)}</li>`).join("");
   const k = op.kernel && state.kernels.get(op.kernel);
