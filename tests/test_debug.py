@@ -121,8 +121,13 @@ def test_capture_paths_stay_inside_the_root(tmp_path):
     assert debug.load_capture(path, root=tmp_path).graph_name == "small"
 
 
-def _deep(n_blocks=60, bad=None):
-    """A residual chain (errors carry forward undamped) of n_blocks blocks of 4 ops each; block `bad` uses sin where it should use tanh."""
+def _deep(n_blocks=60, bad=None, cancel=None):
+    """A residual chain of n_blocks blocks of 5 ops: h + 0.1 * tanh(0.9 * h + shift).
+
+    Each block's derivative is at least 1, so an error carries forward undamped. Block `bad` uses
+    sin where it should use tanh; block `cancel` adds 1e4 to its activation and takes it away again
+    (2 more ops), which keeps only 3 decimals in float32.
+    """
     g = sm.Graph("deep")
     x = g.placeholder((4, 8), sm.float32, name="x")
     h = x
@@ -130,7 +135,9 @@ def _deep(n_blocks=60, bad=None):
         a = g.multiplication(h, 0.9, name=f"scale{i}")
         a = g.addition(a, 0.01 * (i % 7), name=f"shift{i}")
         a = (g.sin if i == bad else g.tanh)(a, name=f"act{i}")
-        h = g.addition(h, a, name=f"blocks.{i}")
+        if i == cancel:
+            a = g.subtraction(g.addition(a, 1e4, name=f"shifted{i}"), 1e4, name=f"cancelled{i}")
+        h = g.addition(h, g.multiplication(a, 0.1, name=f"damp{i}"), name=f"blocks.{i}")
     return g, x, h
 
 
@@ -141,7 +148,7 @@ class _Deep(torch.nn.Module):
             self.i = i
 
         def forward(self, h):
-            return h + torch.tanh(h * 0.9 + 0.01 * (self.i % 7))
+            return h + 0.1 * torch.tanh(h * 0.9 + 0.01 * (self.i % 7))
 
     def __init__(self, n):
         super().__init__()
@@ -155,7 +162,7 @@ class _Deep(torch.nn.Module):
 
 def test_bisect_finds_a_wrong_op_against_a_torch_module_in_log_probes():
     g, x, out = _deep(60, bad=41)
-    assert len(g.operations) >= 240
+    assert len(g.operations) >= 300
     xv = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
     r = debug.bisect(g, {x: xv}, debug.torch_reference(_Deep(60).double()), targets=[out], tolerance=1e-5)
     assert r.op.name == "blocks.41" and r.tensor == "blocks.41"
@@ -166,16 +173,16 @@ def test_bisect_finds_a_wrong_op_against_a_torch_module_in_log_probes():
     assert ref.shape == (4, 8)
 
 
-def test_bisect_finds_a_float32_kernel_bug_against_float64_in_a_graph_of_240_ops(monkeypatch):
-    g, x, out = _deep(60, bad=137 // 4)  # one sin among the tanh: the 4*34+2 = 138th op
-    prim = sm.REGISTRY["sin"]
-    true_sin = prim.impl
-    monkeypatch.setattr(prim, "impl", lambda v: true_sin(v) + 1e-2 if v.dtype == torch.float32 else true_sin(v))
+def test_bisect_finds_a_float32_cancellation_against_float64_in_a_graph_of_300_ops():
+    g, x, out = _deep(60, cancel=34)  # block 34 adds and subtracts 1e4: float32 keeps 3 decimals of act34
     xv = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
-    r = debug.bisect(g, {x: xv}, "float64", targets=[out], tolerance=1e-4)
-    assert r.op.name == "act34" and r.op.op == "sin" and r.op.location.startswith(__file__)
-    assert r.compared == 240 and r.probes <= 10
-    np.testing.assert_allclose(r.ours - r.expected, 1e-2, rtol=1e-3)
+    # float32 rounding elsewhere stays below 2e-6 relative; the output grows to about 10, so the relative
+    # tolerance must stay small for the cancelled decimals (0.1 * 2**-11 at the output) to show there
+    r = debug.bisect(g, {x: xv}, "float64", targets=[out], tolerance=2e-6)
+    assert r.op.name == "cancelled34" and r.op.op == "subtraction" and r.op.location.startswith(__file__)
+    assert r.compared == 302 and r.probes <= 10
+    assert 1e-5 < r.max_abs_error <= 2.0 ** -11  # half an ulp of 1e4 in float32
+    np.testing.assert_allclose(r.ours, r.expected, atol=2.0 ** -11)
     print(f"bisect: {r.probes} probes over {r.compared} ops")
 
 
