@@ -68,7 +68,15 @@ def files(tmp_path_factory):
     """A capture, a saved graph, a capture made by `stitchml debug bisect`, a pipeline trace, a damaged capture."""
     d = tmp_path_factory.mktemp("debugger")
     g, x, targets = _image_graph()
-    debug.capture(g, {x: _image()}, targets).save(d / "run.capture")
+    interpret = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"  # the kernels are generated (and their source kept) on the CPU too
+    try:
+        debug.capture(g, {x: _image()}, targets).save(d / "run.capture")
+    finally:
+        if interpret is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = interpret
     g.save(d / "graph.json")
     np.save(d / "image.npy", _image())
     from stitchml.debug.cli import main
@@ -112,6 +120,8 @@ def test_api_network_tensor_histogram_and_timeline(files):
     counts, _ = np.histogram(1 / (1 + np.exp(-2 * c.astype(np.float64))), bins=8)
     assert sum(h["counts"]) == 192 and abs(np.array(h["counts"]) - counts).sum() <= 2
 
+    assert "@triton.jit" in kernel["source"] and "kernel0" in kernel["source"]
+
     tl = client.get("/api/timeline").get_json()["traceEvents"]
     slices = [e for e in tl if e["ph"] == "X"]
     assert slices and all(e["dur"] >= 0 for e in slices)
@@ -123,6 +133,40 @@ def test_api_network_tensor_histogram_and_timeline(files):
     g = client.get("/api/network", query_string={"file": str(files / "graph.json")}).get_json()
     assert {o["name"] for o in g["ops"]} == set(ops) and any(o["kernel"] for o in g["ops"])
     assert client.get("/api/tensor", query_string={"file": str(files / "graph.json"), "name": "root"}).status_code == 404
+
+
+def test_timeline_of_a_capture_joins_kernels_to_their_readers(tmp_path):
+    g = sm.Graph("two")
+    x = g.placeholder((4, 8), sm.float32, name="x")
+    h = g.tanh(x - g.reduction_mean(x, axes=[1], keep_dims=True), name="h")
+    y = g.matrix_multiplication(h, g.constant(np.ones((8, 2), np.float32)), name="y")
+    cap = debug.capture(g, {x: np.ones((4, 8), np.float32)}, [y])
+    cap.save(tmp_path / "two.capture")
+    events = debug.create_app([tmp_path / "two.capture"]).test_client().get("/api/timeline").get_json()["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert [e["name"] for e in slices] == [step for step, _, _ in cap.profile]
+    assert all(b["ts"] == pytest.approx(a["ts"] + a["dur"]) for a, b in zip(slices, slices[1:]))
+    starts = {e["id"]: e["ts"] for e in events if e["ph"] == "s"}
+    ends = {e["id"]: e["ts"] for e in events if e["ph"] == "f"}
+    producer, reader = cap.kernel_of("h"), cap.kernel_of("y")
+    assert producer != reader and len(starts) == len(ends) == 1
+    by_name = {e["name"]: e for e in slices}
+    (flow,) = starts
+    assert starts[flow] == pytest.approx(by_name[producer]["ts"] + by_name[producer]["dur"])
+    assert ends[flow] == pytest.approx(by_name[reader]["ts"])
+
+
+def test_serve_binds_to_localhost_unless_told(files, monkeypatch):
+    calls = []
+    monkeypatch.setattr(flask.Flask, "run", lambda self, **kw: calls.append(kw))
+    debug.serve([files / "run.capture"], port=8123)
+    debug.serve([files / "run.capture"], port=8124, host="0.0.0.0")
+    assert [(c["host"], c["port"]) for c in calls] == [("127.0.0.1", 8123), ("0.0.0.0", 8124)]
+    from stitchml.cli import main
+
+    calls.clear()
+    assert main(["debug", str(files / "run.capture"), "--port", "8125"]) == 0
+    assert (calls[0]["host"], calls[0]["port"]) == ("127.0.0.1", 8125)
 
 
 def test_api_serves_a_pipeline_trace_as_written(files):
@@ -217,14 +261,19 @@ def _open(driver, url):
 def test_network_view_expands_a_kernel_and_shows_an_op(browser, server, tmp_path):
     from selenium.webdriver.common.by import By
 
+    from selenium.webdriver.support.ui import Select
+
     _open(browser, server)
-    kernels = browser.find_elements(By.CSS_SELECTOR, "g.kernel.collapsed")
+    Select(browser.find_element(By.ID, "file")).select_by_index(1)  # run.capture, whose kernels were generated
+    _wait(browser, lambda d: (d.find_element(By.ID, "graph").get_attribute("data-file") or "").endswith("run.capture"))
+    kernels = _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "g.kernel.collapsed"))
     assert kernels, "fused kernels start collapsed"
     name = kernels[0].get_attribute("data-kernel")
     assert not browser.find_elements(By.CSS_SELECTOR, 'g.op[data-op="centred"]')
     kernels[0].click()
     op = _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, 'g.op[data-op="centred"]'))[0]
     assert browser.find_elements(By.CSS_SELECTOR, f'g.kernel[data-kernel="{name}"] rect')
+    assert "@triton.jit" in browser.find_element(By.ID, "kernel-source").text  # the kernel's generated source
     op.click()
     assert _wait(browser, lambda d: d.find_element(By.ID, "op-name")).text == "centred"
     assert browser.find_element(By.ID, "op-location").text.startswith(__file__)

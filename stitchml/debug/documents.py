@@ -143,7 +143,7 @@ def open_document(path: str) -> Document:
 
 def tensor_stats(a: np.ndarray) -> dict:
     """min, max, mean, std of the finite values; NaN and Inf counts and the index of the first of each."""
-    f = a.astype(np.float64) if a.dtype != np.bool_ else a.astype(np.float64)
+    f = a.astype(np.float64)
     finite = np.isfinite(f)
     out = {"shape": list(a.shape), "dtype": str(a.dtype), "size": int(a.size),
            "nan": int(np.isnan(f).sum()), "inf": int(np.isinf(f).sum())}

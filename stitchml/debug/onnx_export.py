@@ -7,12 +7,13 @@ already primitives in the graph. Any other op is a GraphError naming it.
 Tensor names become ONNX value names, so `onnx_reference` of the exported
 model matches the graph's tensors by name in `bisect`.
 
-    >>> import numpy as np, onnxruntime as ort, stitchml as sm
+    >>> import os, tempfile, numpy as np, onnxruntime as ort, stitchml as sm
     >>> from stitchml import debug
     >>> g = sm.Graph(); x = g.placeholder((2,), sm.float32, name="x")
     >>> y = g.tanh(x * 2.0, name="y")
-    >>> debug.export_onnx(g, "/tmp/stitchml_doctest.onnx", [y])
-    >>> ort.InferenceSession("/tmp/stitchml_doctest.onnx").run(["y"], {"x": np.ones(2, np.float32)})[0].round(4)
+    >>> path = os.path.join(tempfile.mkdtemp(), "tanh.onnx")
+    >>> debug.export_onnx(g, path, [y])
+    >>> ort.InferenceSession(path).run(["y"], {"x": np.ones(2, np.float32)})[0].round(4)
     array([0.964, 0.964], dtype=float32)
 """
 from __future__ import annotations

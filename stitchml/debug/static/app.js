@@ -160,6 +160,7 @@ async function loadNetwork() {
   state.collapsed = new Set([...state.kernels.values()].filter((k) => k.ops.length > 1).map((k) => k.name));
   showNote(state.net.note);
   drawNetwork();
+  $("graph").dataset.file = state.file;  // which file the drawing shows (tests wait on it)
 }
 
 // -- tensors --------------------------------------------------------------------------------
