@@ -11,7 +11,6 @@ import threading
 
 import numpy as np
 import pytest
-import torch
 
 import stitchml as sm
 from stitchml import debug
@@ -116,6 +115,11 @@ def test_api_network_tensor_histogram_and_timeline(files):
     p = client.get("/api/tensor/plane", query_string={"name": "gate", "layout": "NHWC", "c": 5}).get_json()
     assert (p["rows"], p["cols"]) == (3, 8)  # NHWC reads (1, 3, 8, 8) as 3 rows of 8 columns, 8 channels
 
+    p = client.get("/api/tensor/plane", query_string={"name": "gate", "rgb": 1}).get_json()
+    np.testing.assert_allclose(np.array(p["values"]), 1 / (1 + np.exp(-2 * c[0].astype(np.float64))), rtol=1e-6)
+    r = client.get("/api/tensor/plane", query_string={"name": "mean", "rgb": 1, "layout": "NHWC"})
+    assert r.status_code == 400 and "3 channels on the NHWC channel axis" in r.get_json()["error"]
+
     h = client.get("/api/tensor/histogram", query_string={"name": "gate", "bins": 8}).get_json()
     counts, _ = np.histogram(1 / (1 + np.exp(-2 * c.astype(np.float64))), bins=8)
     assert sum(h["counts"]) == 192 and abs(np.array(h["counts"]) - counts).sum() <= 2
@@ -167,6 +171,24 @@ def test_serve_binds_to_localhost_unless_told(files, monkeypatch):
     calls.clear()
     assert main(["debug", str(files / "run.capture"), "--port", "8125"]) == 0
     assert (calls[0]["host"], calls[0]["port"]) == ("127.0.0.1", 8125)
+
+
+def test_api_shows_packages_with_their_kernels_when_shapes_are_known(tmp_path):
+    from stitchml.package import Package
+
+    g, x, targets = _image_graph()
+    Package.from_graph(g, {"image": x}, {"root": targets[0], "out": targets[1]}).save(tmp_path / "static.smpkg")
+    g2 = sm.Graph()
+    v = g2.placeholder((-1, 4), sm.float32, name="v")
+    Package.from_graph(g2, {"v": v}, {"w": g2.tanh(v) * 2.0}).save(tmp_path / "dynamic.smpkg")
+    client = debug.create_app([tmp_path / "static.smpkg", tmp_path / "dynamic.smpkg"]).test_client()
+    assert [f["kind"] for f in client.get("/api/files").get_json()] == ["package", "package"]
+    net = client.get("/api/network").get_json()
+    kernels = {o["name"]: o["kernel"] for o in net["ops"]}
+    assert kernels["mean"] is not None and kernels["mean"] == kernels["centred"] and net["note"] is None
+    net = client.get("/api/network", query_string={"file": str(tmp_path / "dynamic.smpkg")}).get_json()
+    assert "unknown extents" in net["note"] and not any(o["kernel"] for o in net["ops"])
+    assert {o["op"] for o in net["ops"]} >= {"placeholder", "tanh", "multiplication"}
 
 
 def test_api_serves_a_pipeline_trace_as_written(files):
@@ -300,6 +322,15 @@ def test_tensor_view_renders_an_image_and_counts_nans(browser, server, tmp_path)
     assert len({tuple(p) for p in rgb}) > 8  # a heatmap, not a blank canvas
     assert (rgb == [255, 0, 255]).all(axis=1).any()  # NaN drawn magenta
     browser.save_screenshot(str(tmp_path / "tensor.png"))
+    Select(browser.find_element(By.ID, "tensor-name")).select_by_visible_text("image")
+    Select(browser.find_element(By.ID, "colour")).select_by_value("rgb")
+    _wait(browser, lambda d: d.find_element(By.ID, "stats").text.startswith("image")
+          and d.find_element(By.ID, "image").get_attribute("data-rendered") == "rgb 8x8")
+    corner = browser.execute_script(
+        "const c = document.getElementById('image'); return Array.from(c.getContext('2d').getImageData(0, 0, 1, 1).data);")
+    image = _image()[0].astype(np.float64)  # channels 0..2 are red, green, blue, scaled together
+    want = np.round(255 * (image[:, 0, 0] - image.min()) / (image.max() - image.min()))
+    assert np.abs(np.array(corner[:3]) - want).max() <= 1
 
 
 def test_bisect_page_shows_the_planted_op_and_its_difference_map(browser, server, tmp_path):

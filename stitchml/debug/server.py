@@ -110,17 +110,24 @@ def create_app(paths: Sequence[str | os.PathLike]) -> Flask:
         if layout not in ("NCHW", "NHWC"):
             abort(400, description=f"layout: expected NCHW or NHWC, got {layout!r}")
         n, c = integer("n", 0), integer("c", 0)
-        img = plane(a, layout, n, c).astype(np.float64)
+        rgb = request.args.get("rgb") == "1"
+        if rgb and (a.ndim < 3 or a.shape[-1 if layout == "NHWC" else -3] < 3):
+            abort(400, description=f"an RGB image needs 3 channels on the {layout} channel axis; {name} is "
+                                   f"{list(a.shape)}")
+        channels = (0, 1, 2) if rgb else (c,)
+        planes = [plane(a, layout, n, k).astype(np.float64) for k in channels]
         if request.args.get("diff") == "1":
             ref = doc.capture.reference_tensor(name)
             if ref is None:
                 abort(404, description=f"the capture holds no reference value for {name!r}")
-            img = img - plane(ref, layout, n, c).astype(np.float64)
+            planes = [p - plane(ref, layout, n, k).astype(np.float64) for p, k in zip(planes, channels)]
+        img = np.stack(planes)
         finite = img[np.isfinite(img)]
-        return jsonify({"rows": int(img.shape[0]), "cols": int(img.shape[1]),
+        values = [[[None if not np.isfinite(v) else float(v) for v in row] for row in p] for p in img]
+        return jsonify({"rows": int(img.shape[1]), "cols": int(img.shape[2]),
                         "min": float(finite.min()) if finite.size else 0.0,
                         "max": float(finite.max()) if finite.size else 0.0,
-                        "values": [[None if not np.isfinite(v) else float(v) for v in row] for row in img]})
+                        "values": values if rgb else values[0], "rgb": rgb})
 
     @app.get("/api/tensor/histogram")
     def histogram():

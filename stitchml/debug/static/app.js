@@ -3,7 +3,8 @@
 
 const $ = (id) => document.getElementById(id);
 const SVGNS = "http://www.w3.org/2000/svg";
-const state = { files: [], file: null, net: null, collapsed: new Set(), selected: null, tensor: null, page: 0 };
+const state = { files: [], file: null, net: null, collapsed: new Set(), selected: null, tensor: null, page: 0, pages: 1,
+  tensorSeq: 0 };
 
 function svg(tag, attrs, parent) {
   const el = document.createElementNS(SVGNS, tag);
@@ -155,7 +156,10 @@ async function loadNetwork() {
   const f = current();
   if (f.error) { showError(`Cannot open ${f.path}: ${f.error}`); $("graph").innerHTML = ""; return; }
   if (f.kind === "trace") { showNote("a trace file: see the Timeline view"); $("graph").innerHTML = ""; return; }
-  state.net = await api("/api/network");
+  const file = state.file;
+  const net = await api("/api/network");
+  if (file !== state.file) return;  // another file was chosen meanwhile
+  state.net = net;
   state.kernels = new Map(state.net.kernels.filter((k) => k.template !== "view" || k.ops.length > 1).map((k) => [k.name, k]));
   state.collapsed = new Set([...state.kernels.values()].filter((k) => k.ops.length > 1).map((k) => k.name));
   showNote(state.net.note);
@@ -188,8 +192,11 @@ async function loadTensor() {
   sel.value = name; state.tensor = name;
   $("diff").disabled = !f.references.includes(name);
   if ($("diff").disabled) $("diff").checked = false;
+  const seq = ++state.tensorSeq;  // a later request supersedes this one: drop its answers
+  const fresh = () => seq === state.tensorSeq;
   try {
     const t = await api("/api/tensor", { name, page: state.page, size: 64 });
+    if (!fresh()) return;
     const bad = (k) => (t[k] ? ` class="bad"` : "");
     $("stats").innerHTML = `<span><b>${text(name)}</b> ${text(t.dtype)}[${t.shape.join(",")}]</span>
       <span>min ${fmt(t.min)}</span><span>max ${fmt(t.max)}</span><span>mean ${fmt(t.mean)}</span><span>std ${fmt(t.std)}</span>
@@ -202,9 +209,14 @@ async function loadTensor() {
     for (let i = 0; i < cells.length; i += 8) rows += `<tr><th>${t.page * 64 + i}</th>${cells.slice(i, i + 8).join("")}</tr>`;
     $("numbers").innerHTML = rows;
     const diff = $("diff").checked;
-    const img = await api("/api/tensor/plane", { name, layout: $("layout").value, n: $("img-n").value, c: $("img-c").value, diff: diff ? 1 : 0 });
+    const rgb = $("colour").value === "rgb";
+    const img = await api("/api/tensor/plane", { name, layout: $("layout").value, n: $("img-n").value, c: $("img-c").value,
+      diff: diff ? 1 : 0, rgb: rgb ? 1 : 0 });
+    if (!fresh()) return;
     drawImage(img, diff);
-    drawHistogram(await api("/api/tensor/histogram", { name, bins: 40 }));
+    const hist = await api("/api/tensor/histogram", { name, bins: 40 });
+    if (!fresh()) return;
+    drawHistogram(hist);
     showError("");
   } catch (e) { showError(e.message); }
 }
@@ -216,17 +228,24 @@ function drawImage(img, diff) {
   const lo = diff ? -Math.max(Math.abs(img.min), Math.abs(img.max)) : img.min;
   const hi = diff ? -lo : img.max;
   const stops = diff ? DIVERGING : VIRIDIS;
+  const level = (v) => Math.round(255 * (hi > lo ? (v - lo) / (hi - lo) : 0.5));
   for (let r = 0; r < img.rows; r++)
     for (let c = 0; c < img.cols; c++) {
-      const v = img.values[r][c];
-      const rgb = v === null ? [255, 0, 255] : colour(hi > lo ? (v - lo) / (hi - lo) : 0.5, stops);
+      let rgb;
+      if (img.rgb) {  // the three channels, scaled together to 0..255
+        const vs = img.values.map((p) => p[r][c]);
+        rgb = vs.includes(null) ? [255, 0, 255] : vs.map(level);
+      } else {
+        const v = img.values[r][c];
+        rgb = v === null ? [255, 0, 255] : colour(hi > lo ? (v - lo) / (hi - lo) : 0.5, stops);
+      }
       ctx.fillStyle = `rgb(${rgb})`;
       ctx.fillRect(c * scale, r * scale, scale, scale);
     }
   const sc = $("scale"), sctx = sc.getContext("2d");
   for (let x = 0; x < sc.width; x++) { sctx.fillStyle = `rgb(${colour(x / (sc.width - 1), stops)})`; sctx.fillRect(x, 0, 1, sc.height); }
   $("scale-text").textContent = `${diff ? "ours − reference: " : ""}${fmt(lo)} … ${fmt(hi)} (NaN/Inf magenta); ${img.rows}×${img.cols} shown`;
-  cv.dataset.rendered = `${img.rows}x${img.cols}`;
+  cv.dataset.rendered = `${img.rgb ? "rgb " : ""}${img.rows}x${img.cols}`;
 }
 
 function drawHistogram(h) {
@@ -323,7 +342,7 @@ async function start() {
   });
   $("show-constants").addEventListener("change", drawNetwork);
   $("tensor-name").addEventListener("change", () => { state.tensor = $("tensor-name").value; state.page = 0; loadTensor(); });
-  for (const id of ["layout", "img-n", "img-c", "diff"]) $(id).addEventListener("change", loadTensor);
+  for (const id of ["layout", "img-n", "img-c", "diff", "colour"]) $(id).addEventListener("change", loadTensor);
   $("prev").addEventListener("click", () => { state.page = Math.max(0, state.page - 1); loadTensor(); });
   $("next").addEventListener("click", () => { state.page = Math.min(state.page + 1, state.pages - 1); loadTensor(); });
   await loadNetwork();
