@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import StitchError
-from .capture import FORMAT as CAPTURE_FORMAT, Capture, OpRecord, _attr_summary, _kernel_map, load_capture
+from .capture import Capture, OpRecord, _attr_summary, _kernel_map, load_capture
 
 
 @dataclass
@@ -100,16 +100,15 @@ def _with_kernels(doc: Document, graph) -> Document:
 
 
 def _sniff(path: str) -> str:
+    """"json" (a graph or a trace), "package" (a directory or a zip) or "capture" (anything else, which
+    load_capture then checks: a safetensors file begins with its header's length, then "{")."""
     if os.path.isdir(path):
         return "package"
     with open(path, "rb") as f:
-        head = f.read(4096)
-    if len(head) >= 8 and head[8:9] == b"{" and CAPTURE_FORMAT.encode() in head:
-        return "capture"
-    text = head.lstrip()[:1]
-    if text in (b"{", b"["):
+        head = f.read(16)
+    if head.lstrip()[:1] in (b"{", b"["):
         return "json"
-    return "package"
+    return "package" if head[:2] == b"PK" else "capture"
 
 
 def open_document(path: str) -> Document:
