@@ -99,6 +99,13 @@ def package_inspect(args) -> int:
     return 0
 
 
+def debug(args) -> int:
+    """Open the web debugger on captures, graphs, packages or traces; `debug bisect` finds the first diverging op."""
+    from .debug.cli import main as debug_main
+
+    return debug_main(args.rest)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="stitchml", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -120,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     p = pkg.add_parser("inspect", help=package_inspect.__doc__)
     p.add_argument("package", help="a package file or directory")
     p.set_defaults(fn=package_inspect)
+    p = sub.add_parser("debug", help=debug.__doc__)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="FILE... [--port N] | bisect GRAPH [--feed NAME=FILE.npy]")
+    p.set_defaults(fn=debug)
     args = parser.parse_args(argv)
     return args.fn(args)
 
