@@ -39,3 +39,53 @@ def test_accepted_device_names():
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device(torch.device("cpu")) == torch.device("cpu")
     assert resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# -- asynchronous runs ------------------------------------------------------------------------------
+def _graph():
+    g = sm.Graph()
+    x = g.placeholder((2,), sm.float32)
+    return g, x, x * 2.0
+
+
+@pytest.mark.parametrize("ending", ["wait", "result", "exception", "done"])
+def test_the_completion_handler_has_run_when_the_handle_says_the_run_ended(ending):
+    """A slow handler: wait(), result() and exception() return only after it, and done() is False until then."""
+    import time
+
+    g, x, y = _graph()
+    seen = []
+
+    def slow(results, error):
+        time.sleep(0.3)
+        seen.append(results[y].numpy().tolist())
+
+    handle = g.run_async({x: np.ones(2, np.float32)}, [y], device="cpu", on_complete=slow)
+    if ending == "wait":
+        assert handle.wait(timeout=30)
+    elif ending == "result":
+        assert handle.result(timeout=30)[y].numpy().tolist() == [2.0, 2.0]
+    elif ending == "exception":
+        assert handle.exception(timeout=30) is None
+    else:
+        while not handle.done():
+            time.sleep(0.01)
+    assert seen == [[2.0, 2.0]]
+    assert handle.handler_exception() is None
+
+
+def test_a_handler_that_raises_is_logged_and_kept_on_the_handle(caplog):
+    g, x, y = _graph()
+
+    def broken(results, error):
+        raise KeyError("bad handler")
+
+    with caplog.at_level("ERROR", logger="stitchml"):
+        handle = g.run_async({x: np.ones(2, np.float32)}, [y], device="cpu", on_complete=broken)
+        assert handle.wait(timeout=30)
+    assert isinstance(handle.handler_exception(), KeyError)
+    assert handle.result()[y].numpy().tolist() == [2.0, 2.0]  # the run itself succeeded
+    assert "completion handler" in caplog.text and "bad handler" in caplog.text
+    # The queue goes on: the next run and its handler work.
+    after = g.run_async({x: np.zeros(2, np.float32)}, [y], device="cpu")
+    assert after.result(timeout=30)[y].numpy().tolist() == [0.0, 0.0]
