@@ -41,6 +41,59 @@ def test_accepted_device_names():
     assert resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+# -- gradients of non-scalars --------------------------------------------------------------------
+F64 = sm.float64
+
+
+def test_gradients_of_a_non_scalar_need_an_initial_gradient():
+    g = sm.Graph()
+    x = g.placeholder((4, 3), F64, name="x")
+    y = g.sin(x)
+    with pytest.raises(sm.GraphError, match=r"gradients: `of` \(sin_1, built at .*test_usability.py:\d+\) has "
+                                            r"shape \(4, 3\), not a scalar; .*give initial_gradient"):
+        g.gradients(y, [x])
+    with pytest.raises(sm.GraphError, match=r"initial_gradient \(v\) has shape \(3, 4\); expected the shape of "
+                                            r"`of` \(sin_1\), \(4, 3\)"):
+        g.gradients(y, [x], initial_gradient=g.placeholder((3, 4), F64, name="v"))
+    with pytest.raises(sm.GraphError, match=r"initial_gradient \(k\) is int32; expected a floating-point tensor"):
+        g.gradients(y, [x], initial_gradient=g.placeholder((4, 3), sm.int32, name="k"))
+    with pytest.raises(sm.GraphError, match="initial_gradient must be a tensor of this graph"):
+        g.gradients(y, [x], initial_gradient=sm.Graph().placeholder((4, 3), F64))
+    # A reduction of an unknown rank over every axis is a scalar, so it needs none.
+    u = g.placeholder(None, F64, name="u")
+    du = g.gradients(g.reduction_sum(g.sin(u)), [u])[u]
+    uv = np.random.default_rng(0).standard_normal((2, 3))
+    np.testing.assert_allclose(g.run({u: uv}, [du], device="cpu")[du].numpy(), np.cos(uv), rtol=1e-12)
+
+
+@pytest.mark.parametrize("batch", [(4,), (-1,)], ids=["static", "unknown extent"])
+def test_initial_gradient_gives_the_vector_jacobian_product(batch):
+    """Against torch.autograd.grad with grad_outputs, in float64, through a broadcast bias."""
+    rng = np.random.default_rng(5)
+    xv, wv, bv, vv = (rng.standard_normal(s) for s in ((4, 5), (5, 3), (3,), (4, 3)))
+    g = sm.Graph()
+    x = g.placeholder((*batch, 5), F64, name="x")
+    v = g.placeholder((*batch, 3), F64, name="v")
+    w, b = g.variable(wv, name="w"), g.variable(bv, name="b")
+    y = g.tanh(x @ w) * 2.0 + b
+    grads = g.gradients(y, [x, w, b], initial_gradient=v)
+    got = g.run({x: xv, v: vv}, [grads[t] for t in (x, w, b)], device="cpu")
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (xv, wv, bv))
+    want = torch.autograd.grad(torch.tanh(tx @ tw) * 2.0 + tb, [tx, tw, tb], grad_outputs=torch.tensor(vv))
+    for t, expected in zip((x, w, b), want):
+        np.testing.assert_allclose(got[grads[t]].numpy(), expected.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_a_scalar_initial_gradient_scales_the_gradient():
+    g = sm.Graph()
+    x = g.placeholder((3,), F64)
+    loss = g.reduction_sum(x * x)
+    dx = g.gradients(loss, [x], initial_gradient=g.constant(np.float32(0.5)))[x]
+    assert dx.dtype is F64
+    np.testing.assert_allclose(g.run({x: np.array([1.0, -2.0, 3.0])}, [dx], device="cpu")[dx].numpy(),
+                               [1.0, -2.0, 3.0], rtol=1e-15)
+
+
 # -- asynchronous runs ------------------------------------------------------------------------------
 def _graph():
     g = sm.Graph()
