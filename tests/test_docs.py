@@ -105,8 +105,7 @@ def run_python(block: Block, namespace: dict) -> None:
         with contextlib.redirect_stdout(out):
             exec(code, namespace)
         got = out.getvalue()
-        assert _matches(want, got), (f"{block.path.name}:{block.line + stmt.lineno - 1}: printed {got.strip()!r}, "
-                                     f"the doc says {want!r}")
+        assert _matches(want, got), f"{block.path.name}:{stmt.lineno}: printed {got.strip()!r}, the doc says {want!r}"
 
 
 # -- console and bash blocks --------------------------------------------------------------------
