@@ -186,9 +186,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-        code = args.fn(args)
-        sys.stdout.flush()
+        try:
+            args = parser.parse_args(argv)
+            code = args.fn(args)
+        finally:  # --help and demos' usage errors leave through SystemExit: flush where a closed pipe is caught
+            sys.stdout.flush()
     except StitchError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return USAGE_ERROR
