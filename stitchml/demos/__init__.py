@@ -15,9 +15,9 @@ def default_threads() -> int:
     """CPU threads a demo uses unless told: half the cores this process may run on, at least one.
 
     torch's own default (every physical core) is the fastest on an idle machine, but when other work
-    shares the cores its threads spin waiting on each other: on a busy two-core machine, MNIST steps
-    ran 14 to 70 times slower on two threads than on one (docs/training.md, "Threads"). A fixed rule,
-    not one read from the load, keeps runs with the same options reproducible bit for bit.
+    shares the cores its threads spin waiting on each other: on a busy two-core machine, training ran
+    tens of times slower on two threads than on one (docs/training.md, "Threads"). A fixed rule, not
+    one read from the load, keeps runs with the same options reproducible bit for bit.
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores // 2)
