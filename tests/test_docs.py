@@ -1,7 +1,7 @@
 """Every code block of README.md and docs/*.md runs, and every docstring example of the package, so
 the documentation cannot drift from the code.
 
-The conventions a doc follows (docs/architecture.md, "Documentation"):
+The conventions a doc follows (docs/architecture.md, "Documentation is tested"):
 
 * ```python blocks of one file run in order in one namespace, like a doctest session, in a fresh
   working directory. A top-level ``print(...)  # -> TEXT`` must print TEXT (``...`` stands for anything).
