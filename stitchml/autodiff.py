@@ -150,7 +150,8 @@ def gradients(graph, of: Tensor, wrt: Sequence[Tensor], initial_gradient: Tensor
 
 
 def _checked_initial_gradient(graph, of: Tensor, initial: Tensor) -> Tensor:
-    """`initial` as the cotangent of `of`: a floating tensor of this graph whose shape fits `of`'s, cast to its dtype."""
+    """`initial` as the cotangent of `of`: a floating tensor of this graph whose shape fits `of`'s,
+    cast to `of`'s dtype."""
     if not isinstance(initial, Tensor) or initial.graph is not graph:
         raise GraphError(f"gradients: initial_gradient must be a tensor of this graph, got {initial!r}")
     if not _differentiable(initial):

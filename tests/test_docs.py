@@ -52,7 +52,7 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
+        return f"{self.path.name}:{self.line}"
 
 
 def blocks(path: Path) -> list[Block]:
@@ -164,13 +164,11 @@ def one_thread():
 def test_code_blocks_run(path, tmp_path, monkeypatch, one_thread):
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": f"doc:{path.name}"}
-    ran = 0
     for block in blocks(path):
         assert block.language in LANGUAGES, (f"{block.where}: a ```{block.language} block; label each block "
                                              f"with one of {sorted(LANGUAGES)}")
         if block.skip is not None or block.language == "text":
             continue
-        ran += 1
         if block.language == "python":
             run_python(block, namespace)
         elif block.language == "console":
