@@ -16,8 +16,8 @@ from . import nn, optim  # layers; the update rules and SGD, Adam, AdamW
 from .dtypes import (DType, bfloat16, float16, float32, float64, int8, int16, int32, int64, uint8,
                      as_dtype, promote)
 from .dtypes import bool_ as bool  # noqa: A001  (stitchml.bool, like torch.bool)
-from .errors import (DataError, ExecutionError, FeedError, GraphError, LayoutError, PackageError, PipelineError,
-                     SerializationError, ShapeError, StitchError)
+from .errors import (DataError, DeviceError, ExecutionError, FeedError, GraphError, LayoutError, PackageError,
+                     PipelineError, SerializationError, ShapeError, StitchError)
 from .graph import Graph
 from .ir import Operation, Tensor, TensorType
 from .ops import Convolution2DDescriptor, Pooling2DDescriptor
@@ -41,7 +41,7 @@ __all__ = [
     "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
     "as_dtype", "promote",
     "StitchError", "ShapeError", "FeedError", "GraphError", "ExecutionError", "LayoutError", "SerializationError",
-    "DataError", "nn", "optim",
+    "DataError", "DeviceError", "nn", "optim",
     "PackageError", "PipelineError", "package", "load_package",
     "device", "Compiler", "MLPipelineDescriptor", "write_trace",
 ]

@@ -1,7 +1,9 @@
 """Reverse-mode autodiff inside the graph (MPSGraph's gradient method).
 
-`gradients(of, wrt)` appends the backward operations to the same graph and
-returns a tensor per `wrt` entry:
+`gradients(of, wrt, initial_gradient=None)` appends the backward operations to
+the same graph and returns a tensor per `wrt` entry. `of` is a scalar, or
+`initial_gradient` (a tensor of `of`'s shape) seeds the walk: a non-scalar `of`
+without one is an error, never an implicit sum.
 
 1. find the operations on a path from some `wrt` tensor to `of` (others get
    no gradient ops at all);
@@ -83,11 +85,13 @@ class _Folding:
         self.graph._fold_constants = self.previous
 
 
-def gradients(graph, of: Tensor, wrt: Sequence[Tensor], seed: Tensor | None = None) -> dict[Tensor, Tensor]:
+def gradients(graph, of: Tensor, wrt: Sequence[Tensor], initial_gradient: Tensor | None = None
+              ) -> dict[Tensor, Tensor]:
     """d(of)/d(wrt) for each tensor of `wrt`, built into `graph`.
 
-    `of` is usually a scalar loss; for a non-scalar `of` the gradient is that
-    of ``sum(of * seed)`` with `seed` ones by default.
+    `of` is a scalar loss, or any tensor with `initial_gradient` given: a tensor of `of`'s shape, the
+    cotangent of `of` (torch.autograd.grad's grad_outputs). The result is then the vector-Jacobian
+    product, the gradient of ``sum(of * initial_gradient)``.
     """
     if isinstance(wrt, Tensor):
         wrt = [wrt]
@@ -100,13 +104,18 @@ def gradients(graph, of: Tensor, wrt: Sequence[Tensor], seed: Tensor | None = No
     for t in wrt:
         if not _differentiable(t):
             raise GraphError(f"gradients: cannot differentiate with respect to {t.name} of dtype {t.dtype}")
+    if initial_gradient is None and of.shape != ():
+        shape = "an unknown rank" if of.shape is None else f"shape {of.shape}"
+        raise GraphError(f"gradients: `of` ({of.name}, built at {of.op.location}) has {shape}, not a scalar; reduce "
+                         f"it to one (reduction_sum, reduction_mean) or give initial_gradient, a tensor of its "
+                         f"shape, for the vector-Jacobian product")
+    if initial_gradient is not None:
+        initial_gradient = _checked_initial_gradient(graph, of, initial_gradient)
 
     cotangents: dict[int, list[Tensor]] = {}
     first = len(graph.operations)
     with graph.scope("gradients"), _Folding(graph):
-        if seed is None:
-            seed = graph.broadcast_to(graph.constant(1.0, of.dtype), of) if of.shape != () else graph.constant(1.0, of.dtype)
-        cotangents[of.id] = [seed]
+        cotangents[of.id] = [graph.constant(1.0, of.dtype) if initial_gradient is None else initial_gradient]
         path, reach = _on_path(graph, of, wrt)
         for op in reversed(path):
             prim = lookup(op.op)
@@ -138,6 +147,22 @@ def gradients(graph, of: Tensor, wrt: Sequence[Tensor], seed: Tensor | None = No
             out[t] = g if g is not None else graph.broadcast_to(graph.constant(0.0, t.dtype), t)
     _drop_unused(graph, first, list(out.values()))
     return out
+
+
+def _checked_initial_gradient(graph, of: Tensor, initial: Tensor) -> Tensor:
+    """`initial` as the cotangent of `of`: a floating tensor of this graph whose shape fits `of`'s,
+    cast to `of`'s dtype."""
+    if not isinstance(initial, Tensor) or initial.graph is not graph:
+        raise GraphError(f"gradients: initial_gradient must be a tensor of this graph, got {initial!r}")
+    if not _differentiable(initial):
+        raise GraphError(f"gradients: initial_gradient ({initial.name}) is {initial.dtype}; expected a "
+                         f"floating-point tensor")
+    fits = of.shape is None or initial.shape is None or (
+        len(of.shape) == len(initial.shape) and all(a == b or -1 in (a, b) for a, b in zip(of.shape, initial.shape)))
+    if not fits:
+        raise GraphError(f"gradients: initial_gradient ({initial.name}) has shape {initial.shape}; expected the "
+                         f"shape of `of` ({of.name}), {of.shape}")
+    return initial if initial.dtype == of.dtype else graph.cast(initial, of.dtype)
 
 
 def _sum(graph, parts: list[Tensor] | None) -> Tensor | None:

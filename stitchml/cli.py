@@ -9,8 +9,51 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import platform
 import sys
+
+# What each kind of failure exits with: 0 success, 1 a demo's check failed, 2 the user asked for
+# something that cannot be done (argparse's code for bad arguments, used for every user mistake).
+USAGE_ERROR = 2
+
+
+def device_argument(name: str) -> str:
+    """argparse `type=` for --device: `name` when this machine has that device, else an argparse error
+    that lists the accepted names and the devices present."""
+    from .errors import DeviceError
+    from .tensor_data import resolve_device
+
+    try:
+        resolve_device(name)
+    except DeviceError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return name
+
+
+def _device(parser: argparse.ArgumentParser, option: str, name: str) -> None:
+    """An argparse error unless this machine has the device `name` (for an option whose default may be absent)."""
+    try:
+        device_argument(name)
+    except argparse.ArgumentTypeError as e:
+        parser.error(f"argument {option}: {e}")
+
+
+def positive(kind: type):
+    """argparse `type=` for a count (`positive(int)`) or a rate (`positive(float)`) that must be finite and above 0."""
+    what = "an integer" if kind is int else "a number"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} above 0, got {text!r}") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"expected {what} above 0, got {text}")
+        return value
+
+    return parse
 
 
 def doctor(args) -> int:
@@ -19,6 +62,7 @@ def doctor(args) -> int:
     import torch
 
     import stitchml
+    from stitchml.demos import default_threads
 
     rows = [("stitchml", stitchml.__version__), ("python", platform.python_version()),
             ("platform", platform.platform()), ("torch", torch.__version__), ("numpy", numpy.__version__)]
@@ -28,7 +72,8 @@ def doctor(args) -> int:
         rows.append(("triton", triton.__version__))
     except ImportError:
         rows.append(("triton", "not installed (compiled GPU kernels unavailable)"))
-    rows.append(("cpu", f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"))
+    rows.append(("cpu", f"{platform.processor() or platform.machine()}, torch uses {torch.get_num_threads()} threads, "
+                        f"the demos {default_threads()} (--threads)"))
     if torch.cuda.is_available():
         rows.append(("cuda", torch.version.cuda or "?"))
         for i in range(torch.cuda.device_count()):
@@ -51,7 +96,7 @@ def demo(args) -> int:
     return demos.run(args.name, args.rest)
 
 
-def _dimensions(specs: list[str]) -> dict[str, tuple[int, ...]]:
+def _dimensions(parser: argparse.ArgumentParser, specs: list[str]) -> dict[str, tuple[int, ...]]:
     """{"x": (8, 3, 64, 64)} from ["x=8,3,64,64"]."""
     dims = {}
     for spec in specs:
@@ -61,26 +106,32 @@ def _dimensions(specs: list[str]) -> dict[str, tuple[int, ...]]:
         except ValueError:
             shape = None
         if not sep or not name or shape is None or name in dims:
-            raise ValueError(f"--kernels-for {spec!r}: expected NAME=D0,D1,... with integer extents, once per input")
+            parser.error(f"--kernels-for {spec!r}: expected NAME=D0,D1,... with integer extents, once per input")
         dims[name] = shape
     return dims
 
 
+def _existing(parser: argparse.ArgumentParser, what: str, path: str) -> None:
+    if not os.path.exists(path):
+        parser.error(f"{what} {path!r}: no such file or directory")
+
+
 def package_build(args) -> int:
     """Build a package from an ONNX model (and compile its kernels for given input dimensions)."""
-    from .errors import PackageError
     from .package import from_onnx
 
-    try:
-        dims = _dimensions(args.kernels_for)
-        pkg = from_onnx(args.model, name=args.function)
-        if dims:
-            entry = pkg.compile_kernels(args.function, dims, device=args.device)
-            print(f"compiled kernels for {entry.input_dimensions} on {entry.target['arch']}")
-        pkg.save(args.output)
-    except (PackageError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    _existing(args.parser, "model", args.model)
+    folder = os.path.dirname(os.path.abspath(args.output.rstrip("/\\") or "."))
+    if not os.path.isdir(folder):
+        args.parser.error(f"-o {args.output!r}: the folder {folder!r} does not exist")
+    dims = _dimensions(args.parser, args.kernels_for)
+    if dims:
+        _device(args.parser, "--device", args.device)
+    pkg = from_onnx(args.model, name=args.function)
+    if dims:
+        entry = pkg.compile_kernels(args.function, dims, device=args.device)
+        print(f"compiled kernels for {entry.input_dimensions} on {entry.target['arch']}")
+    pkg.save(args.output)
     print(f"wrote {args.output}")
     print(pkg.summary())
     return 0
@@ -88,14 +139,10 @@ def package_build(args) -> int:
 
 def package_inspect(args) -> int:
     """Print a package's functions, signatures, op counts and weight sizes."""
-    from .errors import PackageError
     from .package import load_package
 
-    try:
-        print(load_package(args.package).summary())
-    except PackageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    _existing(args.parser, "package", args.package)
+    print(load_package(args.package).summary())
     return 0
 
 
@@ -106,14 +153,18 @@ def debug(args) -> int:
     return debug_main(args.rest)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `stitchml` command's parser; each subcommand's parser is in its arguments as `parser`."""
+    from .demos import DEMOS
+
     parser = argparse.ArgumentParser(prog="stitchml", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("doctor", help=doctor.__doc__).set_defaults(fn=doctor)
+    p = sub.add_parser("doctor", help=doctor.__doc__)
+    p.set_defaults(fn=doctor, parser=p)
     p = sub.add_parser("demo", help=demo.__doc__)
-    p.add_argument("name", help="which demo (stitchml demo list shows them)")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="the demo's own options")
-    p.set_defaults(fn=demo)
+    p.add_argument("name", choices=["list", *DEMOS], help="which demo (stitchml demo list shows them)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="the demo's own options (stitchml demo NAME --help)")
+    p.set_defaults(fn=demo, parser=p)
     pkg = sub.add_parser("package", help="build and inspect network packages").add_subparsers(dest="action", required=True)
     p = pkg.add_parser("build", help=package_build.__doc__)
     p.add_argument("model", help="an ONNX model file (opset 13 or later)")
@@ -123,15 +174,47 @@ def main(argv: list[str] | None = None) -> int:
                    help="compile the kernels for these input dimensions and carry them in the package "
                         "(once per input with symbolic extents; needs a GPU)")
     p.add_argument("--device", default="cuda", help="where --kernels-for compiles (default: cuda)")
-    p.set_defaults(fn=package_build)
+    p.set_defaults(fn=package_build, parser=p)
     p = pkg.add_parser("inspect", help=package_inspect.__doc__)
     p.add_argument("package", help="a package file or directory")
-    p.set_defaults(fn=package_inspect)
+    p.set_defaults(fn=package_inspect, parser=p)
     p = sub.add_parser("debug", help=debug.__doc__)
     p.add_argument("rest", nargs=argparse.REMAINDER, help="FILE... [--port N] | bisect GRAPH [--feed NAME=FILE.npy]")
-    p.set_defaults(fn=debug)
-    args = parser.parse_args(argv)
-    return args.fn(args)
+    p.set_defaults(fn=debug, parser=p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command; returns the exit code.
+
+    Mistakes in the arguments exit through argparse (usage, then `stitchml ...: error: ...`, code 2); a
+    StitchError that a subcommand raises is one line, `stitchml: error: ...`, and code 2 as well. A reader
+    that stops early (`stitchml doctor | head -1`) ends the command quietly, as the Python documentation
+    advises for SIGPIPE.
+    """
+    from .errors import StitchError
+
+    parser = build_parser()
+    try:
+        try:
+            args = parser.parse_args(argv)
+            code = args.fn(args)
+        finally:  # --help and demos' usage errors leave through SystemExit: flush where a closed pipe is caught
+            sys.stdout.flush()
+    except StitchError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; pointing it at devnull keeps that flush from failing too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as e:  # a file the command reads or writes: permissions, a full disk...
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130  # the shell's code for a command ended by Ctrl-C
+    return code
 
 
 if __name__ == "__main__":

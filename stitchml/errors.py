@@ -44,3 +44,7 @@ class PipelineError(StitchError, RuntimeError):
 
 class DataError(StitchError, ValueError):
     """A dataset file is missing, damaged or not in the format it claims (stitchml.data)."""
+
+
+class DeviceError(StitchError, ValueError):
+    """A device name that StitchML does not know, or a device that this machine does not have."""

@@ -313,18 +313,26 @@ class Graph:
         return compile_graph(self, feeds or {}, targets, target_ops, device, options or {})
 
     # -- autodiff -------------------------------------------------------------
-    def gradients(self, of: Tensor, wrt: Sequence[Tensor]) -> dict[Tensor, Tensor]:
+    def gradients(self, of: Tensor, wrt: Sequence[Tensor], initial_gradient: Tensor | None = None
+                  ) -> dict[Tensor, Tensor]:
         """Reverse-mode gradients of `of` w.r.t. each `wrt` tensor, built into this graph.
+
+        `of` must be a scalar unless `initial_gradient`, a tensor of `of`'s shape, is given: the
+        result is then the vector-Jacobian product (torch.autograd.grad's grad_outputs).
 
         >>> import numpy as np, stitchml as sm
         >>> g = sm.Graph(); x = g.placeholder((3,), sm.float64, name="x")
         >>> dx = g.gradients(g.reduction_sum(x * x), [x])[x]
         >>> g.run({x: np.array([1.0, 2.0, 3.0])}, [dx], device="cpu")[dx].numpy().tolist()
         [2.0, 4.0, 6.0]
+        >>> v = g.constant(np.array([1.0, 0.0, -1.0]))
+        >>> dv = g.gradients(x * x, [x], initial_gradient=v)[x]
+        >>> g.run({x: np.array([1.0, 2.0, 3.0])}, [dv], device="cpu")[dv].numpy().tolist()
+        [2.0, 0.0, -6.0]
         """
         from .autodiff import gradients
 
-        return gradients(self, of, wrt)
+        return gradients(self, of, wrt, initial_gradient)
 
     # -- serialization -------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:

@@ -21,24 +21,48 @@ import torch
 
 from . import dtypes
 from .dtypes import DType, as_dtype
-from .errors import LayoutError
+from .errors import DeviceError, LayoutError
 
 MAX_RANK = 16
 
 
+def available_devices() -> list[str]:
+    """The devices this machine has, by the names runs accept: ``["cpu", "cuda:0", ...]``."""
+    return ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0)]
+
+
 def resolve_device(device: Any = None) -> torch.device:
-    """`None` means the default device: CUDA when present, else the CPU."""
+    """The torch device for a run or a TensorData; `None` means the default: CUDA when present, else the CPU.
+
+    Accepted names are "cpu", "cuda" (the current CUDA device) and "cuda:N" (or the torch.device of
+    one); any other name, and a CUDA device this machine does not have, raise `DeviceError`.
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    >>> resolve_device("gpu")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    stitchml.errors.DeviceError: unknown device 'gpu'; expected "cpu", "cuda" or "cuda:N"; this machine has: cpu...
+    """
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda":
+    present = ", ".join(available_devices())
+    try:
+        resolved = device if isinstance(device, torch.device) else torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        resolved = None
+    if resolved is None or resolved.type not in ("cpu", "cuda") or (resolved.type == "cpu" and resolved.index):
+        raise DeviceError(f'unknown device {device!r}; expected "cpu", "cuda" or "cuda:N"; '
+                          f"this machine has: {present}")
+    if resolved.type == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError("device 'cuda' was asked for but no CUDA device is available (see `stitchml doctor`)")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-    elif device.type != "cpu":
-        raise ValueError(f"unsupported device {device}; expected 'cpu' or 'cuda[:N]'")
-    return device
+            raise DeviceError(f"device {str(resolved)!r} was asked for but this machine has no CUDA device "
+                              f"(it has: {present}; see `stitchml doctor`)")
+        if resolved.index is None:
+            resolved = torch.device("cuda", torch.cuda.current_device())
+        elif resolved.index >= torch.cuda.device_count():
+            raise DeviceError(f"device {str(resolved)!r} was asked for but this machine has: {present}")
+    return resolved
 
 
 def _from_numpy(array: np.ndarray) -> torch.Tensor:

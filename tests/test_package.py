@@ -106,7 +106,9 @@ def test_cli_build_and_inspect(tmp_path, capsys):
     assert main(["package", "build", str(onnx_path), "-o", str(tmp_path / "relu.smpkg")]) == 0
     assert main(["package", "inspect", str(tmp_path / "relu.smpkg")]) == 0
     assert "x: float32[n, 2]" in capsys.readouterr().out
-    assert main(["package", "inspect", str(tmp_path / "missing.smpkg")]) == 1
+    with pytest.raises(SystemExit) as exit_:
+        main(["package", "inspect", str(tmp_path / "missing.smpkg")])
+    assert exit_.value.code == 2 and "missing.smpkg': no such file or directory" in capsys.readouterr().err
 
 
 # -- compiled kernels slot ---------------------------------------------------------------------

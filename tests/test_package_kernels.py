@@ -367,8 +367,10 @@ def test_cli_kernels_for(tmp_path, capsys):
     model = tmp_path / "relu.onnx"
     model.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
     out = tmp_path / "relu.smpkg"
-    assert main(["package", "build", str(model), "-o", str(out), "--kernels-for", "x=8,a"]) == 1
+    with pytest.raises(SystemExit) as exit_:
+        main(["package", "build", str(model), "-o", str(out), "--kernels-for", "x=8,a"])
+    assert exit_.value.code == 2
     assert "--kernels-for 'x=8,a': expected NAME=D0,D1,... with integer extents" in capsys.readouterr().err
-    assert main(["package", "build", str(model), "-o", str(out), "--kernels-for", "x=8,2", "--device", "cpu"]) == 1
+    assert main(["package", "build", str(model), "-o", str(out), "--kernels-for", "x=8,2", "--device", "cpu"]) == 2
     assert "kernels are compiled on a CUDA device" in capsys.readouterr().err
     assert not out.exists()

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 DEMOS = {
     "gelu": "GeLU built from primitives, checked against torch on every device",
@@ -9,11 +11,25 @@ DEMOS = {
 }
 
 
+def default_threads() -> int:
+    """CPU threads a demo uses unless told: half the cores this process may run on, at least one.
+
+    torch's own default (every physical core) is the fastest on an idle machine, but when other work
+    shares the cores its threads spin waiting on each other: on a busy two-core machine, training ran
+    tens of times slower on two threads than on one (docs/training.md, "Threads"). A fixed rule, not
+    one read from the load, keeps runs with the same options reproducible bit for bit.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // 2)
+
+
 def run(name: str, argv: list[str]) -> int:
+    """Run demo `name` with its own options `argv` ("list" prints the demos); returns the exit code."""
     if name == "list" or name not in DEMOS:
+        out = sys.stdout if name == "list" else sys.stderr
         if name != "list":
-            print(f"unknown demo {name!r}")
+            print(f"unknown demo {name!r}; the demos are:", file=out)
         for k, v in DEMOS.items():
-            print(f"  {k:<8} {v}")
+            print(f"  {k:<8} {v}", file=out)
         return 0 if name == "list" else 2
     return importlib.import_module(f"{__name__}.{name}").main(argv)

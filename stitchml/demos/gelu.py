@@ -10,6 +10,8 @@ import numpy as np
 import torch
 
 import stitchml as sm
+from stitchml.cli import device_argument, positive
+from stitchml.demos import default_threads
 
 
 def build(dtype=sm.float32):
@@ -23,10 +25,13 @@ def build(dtype=sm.float32):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="stitchml demo gelu", description=__doc__.splitlines()[0])
-    parser.add_argument("--device", action="append", help="cpu or cuda (default: every available device)")
-    parser.add_argument("--rows", type=int, default=1024)
-    parser.add_argument("--cols", type=int, default=1024)
+    parser.add_argument("--device", action="append", type=device_argument,
+                        help="cpu, cuda or cuda:N, once per device (default: every available device)")
+    parser.add_argument("--rows", type=positive(int), default=1024)
+    parser.add_argument("--cols", type=positive(int), default=1024)
+    parser.add_argument("--threads", type=positive(int), help="CPU threads (default: half the cores, at least 1)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads or default_threads())
     devices = args.device or (["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
     g, x, y = build()
     print(g)

@@ -10,6 +10,7 @@ test set); with --data it reads the four MNIST IDX files from that folder.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import dataclass
 
@@ -18,11 +19,14 @@ import torch
 
 import stitchml as sm
 from stitchml import data, nn, optim
+from stitchml.cli import device_argument, positive
+from stitchml.demos import default_threads
 
 OPTIMIZERS = {"adam": lambda lr: optim.Adam(lr), "sgd": lambda lr: optim.SGD(lr, momentum=0.9)}
 # What reaches the documented accuracy (docs/training.md) on each dataset; options override.
 # The 8x8 digits run on one thread: their tensors are too small to split, and spare threads
-# only wait on each other (several times slower when other work shares the cores).
+# only wait on each other (three times slower on two threads of a two-core machine, thirty times
+# when other work shares it). MNIST takes the demos' default (stitchml.demos.default_threads).
 DEFAULTS = {
     "digits": {"epochs": 30, "batch_size": 32, "learning_rate": {"adam": 2e-3, "sgd": 0.02}, "threads": 1},
     "mnist": {"epochs": 2, "batch_size": 64, "learning_rate": {"adam": 1e-3, "sgd": 0.01}, "threads": None},
@@ -111,33 +115,39 @@ def save_weights(model: Classifier, path: str, metadata: dict[str, str] | None =
     save_file({v.name: model.graph.variable_value(v).numpy() for v in model.parameters}, path, metadata=metadata)
 
 
+def _writable(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
+    folder = os.path.dirname(os.path.abspath(path)) if path else None
+    if folder and not os.path.isdir(folder):
+        parser.error(f"{option} {path!r}: the folder {folder!r} does not exist")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="stitchml demo mnist", description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="folder with the MNIST IDX files (default: scikit-learn's 8x8 digits)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], help="default: CUDA when present, else the CPU")
-    parser.add_argument("--epochs", type=int, help="default: 2 for MNIST, 30 for the 8x8 digits")
-    parser.add_argument("--batch-size", type=int, help="default: 64 for MNIST, 32 for the 8x8 digits")
+    parser.add_argument("--device", type=device_argument, help="cpu, cuda or cuda:N (default: CUDA when present, "
+                                                               "else the CPU)")
+    parser.add_argument("--epochs", type=positive(int), help="default: 2 for MNIST, 30 for the 8x8 digits")
+    parser.add_argument("--batch-size", type=positive(int), help="default: 64 for MNIST, 32 for the 8x8 digits")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam")
-    parser.add_argument("--learning-rate", type=float, help="default: 1e-3 for MNIST, 2e-3 for the 8x8 digits "
-                                                            "(adam); 0.01 and 0.02 (sgd with momentum 0.9)")
+    parser.add_argument("--learning-rate", type=positive(float),
+                        help="default: 1e-3 for MNIST, 2e-3 for the 8x8 digits (adam); 0.01 and 0.02 "
+                             "(sgd with momentum 0.9)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, help="CPU threads (default: 1 for the 8x8 digits, torch's for MNIST)")
+    parser.add_argument("--threads", type=positive(int), help="CPU threads (default: 1 for the 8x8 digits; "
+                                                              "for MNIST half the cores, at least 1)")
     parser.add_argument("--out", help="write the trained weights here (safetensors)")
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda was asked for but no CUDA device is available (see `stitchml doctor`)")
+    _writable(parser, "--out", args.out)
 
     try:
         dataset = data.load_mnist(args.data) if args.data else data.load_digits(seed=args.seed)
     except sm.DataError as e:
-        parser.exit(2, f"stitchml demo mnist: {e}\n")
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     defaults = DEFAULTS[dataset.name]
     epochs = args.epochs or defaults["epochs"]
     batch_size = args.batch_size or defaults["batch_size"]
     learning_rate = args.learning_rate or defaults["learning_rate"][args.optimizer]
-    threads = args.threads or defaults["threads"]
-    if threads:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(args.threads or defaults["threads"] or default_threads())
     model = build(dataset.image_shape, dataset.classes, seed=args.seed, optimizer=args.optimizer,
                   learning_rate=learning_rate)
     print(f"{dataset.name}: {len(dataset.train_labels)} training and {len(dataset.test_labels)} test images of "

@@ -16,8 +16,8 @@ from ..registry import OPAQUE, REDUCTION, Primitive, builder, register
 
 
 def _reduced_shape(shape, axes, keep_dims):
-    if shape is None:
-        return None
+    if shape is None:  # every axis of an unknown rank reduced away leaves a scalar
+        return () if axes is None and not keep_dims else None
     if axes is None:
         axes = tuple(range(len(shape)))
     axes = {a % len(shape) for a in axes} if shape else set()
