@@ -101,6 +101,8 @@ def _recurrent(cx, node, args, attrs):
         raise cx.fail(f"{op} needs a known sequence length to unroll")
     direction = attrs.get("direction", "forward")
     dirs = 2 if direction == "bidirectional" else 1
+    if steps * dirs > cx.limits.max_unrolled_steps:  # each step is a dozen ops: refuse before building any
+        raise cx.over("max_unrolled_steps", steps * dirs, f"{op} unrolled steps (sequence length x directions)")
     hidden = attrs.get("hidden_size") or r.shape[-1]
     attrs = dict(attrs, hidden_size=hidden)
     acts = _activations(cx, op, attrs, dirs)
