@@ -190,7 +190,7 @@ def _stream(read, size: int, what: str) -> tuple[bytes, str]:
                 break
             digest.update(chunk)
             buf += chunk
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as e:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError, NotImplementedError) as e:
         raise PackageError(f"{what}: is damaged ({e})") from None
     if len(buf) != size:
         raise PackageError(f"{what}: holds {'more than ' if len(buf) > size else ''}{len(buf)} bytes, "
@@ -217,7 +217,7 @@ class _Zip:
         self.file = os.fdopen(fd, "rb")
         try:
             self.z = zipfile.ZipFile(self.file)
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:
             self.file.close()
             raise PackageError(f"{path}: not a readable package archive ({e})") from None
         self.path = path
@@ -252,7 +252,7 @@ class _Zip:
         what = f"{self.path}: member {name!r}"
         try:
             f = self.z.open(self.members[name])
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as e:
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError, NotImplementedError) as e:
             raise PackageError(f"{what}: is damaged ({e})") from None
         with f:
             return _stream(f.read, self.members[name].file_size, what)

@@ -314,9 +314,10 @@ def _port(rec: Any, where: str) -> tuple[int, Port]:
     _need(is_int(tid), where, f"tensor must be an int id, got {tid!r}")
     _need(shape is None or (isinstance(shape, list) and all(is_int(d) and d >= -1 for d in shape)),
           where, f"shape must be a list of ints >= -1 (or null), got {shape!r}")
+    _need(isinstance(rec.get("dtype"), str), where, f"dtype must be a dtype's name, got {rec.get('dtype')!r:.40}")
     try:
-        dt = dtypes.as_dtype(rec.get("dtype") if isinstance(rec.get("dtype"), str) else repr(rec.get("dtype")))
-    except TypeError as e:
+        dt = dtypes.as_dtype(rec["dtype"])
+    except (TypeError, ValueError) as e:
         raise PackageError(f"{where}: {e}") from None
     names = rec.get("dim_names")
     _need(names is None or (isinstance(names, list) and shape is not None and len(names) == len(shape)
