@@ -501,12 +501,16 @@ def run_one(kind: str, index: int, seed: int, bases, scratch: str) -> tuple[str,
             else:
                 blob, desc = _mutate_onnx(rng)
                 build = lambda: sm.package.from_onnx(blob, limits=limits)  # noqa: E731
+        except TimeoutError:  # the worker's timer: a hang, counted by the worker
+            raise
         except Exception as e:  # a defect of this fuzzer, not of the code under test: still a failure
             return "crash: the generator failed", f"{type(e).__name__}: {e}"
         try:
             pkg = build()
         except sm.PackageError as e:
             return f"refused: {_reason(str(e))}", desc
+        except TimeoutError:  # the worker's timer: a hang, counted by the worker
+            raise
         except Exception as e:  # the defect this fuzzer looks for
             return f"untyped: {type(e).__name__}", f"{desc}: {type(e).__name__}: {str(e)[:300]}"
         for fn in pkg.functions.values():
@@ -514,6 +518,8 @@ def run_one(kind: str, index: int, seed: int, bases, scratch: str) -> tuple[str,
                 fn(**_feeds(fn))
             except sm.StitchError as e:
                 return f"loaded, run refused: {type(e).__name__}", desc
+            except TimeoutError:  # the worker's timer: a hang, counted by the worker
+                raise
             except Exception as e:
                 return f"untyped in run: {type(e).__name__}", f"{desc}: {type(e).__name__}: {str(e)[:300]}"
         return "loaded", desc
@@ -568,12 +574,60 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
+class _Tally:
+    """Outcome counts, failures and the slowest input of one kind."""
+
+    def __init__(self, kind: str, log):
+        self.kind, self.log = kind, log
+        self.counts: Counter = Counter()
+        self.failures: list[dict] = []
+        self.slowest = 0.0
+
+    def add(self, index: int, outcome: str, desc: str, seconds: float = 0.0) -> None:
+        self.counts[outcome] += 1
+        if outcome.split(":")[0] in FAILURES or outcome.startswith("untyped"):
+            self.failures.append({"kind": self.kind, "index": index, "outcome": outcome, "desc": desc})
+        if seconds > self.slowest:
+            self.slowest = seconds
+            if self.log:
+                self.log(f"slowest so far: {seconds:.2f} s {self.kind}:{index} {desc[:100]}")
+
+
+def _watch(proc, tally: _Tally, time_limit: float, max_rss_mb: float) -> tuple[int | None, int | None, str | None]:
+    """Follow one worker until it exits or is killed: (last finished index, the index it was on, why killed)."""
+    current, began, buf, last = None, 0.0, b"", None
+    while True:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.05)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                return last, current, None
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                msg = json.loads(line)
+                if "start" in msg:
+                    current, began = msg["start"], time.monotonic()
+                    continue
+                tally.add(msg["done"], msg["outcome"], msg["desc"], msg["s"])
+                current, last = None, msg["done"]
+                if tally.log and (last + 1) % 1000 == 0:
+                    tally.log(f"{tally.kind}: {sum(tally.counts.values())} done {dict(tally.counts)}")
+        if current is not None:
+            if time.monotonic() - began > time_limit + 5:  # the worker's own timer did not get it back
+                proc.kill()
+                return last, current, "hang"
+            if _rss_mb(proc.pid) > max_rss_mb:
+                proc.kill()
+                return last, current, "memory"
+        if proc.poll() is not None and not ready:
+            return last, current, None
+
+
 def supervise(kind: str, count: int, seed: int, time_limit: float, max_rss_mb: float, start: int = 0,
               log=None) -> tuple[Counter, list[dict], float]:
     """Run `count` inputs of `kind` in watched workers; (outcome counts, failures, slowest input's seconds)."""
-    counts: Counter = Counter()
-    failures: list[dict] = []
-    slowest = 0.0
+    tally = _Tally(kind, log)
     i, stop = start, start + count
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -581,53 +635,20 @@ def supervise(kind: str, count: int, seed: int, time_limit: float, max_rss_mb: f
         proc = subprocess.Popen([sys.executable, "-m", "tests.fuzz_hostile", "--worker", kind, str(i), str(stop),
                                  "--seed", str(seed), "--time-limit", str(time_limit)],
                                 cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        current, began, buf = None, 0.0, b""
-        killed = None
-        while True:
-            ready, _, _ = select.select([proc.stdout], [], [], 0.05)
-            if ready:
-                chunk = os.read(proc.stdout.fileno(), 65536)
-                if not chunk:
-                    break
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    msg = json.loads(line)
-                    if "start" in msg:
-                        current, began = msg["start"], time.monotonic()
-                    else:
-                        counts[msg["outcome"]] += 1
-                        if msg["s"] > slowest:
-                            slowest, slowest_desc = msg["s"], f"{kind}:{msg['done']} {msg['desc'][:100]}"
-                            if log:
-                                log(f"slowest so far: {slowest:.2f} s {slowest_desc}")
-                        if msg["outcome"].split(":")[0] in FAILURES or msg["outcome"].startswith("untyped"):
-                            failures.append({"kind": kind, "index": msg["done"], "outcome": msg["outcome"],
-                                             "desc": msg["desc"]})
-                        current = None
-                        i = msg["done"] + 1
-                        if log and i % 1000 == 0:
-                            log(f"{kind}: {i - start}/{count} {dict(counts)}")
-            if current is not None:
-                if time.monotonic() - began > time_limit + 5:
-                    killed = "hang"
-                elif _rss_mb(proc.pid) > max_rss_mb:
-                    killed = "memory"
-                if killed:
-                    proc.kill()
-                    break
-            if proc.poll() is not None and not ready:
-                break
-        proc.wait()
+        try:
+            last, current, killed = _watch(proc, tally, time_limit, max_rss_mb)
+        finally:
+            if proc.poll() is None:  # interrupted: the worker goes with its supervisor
+                proc.kill()
+            proc.wait()
         if current is not None:  # the worker died or was killed on this input: count it and go on after it
-            outcome = killed or "crash"
-            counts[outcome] += 1
-            failures.append({"kind": kind, "index": current, "outcome": outcome,
-                             "desc": f"worker {'killed' if killed else f'exited with {proc.returncode}'}"})
+            tally.add(current, killed or "crash", f"worker {'killed' if killed else f'exited with {proc.returncode}'}")
             i = current + 1
-        elif proc.returncode != 0 and i < stop:
+        elif last is not None and last + 1 > i:
+            i = last + 1
+        elif i < stop:
             raise RuntimeError(f"the {kind} worker exited with {proc.returncode} before input {i}")
-    return counts, failures, slowest
+    return tally.counts, tally.failures, tally.slowest
 
 
 def main(argv=None) -> int:
