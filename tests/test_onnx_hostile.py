@@ -57,6 +57,18 @@ def test_lstm_within_a_raised_limit_imports():
     assert sm.package.from_onnx(m, limits=sm.package.Limits(max_unrolled_steps=6)).function().outputs[0].name == "y"
 
 
+def test_stacked_lstm_layers_add_up_against_the_limit():
+    w, r = np.ones((1, 8, 2), np.float32), np.ones((1, 8, 2), np.float32)
+    nodes = [helper.make_node("LSTM", ["x", "w", "r"], ["y1"], hidden_size=2),
+             helper.make_node("Squeeze", ["y1", "ax"], ["x2"]),
+             helper.make_node("LSTM", ["x2", "w", "r"], ["y"], hidden_size=2)]
+    m = _model(nodes, [_vi("x", [3, 1, 2])], [_vi("y", [3, 1, 1, 2])],
+               [_const("w", w), _const("r", r), _const("ax", np.array([1], np.int64))])
+    assert sm.package.from_onnx(m, limits=sm.package.Limits(max_unrolled_steps=6))
+    with pytest.raises(sm.PackageError, match="summed over the model's layers.: 6 is over the limit max_unrolled_steps=5"):
+        sm.package.from_onnx(m, limits=sm.package.Limits(max_unrolled_steps=5))
+
+
 def test_mod_by_zero_in_constants_is_refused():
     m = _model([helper.make_node("Mod", ["a", "b"], ["y"])], [], [_vi("y", [3], T.INT64)],
                [_const("a", np.array([1, 2, 3], np.int64)), _const("b", np.array([0, 1, 0], np.int64))])

@@ -76,6 +76,7 @@ class Importer:
     def __init__(self, model, name: str, bind: dict[str, Any] | None = None, limits: Limits | None = None):
         self.model = model
         self.limits = resolve(limits)
+        self.unrolled_steps = 0  # recurrent steps unrolled so far, over every layer (onnx_rnn.py)
         self.bind = dict(bind or {})
         self.g = Graph(model.graph.name or name)
         self.values: dict[str, Any] = {}  # ONNX name -> Tensor | Dims
