@@ -83,6 +83,13 @@ def test_gather_elements_out_of_range_is_refused():
         sm.package.from_onnx(m)
 
 
+def test_gather_elements_indices_wider_than_the_data_are_refused():
+    m = _model([helper.make_node("GatherElements", ["x", "i"], ["y"], axis=1)], [_vi("x", [1, 3])], [_vi("y", [2, 2])],
+               [_const("i", np.array([[0, 2], [1, 0]], np.int64))])
+    with pytest.raises(sm.PackageError, match=r"indices int64\[2,2\] reach beyond data float32\[1,3\] off axis 1"):
+        sm.package.from_onnx(m)
+
+
 def test_range_to_two_to_the_40_is_refused_before_computing_it():
     m = _model([helper.make_node("Range", ["s", "l", "d"], ["y"])], [], [_vi("y", ["n"], T.INT64)],
                [_const("s", np.array(0, np.int64)), _const("l", np.array(2 ** 40, np.int64)),

@@ -184,3 +184,29 @@ def test_tensor_with_more_elements_than_the_limit_is_refused(tmp_path):
     path = _with_graph_text(tmp_path, lambda t: t)
     with pytest.raises(sm.PackageError, match="max_tensor_elements=10"):
         sm.load_package(path, limits=Limits(max_tensor_elements=10))
+
+
+def test_archive_whose_directory_is_too_large_to_parse_is_refused(tmp_path):
+    import zipfile
+
+    path = tmp_path / "m.smpkg"
+    with zipfile.ZipFile(path, "w") as z:  # 80 records of 60 KB each: zipfile would parse them all first
+        for i in range(80):
+            info = zipfile.ZipInfo(f"p/{i}")
+            info.extra = (0xCAFE).to_bytes(2, "little") + (59996).to_bytes(2, "little") + bytes(59996)
+            z.writestr(info, b"")
+    with pytest.raises(sm.PackageError, match="directory is [0-9]+ bytes, over"):
+        sm.load_package(path)
+
+
+def test_zip64_archive_still_loads(tmp_path):
+    import zipfile
+
+    manifest, parts = _package().manifest_and_parts()
+    manifest["parts"] = {n: {"size": len(d), "sha256": container.sha256(d)} for n, d in parts.items()}
+    path = tmp_path / "m.smpkg"
+    with zipfile.ZipFile(path, "w", allowZip64=True) as z:
+        for name, data in [("manifest.json", json.dumps(manifest).encode()), *parts.items()]:
+            with z.open(name, "w", force_zip64=True) as f:
+                f.write(data)
+    assert sm.load_package(path).function().outputs[0].name == "y"

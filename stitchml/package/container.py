@@ -206,6 +206,32 @@ def _read_regular(path: str, size: int, what: str) -> tuple[bytes, str]:
         os.close(fd)
 
 
+_MAX_DIRECTORY_BYTES = (MAX_PARTS + 1) * 1024  # a member's record: 46 bytes, its name (<= 255), its extras
+
+
+def _central_directory_size(f, size: int) -> int | None:
+    """The size the archive's end record gives its central directory (ZIP64's when it defers to it), or
+    None where there is no readable end record (zipfile then says what is wrong)."""
+    tail_len = min(size, 22 + 0xFFFF)
+    f.seek(size - tail_len)
+    tail = f.read(tail_len)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or at + 22 > len(tail):
+        return None
+    directory = int.from_bytes(tail[at + 12:at + 16], "little")
+    if directory != 0xFFFFFFFF:
+        return directory
+    locator = tail[at - 20:at] if at >= 20 else b""
+    if not locator.startswith(b"PK\x06\x07"):
+        return None
+    offset = int.from_bytes(locator[8:16], "little")
+    if offset + 56 > size:
+        return None
+    f.seek(offset)
+    record = f.read(56)
+    return int.from_bytes(record[40:48], "little") if record.startswith(b"PK\x06\x06") else None
+
+
 class _Zip:
     """A package archive opened safely: members checked, read in chunks."""
 
@@ -215,6 +241,11 @@ class _Zip:
             os.close(fd)
             raise limits.exceeded("max_package_bytes", size, f"{path}: the archive's size in bytes")
         self.file = os.fdopen(fd, "rb")
+        directory = _central_directory_size(self.file, size)
+        if directory is not None and directory > _MAX_DIRECTORY_BYTES:
+            self.file.close()
+            raise PackageError(f"{path}: the archive's directory is {directory} bytes, over {_MAX_DIRECTORY_BYTES} "
+                               f"(room for {MAX_PARTS} members); zipfile would parse it all before any check")
         try:
             self.z = zipfile.ZipFile(self.file)
         except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:
@@ -269,7 +300,7 @@ class _Dir:
         self.root = root
         self.real_root = os.path.realpath(root)
         self.files: dict[str, str] = {}  # part name -> the regular file it is
-        stack = [(root, "")]
+        stack, directories = [(root, "")], 0
         while stack:
             base, prefix = stack.pop()
             try:
@@ -278,9 +309,15 @@ class _Dir:
                 raise PackageError(f"{root}: directory {prefix or '.'} cannot be listed ({e.strerror})") from None
             for entry in entries:
                 name = prefix + entry.name
-                st = entry.stat(follow_symlinks=False)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError as e:
+                    raise PackageError(f"{root}: {name!r} cannot be examined ({e.strerror})") from None
                 if stat.S_ISDIR(st.st_mode):
                     stack.append((entry.path, name + "/"))
+                    directories += 1
+                    if directories > MAX_PARTS:
+                        raise PackageError(f"{root}: more than {MAX_PARTS} directories")
                     continue
                 self.files[name] = self._regular(entry.path, name, st)
                 if len(self.files) > MAX_PARTS + 1:
@@ -298,7 +335,10 @@ class _Dir:
             raise PackageError(f"{where} is a link that loops or leads nowhere ({getattr(e, 'strerror', e)})") from None
         if os.path.commonpath([real, self.real_root]) != self.real_root:
             raise PackageError(f"{where} resolves outside the package (a link to {real})")
-        target = os.stat(real)
+        try:
+            target = os.stat(real)
+        except OSError as e:
+            raise PackageError(f"{where} is a link to {real}, which cannot be examined ({e.strerror})") from None
         if not stat.S_ISREG(target.st_mode):
             raise PackageError(f"{where} is a link to a {_kind(target.st_mode)}; a package holds only regular files")
         return real

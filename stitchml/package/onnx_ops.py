@@ -606,6 +606,9 @@ def _gather_elements(cx, node, args, attrs):
     x, idx = _t(cx, args[0]), _t(cx, args[1])
     axis = cx.axis(attrs.get("axis", 0), _rank(cx, x))
     _known_indices_in_range(cx, x, idx, axis)
+    if idx.rank == x.rank and any(i > d and d != UNKNOWN for a, (i, d) in enumerate(zip(idx.shape, x.shape))
+                                  if a != axis):
+        raise cx.fail(f"indices {idx.type} reach beyond data {x.type} off axis {axis}")
     return [cx.g.gather_along_axis(x, idx, axis)]
 
 
