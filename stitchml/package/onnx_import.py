@@ -225,8 +225,7 @@ def value_type(vi) -> tuple[dtypes.DType, tuple[int, ...] | None, list | None]:
     if not tt.HasField("shape"):
         return dt, None, None
     shape = tuple(d.dim_value if d.HasField("dim_value") else UNKNOWN for d in tt.shape.dim)
-    if any(d < 0 and d != UNKNOWN for d in shape) or any(d.HasField("dim_value") and d.dim_value < 0
-                                                         for d in tt.shape.dim):
+    if any(d.HasField("dim_value") and d.dim_value < 0 for d in tt.shape.dim):
         raise PackageError(f"{where}: negative extent in shape {[d.dim_value for d in tt.shape.dim]}")
     names = [d.dim_param if d.HasField("dim_param") and d.dim_param else None for d in tt.shape.dim]
     return dt, shape, names

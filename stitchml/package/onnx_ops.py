@@ -419,12 +419,12 @@ def _constant_of_shape(cx, node, args, attrs):
 @handles("Range")
 def _range(cx, node, args, attrs):
     start, limit, delta = (cx.static(a, "Range operands") for a in args)
-    if delta.reshape(-1)[0] == 0:
-        raise cx.fail("Range delta is 0")
-    count = max(math.ceil((float(limit.reshape(-1)[0]) - float(start.reshape(-1)[0])) / float(delta.reshape(-1)[0])), 0) \
-        if all(np.isfinite([start.reshape(-1)[0], limit.reshape(-1)[0], delta.reshape(-1)[0]])) else math.inf
+    first, last, step = (float(v.reshape(-1)[0]) for v in (start, limit, delta))
+    if step == 0 or not all(math.isfinite(v) for v in (first, last, step)):
+        raise cx.fail(f"Range({first}, {last}, {step}) needs finite operands and a non-zero step")
+    count = max(math.ceil((last - first) / step), 0)  # checked before NumPy computes it
     if count > cx.limits.max_folded_elements:
-        raise cx.over("max_folded_elements", count if count != math.inf else -1, "Range length")
+        raise cx.over("max_folded_elements", count, "Range length")
     return [cx.g.cast(cx.tensor(np.arange(start, limit, delta).astype(start.dtype)), _t(cx, args[0]).dtype)]
 
 
