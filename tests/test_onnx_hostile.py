@@ -180,3 +180,12 @@ def test_from_torch_keeps_the_batch_dims_name_through_varargs():
         warnings.simplefilter("ignore")
         fn = sm.package.from_torch(Varargs(), (torch.randn(2, 4),), dynamic_shapes=(({0: batch},),)).function()
     assert str(fn.inputs[0]) == "xs_0: float32[batch, 4]"
+
+
+def test_from_torch_refuses_a_result_over_the_element_limit():
+    class Big(torch.nn.Module):
+        def forward(self, x):
+            return x.expand(64, 64, 4)
+
+    with pytest.raises(sm.PackageError, match=r"node .*expand.*max_tensor_elements=1000"):
+        sm.package.from_torch(Big(), (torch.randn(1, 4),), limits=sm.package.Limits(max_tensor_elements=1000))

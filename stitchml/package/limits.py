@@ -38,6 +38,14 @@ class Limits:
                             f"(raise it with limits=Limits({name}=...) if the input is trusted)")
 
 
+def known_elements(shape) -> int:
+    """The product of a shape's known extents (symbolic ones, -1, count as 1; no shape counts as 1)."""
+    count = 1
+    for d in shape or ():
+        count *= d if d >= 0 else 1
+    return count
+
+
 _default = Limits()
 
 

@@ -25,7 +25,7 @@ from .. import dtypes
 from ..errors import PackageError, StitchError
 from ..graph import Graph
 from ..ir import UNKNOWN, Tensor
-from .limits import Limits, resolve
+from .limits import Limits, known_elements, resolve
 from .package import Package
 
 MIN_OPSET = 1  # handlers read both the attribute and the operand forms; 13+ is what docs/packages.md promises
@@ -103,12 +103,8 @@ class Importer:
 
     def check_size(self, value: Any) -> None:
         """Refuse a value whose known extents hold more elements than max_tensor_elements."""
-        if isinstance(value, Tensor) and value.shape is not None:
-            known = 1
-            for d in value.shape:
-                known *= d if d >= 0 else 1
-            if known > self.limits.max_tensor_elements:
-                raise self.over("max_tensor_elements", known, f"result of {value.type} elements")
+        if isinstance(value, Tensor) and known_elements(value.shape) > self.limits.max_tensor_elements:
+            raise self.over("max_tensor_elements", known_elements(value.shape), f"result of {value.type} elements")
 
     def constant(self, array: np.ndarray) -> Tensor:
         array = np.asarray(array)

@@ -36,7 +36,7 @@ from ..serialize import from_dict, to_dict
 from ..tensor_data import TensorData
 from . import container, kernels as bundles
 from .container import is_int
-from .limits import Limits, resolve
+from .limits import Limits, known_elements, resolve
 
 FORMAT = "stitchml.package"
 VERSION = 1
@@ -330,9 +330,7 @@ def _check_size(graph, limits: Limits, where: str) -> None:
     """Refuse an IR whose tensors could not be held: every known extent's product within the limit."""
     for op in graph.operations:
         for t in op.outputs:
-            known = 1
-            for d in t.shape or ():
-                known *= d if d >= 0 else 1
+            known = known_elements(t.shape)
             if known > limits.max_tensor_elements:
                 raise limits.exceeded("max_tensor_elements", known, f"{where}: tensor {t.name} ({t.type}) elements")
 

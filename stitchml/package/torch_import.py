@@ -27,7 +27,7 @@ from .. import dtypes
 from ..errors import PackageError, StitchError
 from ..graph import Graph
 from ..ir import UNKNOWN, Tensor
-from .limits import Limits, resolve
+from .limits import Limits, known_elements, resolve
 from .package import Package
 
 
@@ -219,12 +219,8 @@ def from_torch(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_s
 def _check_size(imp: TorchImporter, limits: Limits, value: Any) -> None:
     """Refuse a result with more elements than max_tensor_elements, or an IR over max_operations."""
     for v in value if isinstance(value, (list, tuple)) else (value,):
-        if isinstance(v, Tensor) and v.shape is not None:
-            known = 1
-            for d in v.shape:
-                known *= d if d >= 0 else 1
-            if known > limits.max_tensor_elements:
-                raise limits.exceeded("max_tensor_elements", known, f"{imp.where()}: result {v.type}")
+        if isinstance(v, Tensor) and known_elements(v.shape) > limits.max_tensor_elements:
+            raise limits.exceeded("max_tensor_elements", known_elements(v.shape), f"{imp.where()}: result {v.type}")
     if len(imp.g.operations) > limits.max_operations:
         raise limits.exceeded("max_operations", len(imp.g.operations), f"{imp.where()}: operations built")
 
