@@ -16,7 +16,8 @@ def from_onnx(model, name: str = "main", bind=None, limits: Limits | None = None
     return build(model, name=name, bind=bind, limits=limits)
 
 
-def from_torch(module, example_inputs, dynamic_shapes=None, name: str = "main", limits: Limits | None = None) -> Package:
+def from_torch(module, example_inputs, dynamic_shapes=None, name: str = "main",
+               limits: Limits | None = None) -> Package:
     """A package from a torch module through torch.export; see torch_import.py."""
     from .torch_import import from_torch as build
 

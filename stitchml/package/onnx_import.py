@@ -325,7 +325,8 @@ def check_model(proto, limits: Limits) -> None:
         onnx.checker.check_model(proto, full_check=True)
     except onnx.shape_inference.InferenceError as e:
         if not _only_function_bodies(proto, str(e)):
-            raise PackageError(f"the ONNX checker refuses the model (shape inference: {str(e).strip()[:400]})") from None
+            raise PackageError(f"the ONNX checker refuses the model (shape inference: "
+                               f"{str(e).strip()[:400]})") from None
     except Exception as e:  # ValidationError and whatever else the checker refuses with
         raise PackageError(f"the ONNX checker refuses the model ({type(e).__name__}: "
                            f"{str(e).strip()[:400]})") from None
