@@ -176,7 +176,7 @@ def open_regular(path: str, what: str) -> tuple[int, int]:
     now = os.fstat(fd)
     if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
         os.close(fd)
-        raise PackageError(f"{what}: changed into a {_kind(now.st_mode)} while being opened")
+        raise PackageError(f"{what}: was replaced while being opened")
     return fd, now.st_size
 
 
