@@ -591,6 +591,8 @@ class _Tally:
         self.counts[outcome] += 1
         if outcome.split(":")[0] in FAILURES or outcome.startswith("untyped"):
             self.failures.append({"kind": self.kind, "index": index, "outcome": outcome, "desc": desc})
+            if self.log:  # at once, so that a long run stopped early still names it
+                self.log(f"FAILURE {outcome}: {desc[:300]} (--only {self.kind}:{index})")
         if seconds > self.slowest:
             self.slowest = seconds
             if self.log:
