@@ -129,6 +129,12 @@ def test_duplicate_node_outputs_are_refused():
         sm.package.from_onnx(m)
 
 
+def test_duplicate_graph_outputs_are_refused():
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2])], [_vi("y", [2]), _vi("y", [2])])
+    with pytest.raises(sm.PackageError, match=r"graph outputs \['y', 'y'\] name a value twice"):
+        sm.package.from_onnx(m)
+
+
 def test_duplicate_initializers_are_refused():
     m = _model([helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", [3])], [_vi("y", [3])],
                [_const("w", np.ones(3, np.float32)), _const("w", np.zeros(3, np.float32))])

@@ -312,6 +312,9 @@ def check_model(proto, limits: Limits) -> None:
             if name in defined:
                 raise PackageError(f"{what} {name!r} is defined twice (ONNX graphs assign each name once)")
             defined.add(name)
+    outputs = [o.name for o in graph.output]
+    if len(set(outputs)) != len(outputs):
+        raise PackageError(f"graph outputs {outputs} name a value twice")
     for vi in [*graph.input, *graph.output, *graph.value_info]:
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
             dims = [d.dim_value for d in vi.type.tensor_type.shape.dim if d.HasField("dim_value")]
