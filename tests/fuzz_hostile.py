@@ -567,6 +567,16 @@ def _worker(kind: str, start: int, stop: int, seed: int, time_limit: float) -> N
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds a process has used (user and system)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def _rss_mb(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -601,7 +611,7 @@ class _Tally:
 
 def _watch(proc, tally: _Tally, time_limit: float, max_rss_mb: float) -> tuple[int | None, int | None, str | None]:
     """Follow one worker until it exits or is killed: (last finished index, the index it was on, why killed)."""
-    current, began, buf, last = None, 0.0, b"", None
+    current, began, began_cpu, buf, last = None, 0.0, 0.0, b"", None
     while True:
         ready, _, _ = select.select([proc.stdout], [], [], 0.05)
         if ready:
@@ -613,14 +623,17 @@ def _watch(proc, tally: _Tally, time_limit: float, max_rss_mb: float) -> tuple[i
                 line, buf = buf.split(b"\n", 1)
                 msg = json.loads(line)
                 if "start" in msg:
-                    current, began = msg["start"], time.monotonic()
+                    current, began, began_cpu = msg["start"], time.monotonic(), _cpu_s(proc.pid)
                     continue
                 tally.add(msg["done"], msg["outcome"], msg["desc"], msg["s"])
                 current, last = None, msg["done"]
                 if tally.log and (last + 1) % 1000 == 0:
                     tally.log(f"{tally.kind}: {sum(tally.counts.values())} done {dict(tally.counts)}")
         if current is not None:
-            if time.monotonic() - began > time_limit + 5:  # the worker's own timer did not get it back
+            wall = time.monotonic() - began
+            # The worker's own timer did not get it back: a hang if it spun on the CPU all along, or blocked
+            # for long (on a loaded machine a starved worker can pass the wall-clock limit doing little).
+            if wall > time_limit + 5 and (_cpu_s(proc.pid) - began_cpu > time_limit or wall > 6 * time_limit):
                 proc.kill()
                 return last, current, "hang"
             if _rss_mb(proc.pid) > max_rss_mb:
