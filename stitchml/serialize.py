@@ -221,8 +221,10 @@ def _read_operation(g, rec: dict, where: str, tensors: dict[str, torch.Tensor], 
     in_tensors = [tensor_by_id[t] for t in inputs]
     try:
         inferred = REGISTRY[opname].infer([t.type for t in in_tensors], **attrs)
-    except (ShapeError, TypeError, KeyError, ValueError) as e:
-        raise SerializationError(f"{where} ({opname}): attributes or inputs do not fit the op ({e})") from None
+    except (ShapeError, TypeError, KeyError, ValueError, ArithmeticError, RuntimeError) as e:
+        # The rules assume well-formed attributes: a stride of 0, inf as an int, a tensor as a flag end here.
+        raise SerializationError(f"{where} ({opname}): attributes or inputs do not fit the op "
+                                 f"({type(e).__name__}: {e})") from None
     inferred = [inferred] if isinstance(inferred, TensorType) else list(inferred)
     _require(inferred == types, f"{where} ({opname}): stored output types {[str(t) for t in types]} differ "
                                 f"from the op's rule {[str(t) for t in inferred]}")

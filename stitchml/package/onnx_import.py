@@ -25,6 +25,7 @@ from .. import dtypes
 from ..errors import PackageError, StitchError
 from ..graph import Graph
 from ..ir import UNKNOWN, Tensor
+from .limits import Limits, known_elements, resolve
 from .package import Package
 
 MIN_OPSET = 1  # handlers read both the attribute and the operand forms; 13+ is what docs/packages.md promises
@@ -72,8 +73,10 @@ class Dims:
 class Importer:
     """The state of one import: the graph, the ONNX value table and the opset."""
 
-    def __init__(self, model, name: str, bind: dict[str, Any] | None = None):
+    def __init__(self, model, name: str, bind: dict[str, Any] | None = None, limits: Limits | None = None):
         self.model = model
+        self.limits = resolve(limits)
+        self.unrolled_steps = 0  # recurrent steps unrolled so far, over every layer (onnx_rnn.py)
         self.bind = dict(bind or {})
         self.g = Graph(model.graph.name or name)
         self.values: dict[str, Any] = {}  # ONNX name -> Tensor | Dims
@@ -87,6 +90,21 @@ class Importer:
 
     def fail(self, message: str) -> PackageError:
         return PackageError(f"{self.where()}: {message}")
+
+    def over(self, name: str, found: int, what: str) -> PackageError:
+        """The error for a limit (limits.py) this node would exceed."""
+        return self.limits.exceeded(name, found, f"{self.where()}: {what}")
+
+    def axis(self, axis: Any, rank: int, what: str = "axis") -> int:
+        """`axis` counted from 0, refusing one outside [-rank, rank) as the operator specs do."""
+        if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not -rank <= axis < rank:
+            raise self.fail(f"{what} {axis!r} is outside [{-rank}, {rank}) for an input of rank {rank}")
+        return int(axis) % rank
+
+    def check_size(self, value: Any) -> None:
+        """Refuse a value whose known extents hold more elements than max_tensor_elements."""
+        if isinstance(value, Tensor) and known_elements(value.shape) > self.limits.max_tensor_elements:
+            raise self.over("max_tensor_elements", known_elements(value.shape), f"result of {value.type} elements")
 
     def constant(self, array: np.ndarray) -> Tensor:
         array = np.asarray(array)
@@ -136,6 +154,7 @@ class Importer:
         initializers = {init.name for init in graph.initializer}
         for init in graph.initializer:
             self.values[init.name] = self.tensor(_array(init, f"initializer {init.name!r}"))
+            self.check_size(self.values[init.name])
         inputs, dim_names = {}, {}
         for vi in graph.input:
             if vi.name in initializers:
@@ -145,6 +164,7 @@ class Importer:
                 continue
             dt, shape, names = value_type(vi)
             inputs[vi.name] = self.g.placeholder(shape, dt, name=vi.name)
+            self.check_size(inputs[vi.name])
             self.values[vi.name] = inputs[vi.name]
             dim_names[vi.name] = names
         self.g._fold_constants = True
@@ -168,9 +188,16 @@ class Importer:
             except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
                 # A required attribute or operand is missing or of the wrong kind.
                 raise self.fail(f"malformed node: {type(e).__name__}: {e}") from None
+            except (ArithmeticError, RuntimeError, MemoryError) as e:
+                # Folding constants evaluates the op now: torch refuses what the model's values make undefined.
+                raise self.fail(f"cannot be evaluated on its constant operands ({type(e).__name__}: "
+                                f"{str(e)[:200]})") from None
             for out_name, value in zip(node.output, results):
+                self.check_size(value)
                 if out_name:
                     self.values[out_name] = value
+            if len(self.g.operations) > self.limits.max_operations:
+                raise self.over("max_operations", len(self.g.operations), "operations built so far")
         self.node = None
         self.g._fold_constants = False
         outputs = {}
@@ -194,6 +221,8 @@ def value_type(vi) -> tuple[dtypes.DType, tuple[int, ...] | None, list | None]:
     if not tt.HasField("shape"):
         return dt, None, None
     shape = tuple(d.dim_value if d.HasField("dim_value") else UNKNOWN for d in tt.shape.dim)
+    if any(d.HasField("dim_value") and d.dim_value < 0 for d in tt.shape.dim):
+        raise PackageError(f"{where}: negative extent in shape {[d.dim_value for d in tt.shape.dim]}")
     names = [d.dim_param if d.HasField("dim_param") and d.dim_param else None for d in tt.shape.dim]
     return dt, shape, names
 
@@ -204,6 +233,8 @@ def _array(proto, where: str) -> np.ndarray:
     if proto.data_location == proto.EXTERNAL:
         raise PackageError(f"{where}: external tensor data is not supported; save the model with its weights inline")
     onnx_dtype(proto.data_type, where)
+    if any(d < 0 for d in proto.dims):
+        raise PackageError(f"{where}: negative extent in dims {list(proto.dims)}")
     try:
         return numpy_helper.to_array(proto)
     except (ValueError, TypeError) as e:
@@ -234,30 +265,107 @@ def _prune(graph: Graph, outputs: Sequence[Tensor]) -> None:
     graph.operations = [op for op in graph.operations if op.id in needed or op.op == "placeholder"]
 
 
-def load_model(model: Any):
-    """A ModelProto from a path, bytes or a ModelProto."""
+def load_model(model: Any, limits: Limits | None = None):
+    """A ModelProto from a path, bytes or a ModelProto; a file must be a regular file within max_model_bytes."""
     import onnx
 
+    from .container import open_regular
+
+    limits = resolve(limits)
     if isinstance(model, onnx.ModelProto):
         return model
     try:
         if isinstance(model, (bytes, bytearray)):
-            return onnx.load_model_from_string(bytes(model))
-        path = os.fspath(model)
-        with open(path, "rb") as f:
-            return onnx.load_model_from_string(f.read())
+            data = bytes(model)
+        else:
+            path = os.fspath(model)
+            fd, size = open_regular(os.path.realpath(path), f"ONNX model {path}")
+            with os.fdopen(fd, "rb") as f:
+                if size > limits.max_model_bytes:
+                    raise limits.exceeded("max_model_bytes", size, f"ONNX model {path}: size in bytes")
+                data = f.read(size + 1)
+        if len(data) > limits.max_model_bytes:
+            raise limits.exceeded("max_model_bytes", len(data), "ONNX model: size in bytes")
+        return onnx.load_model_from_string(data)
+    except PackageError:
+        raise
     except (OSError, TypeError) as e:
-        raise PackageError(f"cannot read the ONNX model {model!r} ({e})") from None
+        raise PackageError(f"cannot read the ONNX model {model!r:.200} ({e})") from None
     except Exception as e:  # protobuf's DecodeError has no stable import path
-        raise PackageError(f"{model!r} is not a valid ONNX model ({type(e).__name__}: {e})") from None
+        raise PackageError(f"{model!r:.200} is not a valid ONNX model ({type(e).__name__}: {e})") from None
 
 
-def from_onnx(model: Any, name: str = "main", bind: dict[str, Any] | None = None) -> Package:
+def check_model(proto, limits: Limits) -> None:
+    """Refuse what ONNX's checker refuses (with strict shape inference), and what it lets through:
+    duplicate initializers or node outputs, negative extents, graphs over max_nodes."""
+    import onnx
+
+    graph = proto.graph
+    if len(graph.node) > limits.max_nodes:
+        raise limits.exceeded("max_nodes", len(graph.node), "the ONNX graph's nodes")
+    defined: set[str] = set()
+    for what, names in (("initializer", [i.name for i in graph.initializer]),
+                        ("graph input", [v.name for v in graph.input if v.name not in
+                                         {i.name for i in graph.initializer}]),
+                        ("node output", [o for n in graph.node for o in n.output if o])):
+        for name in names:
+            if name in defined:
+                raise PackageError(f"{what} {name!r} is defined twice (ONNX graphs assign each name once)")
+            defined.add(name)
+    outputs = [o.name for o in graph.output]
+    if len(set(outputs)) != len(outputs):
+        raise PackageError(f"graph outputs {outputs} name a value twice")
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            dims = [d.dim_value for d in vi.type.tensor_type.shape.dim if d.HasField("dim_value")]
+            if any(d < 0 for d in dims):
+                raise PackageError(f"graph value {vi.name!r}: negative extent in shape {dims}")
+    for init in graph.initializer:
+        if init.data_location == init.EXTERNAL:
+            raise PackageError(f"initializer {init.name!r}: external tensor data is not supported; "
+                               "save the model with its weights inline")
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except onnx.shape_inference.InferenceError as e:
+        if not _only_function_bodies(proto, str(e)):
+            raise PackageError(f"the ONNX checker refuses the model (shape inference: "
+                               f"{str(e).strip()[:400]})") from None
+    except Exception as e:  # ValidationError and whatever else the checker refuses with
+        raise PackageError(f"the ONNX checker refuses the model ({type(e).__name__}: "
+                           f"{str(e).strip()[:400]})") from None
+
+
+def _only_function_bodies(proto, message: str) -> bool:
+    """Whether every inference error is in the function body of an operator that has no inference rule
+    of its own: ONNX infers those by expanding the body, which fails on some valid models (MVN with its
+    default axes). The importer's own checks still apply to such nodes."""
+    import re
+
+    import onnx
+
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
+    failing = set(re.findall(r"\(op_type:(\w+)", message)) & {n.op_type for n in proto.graph.node}
+    if not failing:
+        return False
+    for op in failing:
+        try:
+            schema = onnx.defs.get_schema(op, opset)
+        except onnx.defs.SchemaError:
+            return False
+        if schema.has_type_and_shape_inference_function or not schema.has_function:
+            return False
+    return True
+
+
+def from_onnx(model: Any, name: str = "main", bind: dict[str, Any] | None = None,
+              limits: Limits | None = None) -> Package:
     """Import an ONNX model into a one-function package; PackageError names the node that failed.
 
     `bind` fixes graph inputs to values (arrays) at import time; operands the
     importer must know (axes, shapes, pads, repeats) can be given this way
-    when the model takes them as inputs.
+    when the model takes them as inputs. The model must pass ONNX's checker
+    (`onnx.checker.check_model(full_check=True)`); `limits` bounds what importing
+    may cost (limits.py). Any invalid or hostile model raises PackageError.
 
     >>> import onnx, numpy as np, stitchml as sm
     >>> from onnx import helper, TensorProto as T
@@ -270,8 +378,10 @@ def from_onnx(model: Any, name: str = "main", bind: dict[str, Any] | None = None
     """
     from .. import __version__
 
-    proto = load_model(model)
-    importer = Importer(proto, name, bind)
+    limits = resolve(limits)
+    proto = load_model(model, limits)
+    check_model(proto, limits)
+    importer = Importer(proto, name, bind, limits)
     if importer.opset < MIN_OPSET:
         raise PackageError(f"the model uses opset {importer.opset}; the importer reads opset {MIN_OPSET} and later "
                            "(13 and later fully); convert it with onnx.version_converter")

@@ -184,8 +184,7 @@ def _instance_norm(cx, node, args, attrs):
 def _layer_norm(cx, node, args, attrs):
     g, x = cx.g, _t(cx, args[0])
     r = _rank(cx, x)
-    axis = attrs.get("axis", -1) % r
-    axes = tuple(range(axis, r))
+    axes = tuple(range(cx.axis(attrs.get("axis", -1), r), r))
     eps = attrs.get("epsilon", 1e-5)
     xf = g.cast(x, dtypes.float32) if attrs.get("stash_type", 1) == 1 and x.dtype != dtypes.float64 else x
     mean = g.reduction_mean(xf, axes, keep_dims=True)
@@ -201,7 +200,7 @@ def _layer_norm(cx, node, args, attrs):
 def _rms_norm(cx, node, args, attrs):
     g, x = cx.g, _t(cx, args[0])
     r = _rank(cx, x)
-    axes = tuple(range(attrs.get("axis", -1) % r, r))
+    axes = tuple(range(cx.axis(attrs.get("axis", -1), r), r))
     xf = g.cast(x, dtypes.float32) if x.dtype != dtypes.float64 else x
     inv = g.reverse_square_root(g.reduction_mean(xf * xf, axes, keep_dims=True) + attrs.get("epsilon", 1e-5))
     return [g.cast(xf * inv, x.dtype) * _t(cx, args[1])]

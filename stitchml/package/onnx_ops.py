@@ -79,9 +79,16 @@ def _identity(cx, node, args, attrs):
     return [args[0] if isinstance(args[0], Dims) else cx.g.identity(_t(cx, args[0]))]
 
 
+def _nonzero_divisor(cx, b: Tensor) -> None:
+    """Integer division by a known zero is undefined (ONNX) and an error when folded: refuse it by name."""
+    if not b.dtype.is_floating and b.op.op == "constant" and bool((b.op.attrs["value"] == 0).any()):
+        raise cx.fail(f"integer divisor {b.name} holds a zero")
+
+
 @handles("Div")
 def _div(cx, node, args, attrs):
     a, b = _t(cx, args[0]), _t(cx, args[1])
+    _nonzero_divisor(cx, b)
     q = cx.g.division(a, b)
     # Integer division truncates toward zero, as C does.
     return [q if a.dtype.is_floating else cx.g.cast(cx.g.truncate(q), a.dtype)]
@@ -91,6 +98,7 @@ def _div(cx, node, args, attrs):
 def _mod(cx, node, args, attrs):
     g = cx.g
     a, b = _t(cx, args[0]), _t(cx, args[1])
+    _nonzero_divisor(cx, b)
     r = g.modulo(a, b)
     if not attrs.get("fmod", 0):
         return [r]
@@ -266,7 +274,7 @@ def _flatten(cx, node, args, attrs):
     x = _t(cx, args[0])
     rank = _rank(cx, x)
     axis = attrs.get("axis", 1)
-    axis = axis + rank if axis < 0 else axis
+    axis = rank if axis == rank else cx.axis(axis, rank)  # Flatten also takes axis == rank
     left, right = x.shape[:axis], x.shape[axis:]
     if UNKNOWN not in left:
         return [cx.g.reshape(x, (int(np.prod(left, dtype=np.int64)), -1))]
@@ -286,16 +294,30 @@ def _dims_or_tensor(fn_dims, fn_tensor):
     return handler
 
 
+def _in_range(cx, idx, n: int, what: str) -> None:
+    """Known indices must lie in [-n, n) (ONNX: out of range is an error)."""
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise cx.fail(f"{what} {idx.min()}..{idx.max()} fall outside [{-n}, {n})")
+
+
 def _gather_dims(cx, node, args, attrs):
     idx = cx.static(args[1], "Gather indices on a shape")
     entries = args[0].entries
+    _in_range(cx, idx, len(entries), "indices")
     picked = [entries[int(i)] for i in idx.reshape(-1)]
     return [Dims(picked, scalar=idx.ndim == 0)]
 
 
 def _gather_tensor(cx, node, args, attrs):
     x, idx = _t(cx, args[0]), _t(cx, args[1])
-    return [cx.g.gather(x, idx, attrs.get("axis", 0))]
+    axis = cx.axis(attrs.get("axis", 0), _rank(cx, x))
+    _known_indices_in_range(cx, x, idx, axis)
+    return [cx.g.gather(x, idx, axis)]
+
+
+def _known_indices_in_range(cx, x: Tensor, idx: Tensor, axis: int) -> None:
+    if idx.op.op == "constant" and x.shape[axis] != UNKNOWN:
+        _in_range(cx, idx.op.attrs["value"].numpy(), x.shape[axis], "indices")
 
 
 HANDLERS["Gather"] = _dims_or_tensor(_gather_dims, _gather_tensor)
@@ -313,7 +335,9 @@ def _slice_params(cx, args, attrs, rank):
         axes, steps = list(attrs.get("axes", range(len(starts)))), [1] * len(starts)
     s, e, st = [None] * rank, [None] * rank, [1] * rank
     for a, b, c, d in zip(axes, starts, ends, steps):
-        a = a % rank
+        a = cx.axis(a, rank, "Slice axis")
+        if d == 0:
+            raise cx.fail("Slice step 0")
         s[a], e[a], st[a] = int(b), int(c), int(d)
     return s, e, st
 
@@ -340,7 +364,8 @@ def _concat_dims(cx, node, args, attrs):
 def _concat(cx, node, args, attrs):
     if any(isinstance(a, Dims) for a in args):
         return _concat_dims(cx, node, args, attrs)
-    return [cx.g.concat([_t(cx, a) for a in args], attrs["axis"])]
+    xs = [_t(cx, a) for a in args]
+    return [cx.g.concat(xs, cx.axis(attrs["axis"], _rank(cx, xs[0])))]
 
 
 @handles("Unsqueeze")
@@ -394,13 +419,19 @@ def _constant_of_shape(cx, node, args, attrs):
 @handles("Range")
 def _range(cx, node, args, attrs):
     start, limit, delta = (cx.static(a, "Range operands") for a in args)
+    first, last, step = (float(v.reshape(-1)[0]) for v in (start, limit, delta))
+    if step == 0 or not all(math.isfinite(v) for v in (first, last, step)):
+        raise cx.fail(f"Range({first}, {last}, {step}) needs finite operands and a non-zero step")
+    count = max(math.ceil((last - first) / step), 0)  # checked before NumPy computes it
+    if count > cx.limits.max_folded_elements:
+        raise cx.over("max_folded_elements", count, "Range length")
     return [cx.g.cast(cx.tensor(np.arange(start, limit, delta).astype(start.dtype)), _t(cx, args[0]).dtype)]
 
 
 @handles("Split")
 def _split(cx, node, args, attrs):
     x = _t(cx, args[0])
-    axis = attrs.get("axis", 0)
+    axis = cx.axis(attrs.get("axis", 0), _rank(cx, x))
     if len(args) > 1 and args[1] is not None:
         sizes = cx.static(args[1], "Split sizes").reshape(-1).tolist()
     elif "split" in attrs:
@@ -408,10 +439,12 @@ def _split(cx, node, args, attrs):
     else:
         n = x.shape[axis]
         parts = attrs.get("num_outputs", len(node.output))
-        if n == UNKNOWN:
-            raise cx.fail("an equal Split needs a known extent")
+        if n == UNKNOWN or n < 1 or not 1 <= parts <= n:
+            raise cx.fail(f"an equal Split into {parts} needs a known extent of at least that many, got {x.type}")
         chunk = -(-n // parts)
         sizes = [chunk] * (n // chunk) + ([n % chunk] if n % chunk else [])
+    if len(sizes) != len(node.output):
+        raise cx.fail(f"{len(sizes)} split sizes for {len(node.output)} outputs")
     return cx.g.split(x, sizes, axis)
 
 
@@ -426,10 +459,17 @@ def _pad(cx, node, args, attrs):
         value = value[0].item() if value.size else 0.0
     elif "value" in attrs:
         value = attrs["value"]
-    axes = _axes_operand(cx, args, {}, 3) or list(range(rank))
+    axes = [cx.axis(a, rank) for a in (_axes_operand(cx, args, {}, 3) or range(rank))]
+    if len(pads) != 2 * len(axes):
+        raise cx.fail(f"{len(pads)} pads for {len(axes)} axes (expected two per axis)")
     left, right = [0] * rank, [0] * rank
     for i, a in enumerate(axes):
-        left[a % rank], right[a % rank] = int(pads[i]), int(pads[i + len(axes)])
+        left[a], right[a] = int(pads[i]), int(pads[i + len(axes)])
+    for a, (lo, hi, n) in enumerate(zip(left, right, x.shape)):
+        crop = -min(lo, 0) - min(hi, 0)
+        if crop and (n == UNKNOWN or crop > n):
+            raise cx.fail(f"pads {lo}, {hi} remove {crop} elements of axis {a}, whose extent is "
+                          f"{'unknown' if n == UNKNOWN else n}")
     if min(left + right) < 0:  # negative pads crop
         x = g.slice(x, [-min(p, 0) for p in left], [min(p, 0) or None for p in right])
         left, right = [max(p, 0) for p in left], [max(p, 0) for p in right]
@@ -442,7 +482,7 @@ def _reduce_axes(cx, node, args, attrs, x):
     axes = _axes_operand(cx, args, attrs)
     if not axes:
         return "noop" if attrs.get("noop_with_empty_axes", 0) else None
-    return [a % _rank(cx, x) for a in axes]
+    return [cx.axis(a, _rank(cx, x)) for a in axes]
 
 
 @handles("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
@@ -470,7 +510,7 @@ def _reduce(cx, node, args, attrs):
 @handles("ArgMax", "ArgMin")
 def _arg(cx, node, args, attrs):
     g, x = cx.g, _t(cx, args[0])
-    axis, keep = attrs.get("axis", 0) % _rank(cx, x), bool(attrs.get("keepdims", 1))
+    axis, keep = cx.axis(attrs.get("axis", 0), _rank(cx, x)), bool(attrs.get("keepdims", 1))
     fn = g.reduction_arg_maximum if node.op_type == "ArgMax" else g.reduction_arg_minimum
     if not attrs.get("select_last_index", 0):
         return [fn(x, axis, keep)]
@@ -486,7 +526,7 @@ def _softmax(cx, node, args, attrs):
     g, x = cx.g, _t(cx, args[0])
     rank = _rank(cx, x)
     legacy = cx.opset < 13
-    axis = attrs.get("axis", 1 if legacy else -1) % rank
+    axis = cx.axis(attrs.get("axis", 1 if legacy else -1), rank)
     shape = x.shape
     if legacy:  # before opset 13 the input is coerced to 2-D around `axis`
         x = _flatten(cx, node, [x], {"axis": axis})[0]
@@ -522,6 +562,8 @@ def _trilu(cx, node, args, attrs):
     if x.rank is None or x.rank < 2 or UNKNOWN in x.shape[-2:]:
         raise cx.fail("Trilu needs known extents of the last two axes")
     n, m = x.shape[-2:]
+    if n * m > cx.limits.max_folded_elements:
+        raise cx.over("max_folded_elements", n * m, "Trilu mask elements")
     mask = np.triu(np.ones((n, m), bool), k) if attrs.get("upper", 1) else np.tril(np.ones((n, m), bool), k)
     return [cx.g.select(cx.tensor(mask), x, cx.g.cast(cx.tensor(np.zeros((), np.int64)), x.dtype))]
 
@@ -561,7 +603,13 @@ def _dropout(cx, node, args, attrs):
 # -- indexing, scans, resampling ---------------------------------------------------------------
 @handles("GatherElements")
 def _gather_elements(cx, node, args, attrs):
-    return [cx.g.gather_along_axis(_t(cx, args[0]), _t(cx, args[1]), attrs.get("axis", 0))]
+    x, idx = _t(cx, args[0]), _t(cx, args[1])
+    axis = cx.axis(attrs.get("axis", 0), _rank(cx, x))
+    _known_indices_in_range(cx, x, idx, axis)
+    if idx.rank == x.rank and any(i > d and d != UNKNOWN for a, (i, d) in enumerate(zip(idx.shape, x.shape))
+                                  if a != axis):
+        raise cx.fail(f"indices {idx.type} reach beyond data {x.type} off axis {axis}")
+    return [cx.g.gather_along_axis(x, idx, axis)]
 
 
 @handles("CumSum")
@@ -589,7 +637,7 @@ def _resize(cx, node, args, attrs):
     rank = _rank(cx, x)
     if attrs.get("antialias", 0):
         raise cx.fail("Resize with antialias is not supported")
-    axes = [a % rank for a in attrs.get("axes", range(rank))]
+    axes = [cx.axis(a, rank) for a in attrs.get("axes", range(rank))]
     args = list(args) + [None] * (4 - len(args))
     roi = cx.static(args[1], "Resize roi").reshape(-1).tolist() if args[1] is not None else []
     scales = [1.0] * rank

@@ -101,6 +101,11 @@ def _recurrent(cx, node, args, attrs):
         raise cx.fail(f"{op} needs a known sequence length to unroll")
     direction = attrs.get("direction", "forward")
     dirs = 2 if direction == "bidirectional" else 1
+    # Each step is a dozen ops: refuse before building any. Stacked layers are nodes of their own and add up.
+    cx.unrolled_steps += steps * dirs
+    if cx.unrolled_steps > cx.limits.max_unrolled_steps:
+        raise cx.over("max_unrolled_steps", cx.unrolled_steps,
+                      "unrolled recurrent steps (sequence length x directions, summed over the model's layers)")
     hidden = attrs.get("hidden_size") or r.shape[-1]
     attrs = dict(attrs, hidden_size=hidden)
     acts = _activations(cx, op, attrs, dirs)

@@ -35,6 +35,8 @@ from ..ir import UNKNOWN, Tensor, TensorType
 from ..serialize import from_dict, to_dict
 from ..tensor_data import TensorData
 from . import container, kernels as bundles
+from .container import is_int
+from .limits import Limits, known_elements, resolve
 
 FORMAT = "stitchml.package"
 VERSION = 1
@@ -309,12 +311,13 @@ def _port(rec: Any, where: str) -> tuple[int, Port]:
     _need(isinstance(rec, dict), where, f"expected an object, got {type(rec).__name__}")
     name, shape, tid = rec.get("name"), rec.get("shape"), rec.get("tensor")
     _need(isinstance(name, str) and name != "", where, f"name must be a non-empty string, got {name!r}")
-    _need(isinstance(tid, int), where, f"tensor must be an int id, got {tid!r}")
-    _need(shape is None or (isinstance(shape, list) and all(isinstance(d, int) and d >= -1 for d in shape)),
+    _need(is_int(tid), where, f"tensor must be an int id, got {tid!r}")
+    _need(shape is None or (isinstance(shape, list) and all(is_int(d) and d >= -1 for d in shape)),
           where, f"shape must be a list of ints >= -1 (or null), got {shape!r}")
+    _need(isinstance(rec.get("dtype"), str), where, f"dtype must be a dtype's name, got {rec.get('dtype')!r:.40}")
     try:
-        dt = dtypes.as_dtype(rec.get("dtype") if isinstance(rec.get("dtype"), str) else repr(rec.get("dtype")))
-    except TypeError as e:
+        dt = dtypes.as_dtype(rec["dtype"])
+    except (TypeError, ValueError) as e:
         raise PackageError(f"{where}: {e}") from None
     names = rec.get("dim_names")
     _need(names is None or (isinstance(names, list) and shape is not None and len(names) == len(shape)
@@ -323,7 +326,16 @@ def _port(rec: Any, where: str) -> tuple[int, Port]:
     return tid, Port(name, TensorType(None if shape is None else tuple(shape), dt), None if names is None else tuple(names))
 
 
-def _load_function(name: str, rec: Any, parts: dict[str, bytes], where: str) -> Function:
+def _check_size(graph, limits: Limits, where: str) -> None:
+    """Refuse an IR whose tensors could not be held: every known extent's product within the limit."""
+    for op in graph.operations:
+        for t in op.outputs:
+            known = known_elements(t.shape)
+            if known > limits.max_tensor_elements:
+                raise limits.exceeded("max_tensor_elements", known, f"{where}: tensor {t.name} ({t.type}) elements")
+
+
+def _load_function(name: str, rec: Any, parts: dict[str, bytes], where: str, limits: Limits) -> Function:
     from safetensors import SafetensorError
     from safetensors.torch import load as load_tensors
 
@@ -332,6 +344,9 @@ def _load_function(name: str, rec: Any, parts: dict[str, bytes], where: str) -> 
         _need(isinstance(rec.get(key), str) and rec[key] in parts, where,
               f"{key} part {rec.get(key)!r} is not in the package")
     doc = container.parse_json(parts[rec["graph"]], f"{where} graph")
+    ops = doc.get("operations") if isinstance(doc, dict) else None
+    if isinstance(ops, list) and len(ops) > limits.max_operations:
+        raise limits.exceeded("max_operations", len(ops), f"{where}: the IR's operations")
     try:
         tensors = load_tensors(parts[rec["weights"]])
     except (SafetensorError, ValueError, RuntimeError, OverflowError) as e:
@@ -342,6 +357,7 @@ def _load_function(name: str, rec: Any, parts: dict[str, bytes], where: str) -> 
         raise PackageError(f"{where}: invalid IR: {e}") from None
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
         raise PackageError(f"{where}: malformed IR ({type(e).__name__}: {e})") from None
+    _check_size(graph, limits, where)
     by_id = {t.id: t for op in graph.operations for t in op.outputs}
     ports = {}
     for kind in ("inputs", "outputs"):
@@ -375,7 +391,7 @@ def _load_kernels(manifest: dict, functions: dict, parts: dict[str, bytes]) -> t
               f"function {r.get('function')!r} is not in the package")
         _need(isinstance(r.get("part"), str) and r["part"] in parts, where, f"part {r.get('part')!r} is not in the package")
         dims, target = r.get("input_dimensions"), r.get("target")
-        _need(isinstance(dims, dict) and all(isinstance(v, list) and all(isinstance(d, int) and d >= 0 for d in v)
+        _need(isinstance(dims, dict) and all(isinstance(v, list) and all(is_int(d) and d >= 0 for d in v)
                                              for v in dims.values()), where, "input_dimensions must map names to extents")
         _need(isinstance(target, dict) and all(isinstance(v, str) for v in target.values()), where,
               "target must map strings to strings")
@@ -388,8 +404,11 @@ def _load_kernels(manifest: dict, functions: dict, parts: dict[str, bytes]) -> t
     return entries, blobs
 
 
-def load_package(path: str | os.PathLike) -> Package:
+def load_package(path: str | os.PathLike, limits: Limits | None = None) -> Package:
     """Read and validate a package file or directory; PackageError says what is wrong and where.
+
+    `limits` bounds what loading may cost (sizes of parts and tensors, operations; limits.py); the
+    default is `default_limits()`. Any damaged or hostile input raises PackageError, never another error.
 
     >>> import stitchml as sm
     >>> sm.load_package("/nonexistent.smpkg")
@@ -397,7 +416,8 @@ def load_package(path: str | os.PathLike) -> Package:
     ...
     stitchml.errors.PackageError: /nonexistent.smpkg: no such package
     """
-    manifest, parts = container.read(path)
+    limits = resolve(limits)
+    manifest, parts = container.read(path, limits)
     where = f"{os.fspath(path)}: manifest"
     _need(manifest.get("format") == FORMAT, where, f"format is {manifest.get('format')!r}, expected {FORMAT!r}")
     _need(manifest.get("version") == VERSION, where,
@@ -409,7 +429,7 @@ def load_package(path: str | os.PathLike) -> Package:
     functions = {}
     for name, rec in funcs.items():
         _need(isinstance(name, str) and name.isidentifier(), where, f"function name {name!r} must be an identifier")
-        functions[name] = _load_function(name, rec, parts, f"{where} functions[{name!r}]")
+        functions[name] = _load_function(name, rec, parts, f"{where} functions[{name!r}]", limits)
     used = {r[k] for r in funcs.values() for k in ("graph", "weights")}
     kernels, blobs = _load_kernels(manifest, functions, parts)
     unused = set(parts) - used - set(blobs)

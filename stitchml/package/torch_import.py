@@ -27,6 +27,7 @@ from .. import dtypes
 from ..errors import PackageError, StitchError
 from ..graph import Graph
 from ..ir import UNKNOWN, Tensor
+from .limits import Limits, known_elements, resolve
 from .package import Package
 
 
@@ -39,10 +40,12 @@ class TorchImporter:
         self.values: dict[str, Any] = {}
         self.node = None
 
-    def fail(self, message: str) -> PackageError:
+    def where(self) -> str:
         n = self.node
-        where = f"node {n.name} ({n.target})" if n is not None else "program"
-        return PackageError(f"{where}: {message}")
+        return f"node {n.name} ({n.target})" if n is not None else "program"
+
+    def fail(self, message: str) -> PackageError:
+        return PackageError(f"{self.where()}: {message}")
 
     def tensor(self, value: Any, like: Tensor | None = None) -> Tensor:
         """A graph tensor for a value; Python scalars take like's dtype (weak typing, as in torch)."""
@@ -71,26 +74,64 @@ class TorchImporter:
         return out
 
 
-def _dim_names(module, program, dynamic_shapes) -> dict[str, list[str | None]]:
-    """Input name -> per-axis names of the torch.export.Dim objects that made extents symbolic."""
+def _leaf_specs(value: Any, spec: Any, out: list) -> None:
+    """The dynamic_shapes spec of every leaf of `value`, in the order torch.export flattens inputs."""
+    if isinstance(value, (list, tuple)):
+        specs = spec if isinstance(spec, (list, tuple)) and len(spec) == len(value) else [None] * len(value)
+        for v, sp in zip(value, specs):
+            _leaf_specs(v, sp, out)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _leaf_specs(v, spec.get(k) if isinstance(spec, dict) else None, out)
+    else:
+        out.append(spec if isinstance(value, torch.Tensor) else None)
+
+
+def _symbol_names(module, program, example_inputs: Sequence[Any], dynamic_shapes) -> dict[str, str]:
+    """Symbolic extent (as torch prints it, e.g. ``s31``) -> the name of the torch.export.Dim that made it.
+
+    Specs are matched to the user inputs the way torch.export matches them: per parameter of
+    ``forward`` (``*args`` takes the remaining inputs as one tuple) or per input, then flattened."""
     if dynamic_shapes is None:
         return {}
     try:
-        params = list(inspect.signature(module.forward).parameters)
+        params = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):
         params = []
-    specs = dynamic_shapes if isinstance(dynamic_shapes, dict) else dict(zip(params, dynamic_shapes))
-    out = {}
-    for name, spec in specs.items():
-        if isinstance(spec, dict):
-            items = spec.items()
-        elif isinstance(spec, (list, tuple)):
-            items = enumerate(spec)
+    values, names, rest = [], [], list(example_inputs)
+    for p in params:
+        if not rest:
+            break
+        if p.kind == p.VAR_POSITIONAL:
+            values.append(tuple(rest))
+            rest = []
+        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            values.append(rest.pop(0))
         else:
+            break
+        names.append(p.name)
+    if isinstance(dynamic_shapes, dict):
+        specs = [dynamic_shapes.get(n) for n in names]
+    elif isinstance(dynamic_shapes, (list, tuple)) and len(dynamic_shapes) == len(values):
+        specs = list(dynamic_shapes)
+    else:
+        values, specs = list(example_inputs), list(dynamic_shapes) if isinstance(dynamic_shapes, (list, tuple)) else []
+    leaves: list = []
+    _leaf_specs(tuple(values), tuple(specs) if len(specs) == len(values) else None, leaves)
+    from torch.export.graph_signature import InputKind
+
+    user = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    vals = {n.name: n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"}
+    out: dict[str, str] = {}
+    for name, spec in zip(user, leaves):
+        val = vals.get(name)
+        if not isinstance(val, torch.Tensor) or spec is None:
             continue
-        axes = {int(a): getattr(d, "__name__", None) for a, d in items if d is not None}
-        if axes:
-            out[name] = axes
+        items = spec.items() if isinstance(spec, dict) else enumerate(spec) if isinstance(spec, (list, tuple)) else ()
+        for axis, dim in items:
+            dim_name = getattr(dim, "__name__", None)
+            if isinstance(axis, int) and 0 <= axis < val.dim() and dim_name and not isinstance(val.shape[axis], int):
+                out.setdefault(str(val.shape[axis]), dim_name)
     return out
 
 
@@ -112,12 +153,13 @@ def _weights(program) -> dict[str, torch.Tensor]:
 
 
 def from_torch(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_shapes=None,
-               name: str = "main") -> Package:
+               name: str = "main", limits: Limits | None = None) -> Package:
     """Export `module` with torch.export and import it into a one-function package.
 
     `dynamic_shapes` is torch.export's: per input, a dict {axis: torch.export.Dim}.
     Outputs are named ``output`` (one) or ``output_0``, ``output_1``... The
-    module runs in its current mode: call ``.eval()`` first for inference.
+    module runs in its current mode: call ``.eval()`` first for inference. `limits` (limits.py) bounds
+    the program's nodes (max_nodes), the operations built and the elements of any tensor with known extents.
     """
     from .. import __version__
     from .torch_ops import HANDLERS
@@ -127,9 +169,13 @@ def from_torch(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_s
         program = program.run_decompositions(torch.export.default_decompositions())
     except Exception as e:  # torch.export's own errors have many types; they all mean "cannot export"
         raise PackageError(f"torch.export failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    limits = resolve(limits)
+    n_nodes = len(program.graph.nodes)
+    if n_nodes > limits.max_nodes:
+        raise limits.exceeded("max_nodes", n_nodes, "the exported program's nodes")
     imp = TorchImporter(program, name)
     weights = _weights(program)
-    names = _dim_names(module, program, dynamic_shapes)
+    names = _symbol_names(module, program, example_inputs, dynamic_shapes)
     inputs, dim_names = {}, {}
     outputs: dict[str, Tensor] = {}
     for node in program.graph.nodes:
@@ -144,8 +190,7 @@ def from_torch(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_s
             shape = tuple(d if isinstance(d, int) else UNKNOWN for d in val.shape)
             t = imp.g.placeholder(shape, dtypes.as_dtype(val.dtype), name=node.name)
             inputs[node.name] = imp.values[node.name] = t
-            axes = names.get(node.name, {})
-            dim_names[node.name] = [axes.get(i, str(d)) if not isinstance(d, int) else None for i, d in enumerate(val.shape)]
+            dim_names[node.name] = [None if isinstance(d, int) else names.get(str(d), str(d)) for d in val.shape]
         elif node.op == "call_function":
             handler = HANDLERS.get(str(node.target))
             if handler is None:
@@ -158,6 +203,7 @@ def from_torch(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_s
             except StitchError as e:
                 raise imp.fail(str(e)) from None
             imp.values[node.name] = _match_meta(imp, node, result)
+            _check_size(imp, limits, imp.values[node.name])
         elif node.op == "output":
             results = [imp.tensor(imp.arg(a)) for a in node.args[0]]
             for i, t in enumerate(results):
@@ -168,6 +214,15 @@ def from_torch(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_s
                 "source": f"torch.export from torch {torch.__version__}, {type(module).__name__}"}
     return Package.from_graph(imp.g, inputs, outputs, name=name, producer=producer,
                               dim_names={k: v for k, v in dim_names.items() if any(v)})
+
+
+def _check_size(imp: TorchImporter, limits: Limits, value: Any) -> None:
+    """Refuse a result with more elements than max_tensor_elements, or an IR over max_operations."""
+    for v in value if isinstance(value, (list, tuple)) else (value,):
+        if isinstance(v, Tensor) and known_elements(v.shape) > limits.max_tensor_elements:
+            raise limits.exceeded("max_tensor_elements", known_elements(v.shape), f"{imp.where()}: result {v.type}")
+    if len(imp.g.operations) > limits.max_operations:
+        raise limits.exceeded("max_operations", len(imp.g.operations), f"{imp.where()}: operations built")
 
 
 def _match_meta(imp: TorchImporter, node, result):
