@@ -1,0 +1,56 @@
+"""Host launchers over the device functions: an MLP applied to every row of a matrix (per pixel).
+
+    y = mlp_rows(x, spec.pack(weights, x.device), spec)   # x (rows, widths[0]) -> y (rows, widths[-1])
+
+Import after setting TRITON_INTERPRET=1 to run on the CPU (Triton reads it when decorating).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..errors import ShapeError
+from .descriptor import PROGRAM
+from .language import mlp
+from .spec import MLPSpec
+
+
+@triton.jit
+def _mlp_rows_kernel(x_ptr, w_ptr, y_ptr, rows, IN: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr,
+                     MLP_LAYERS: tl.constexpr, MLP_P0: tl.constexpr, MLP_P1: tl.constexpr, MLP_P2: tl.constexpr,
+                     MLP_P3: tl.constexpr, MLP_P4: tl.constexpr, MLP_A0: tl.constexpr, MLP_A1: tl.constexpr,
+                     MLP_A2: tl.constexpr, MLP_A3: tl.constexpr, MLP_SCOPE: tl.constexpr, MLP_REDUCED: tl.constexpr,
+                     OUT_P: tl.constexpr):
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ci = tl.arange(0, MLP_P0)
+    x = tl.load(x_ptr + r[:, None].to(tl.int64) * IN + ci[None, :], mask=(r[:, None] < rows) & (ci[None, :] < IN),
+                other=0.0)
+    y = mlp(x, w_ptr, MLP_LAYERS, MLP_P0, MLP_P1, MLP_P2, MLP_P3, MLP_P4, MLP_A0, MLP_A1, MLP_A2, MLP_A3,
+            MLP_SCOPE, MLP_REDUCED)
+    co = tl.arange(0, OUT_P)
+    tl.store(y_ptr + r[:, None].to(tl.int64) * OUT + co[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=(r[:, None] < rows) & (co[None, :] < OUT))
+
+
+def mlp_rows(x: torch.Tensor, packed: torch.Tensor, spec: MLPSpec, *, block: int | None = None,
+             num_warps: int = 4, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`spec` applied to each row of the contiguous (rows, widths[0]) `x`; the result has x's dtype.
+
+    `block` rows per program (default 128 at program scope, 16 at thread scope).
+    """
+    if x.dim() != 2 or x.shape[1] != spec.widths[0] or not x.is_contiguous():
+        raise ShapeError(f"mlp_rows: expected contiguous inputs (rows, {spec.widths[0]}), got {tuple(x.shape)}")
+    if packed.dtype != spec.dtype or packed.numel() != spec.packed_numel or packed.device != x.device:
+        raise ShapeError(f"mlp_rows: expected {spec.packed_numel} packed {spec.dtype} weights on {x.device} "
+                         f"(spec.pack), got {packed.numel()} {packed.dtype} on {packed.device}")
+    block = block or (128 if spec.scope == PROGRAM else 16)
+    if spec.scope == PROGRAM and block < 16:
+        raise ShapeError(f"mlp_rows: program scope needs at least 16 rows per program, got block={block}")
+    rows = x.shape[0]
+    if out is None:
+        out = torch.empty((rows, spec.widths[-1]), dtype=x.dtype, device=x.device)
+    _mlp_rows_kernel[(triton.cdiv(rows, block),)](
+        x, packed, out, rows, IN=spec.widths[0], OUT=spec.widths[-1], BLOCK=block, OUT_P=spec.padded[-1],
+        num_warps=num_warps, **spec.constexprs("MLP_"))
+    return out
