@@ -6,6 +6,7 @@ import importlib
 DEMOS = {
     "gelu": "GeLU built from primitives, checked against torch on every device",
     "mnist": "the digit classifier: convolutions, pooling, dense layers, trained with Adam or SGD",
+    "neural-materials": "material channels as quantized latents + an MLP decoded in a Triton kernel, against BC1/BC7",
 }
 
 
@@ -14,6 +15,6 @@ def run(name: str, argv: list[str]) -> int:
         if name != "list":
             print(f"unknown demo {name!r}")
         for k, v in DEMOS.items():
-            print(f"  {k:<8} {v}")
+            print(f"  {k:<16} {v}")
         return 0 if name == "list" else 2
-    return importlib.import_module(f"{__name__}.{name}").main(argv)
+    return importlib.import_module(f"{__name__}.{name.replace('-', '_')}").main(argv)
