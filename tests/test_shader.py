@@ -86,7 +86,11 @@ def test_descriptor_errors_on_the_host():
 def _compile_error(fn) -> str:
     with pytest.raises(Exception) as info:  # CompilationError on a GPU, InterpreterError on the CPU
         fn()
-    return str(info.value)
+    e, messages = info.value, []
+    while e is not None:  # the compiler's error says where; the assertion's message is in its cause
+        messages.append(str(e))
+        e = e.__cause__ or e.__context__
+    return "\n".join(messages)
 
 
 def test_descriptor_errors_when_the_kernel_compiles():
@@ -166,7 +170,8 @@ def test_mlp_rows_against_reference(widths, acts, precision, scope):
         for (w, b), act in zip(stored, acts):
             h = h.half().double() @ torch.tensor(w) + torch.tensor(b)
             h = {"none": lambda t: t, "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}[act](h)
-        want, tol = h, 1e-4
+        # a float32 sum in another order can round an intermediate half the other way: one half ulp (2**-11)
+        want, tol = h, 2e-3
         assert (got - spec.reference(x, weights)).abs().max() > 1e-5  # half storage really is in the path
     else:
         want, tol = spec.reference(x, weights), 1e-5

@@ -24,13 +24,20 @@ def _mlp_rows_kernel(x_ptr, w_ptr, y_ptr, rows, IN: tl.constexpr, OUT: tl.conste
                      OUT_P: tl.constexpr):
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ci = tl.arange(0, MLP_P0)
-    x = tl.load(x_ptr + r[:, None].to(tl.int64) * IN + ci[None, :], mask=(r[:, None] < rows) & (ci[None, :] < IN),
-                other=0.0)
+    if IN == MLP_P0:  # no column mask unless the input is padded: whole rows load as wide vectors
+        x = tl.load(x_ptr + r[:, None].to(tl.int64) * IN + ci[None, :], mask=r[:, None] < rows, other=0.0)
+    else:
+        x = tl.load(x_ptr + r[:, None].to(tl.int64) * IN + ci[None, :],
+                    mask=(r[:, None] < rows) & (ci[None, :] < IN), other=0.0)
     y = mlp(x, w_ptr, MLP_LAYERS, MLP_P0, MLP_P1, MLP_P2, MLP_P3, MLP_P4, MLP_A0, MLP_A1, MLP_A2, MLP_A3,
             MLP_SCOPE, MLP_REDUCED)
     co = tl.arange(0, OUT_P)
-    tl.store(y_ptr + r[:, None].to(tl.int64) * OUT + co[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=(r[:, None] < rows) & (co[None, :] < OUT))
+    if OUT == OUT_P:
+        tl.store(y_ptr + r[:, None].to(tl.int64) * OUT + co[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=r[:, None] < rows)
+    else:
+        tl.store(y_ptr + r[:, None].to(tl.int64) * OUT + co[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=(r[:, None] < rows) & (co[None, :] < OUT))
 
 
 def mlp_rows(x: torch.Tensor, packed: torch.Tensor, spec: MLPSpec, *, block: int | None = None,

@@ -117,7 +117,7 @@ def mlp(x, w_ptr, LAYERS: tl.constexpr, P0: tl.constexpr, P1: tl.constexpr, P2: 
     O1 = P0 * P1 + P1  # constexpr arithmetic: the layers' offsets in the packed buffer
     O2 = O1 + P1 * P2 + P2
     O3 = O2 + P2 * P3 + P3
-    h = _layer(x.to(tl.float32), w_ptr, 0, P0, P1, A0, SCOPE, REDUCED)
+    h = _layer(x, w_ptr, 0, P0, P1, A0, SCOPE, REDUCED)  # matmul2d converts: no float32 round trip for halves
     if LAYERS >= 2:
         h = _layer(h, w_ptr, O1, P1, P2, A1, SCOPE, REDUCED)
     if LAYERS >= 3:
