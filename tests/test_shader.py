@@ -164,6 +164,8 @@ def test_mlp_rows_against_reference(widths, acts, precision, scope):
     x = torch.randn(40, widths[0], generator=torch.Generator().manual_seed(4))
     packed = spec.pack(weights, DEVICE)
     got = mlp_rows(x.to(DEVICE), packed, spec, block=16).cpu().double()
+    persistent = mlp_rows(x.to(DEVICE), packed, spec, block=16, programs=2).cpu().double()  # loops over 3 blocks
+    torch.testing.assert_close(persistent, got, rtol=0, atol=0)
     if precision == "float16":  # the kernel rounds the weights and each layer's input to half
         stored = spec.unpack(packed)
         h = x.double()

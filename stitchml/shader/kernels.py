@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ..errors import ShapeError
 from .descriptor import PROGRAM
-from .language import mlp
+from .language import mlp_apply, mlp_load
 from .spec import MLPSpec
 
 
@@ -21,30 +21,36 @@ def _mlp_rows_kernel(x_ptr, w_ptr, y_ptr, rows, IN: tl.constexpr, OUT: tl.conste
                      MLP_LAYERS: tl.constexpr, MLP_P0: tl.constexpr, MLP_P1: tl.constexpr, MLP_P2: tl.constexpr,
                      MLP_P3: tl.constexpr, MLP_P4: tl.constexpr, MLP_A0: tl.constexpr, MLP_A1: tl.constexpr,
                      MLP_A2: tl.constexpr, MLP_A3: tl.constexpr, MLP_SCOPE: tl.constexpr, MLP_REDUCED: tl.constexpr,
-                     OUT_P: tl.constexpr):
-    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+                     OUT_P: tl.constexpr, STAGES: tl.constexpr):
+    # Weights are loaded once per program; a grid smaller than the row blocks makes the programs
+    # persistent, each looping over blocks pid, pid + programs, ...
+    w0, b0, w1, b1, w2, b2, w3, b3 = mlp_load(w_ptr, MLP_LAYERS, MLP_P0, MLP_P1, MLP_P2, MLP_P3, MLP_P4)
     ci = tl.arange(0, MLP_P0)
-    if IN == MLP_P0:  # no column mask unless the input is padded: whole rows load as wide vectors
-        x = tl.load(x_ptr + r[:, None].to(tl.int64) * IN + ci[None, :], mask=r[:, None] < rows, other=0.0)
-    else:
-        x = tl.load(x_ptr + r[:, None].to(tl.int64) * IN + ci[None, :],
-                    mask=(r[:, None] < rows) & (ci[None, :] < IN), other=0.0)
-    y = mlp(x, w_ptr, MLP_LAYERS, MLP_P0, MLP_P1, MLP_P2, MLP_P3, MLP_P4, MLP_A0, MLP_A1, MLP_A2, MLP_A3,
-            MLP_SCOPE, MLP_REDUCED)
     co = tl.arange(0, OUT_P)
-    if OUT == OUT_P:
-        tl.store(y_ptr + r[:, None].to(tl.int64) * OUT + co[None, :], y.to(y_ptr.dtype.element_ty),
-                 mask=r[:, None] < rows)
-    else:
-        tl.store(y_ptr + r[:, None].to(tl.int64) * OUT + co[None, :], y.to(y_ptr.dtype.element_ty),
-                 mask=(r[:, None] < rows) & (co[None, :] < OUT))
+    for block in tl.range(tl.program_id(0), tl.cdiv(rows, BLOCK), tl.num_programs(0), num_stages=STAGES):
+        r = (block * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+        if IN == MLP_P0:  # no column mask unless the input is padded: whole rows load as wide vectors
+            x = tl.load(x_ptr + r[:, None] * IN + ci[None, :], mask=r[:, None] < rows, other=0.0)
+        else:
+            x = tl.load(x_ptr + r[:, None] * IN + ci[None, :], mask=(r[:, None] < rows) & (ci[None, :] < IN),
+                        other=0.0)
+        y = mlp_apply(x, w0, b0, w1, b1, w2, b2, w3, b3, MLP_LAYERS, MLP_A0, MLP_A1, MLP_A2, MLP_A3, MLP_SCOPE,
+                      MLP_REDUCED)
+        if OUT == OUT_P:
+            tl.store(y_ptr + r[:, None] * OUT + co[None, :], y.to(y_ptr.dtype.element_ty), mask=r[:, None] < rows)
+        else:
+            tl.store(y_ptr + r[:, None] * OUT + co[None, :], y.to(y_ptr.dtype.element_ty),
+                     mask=(r[:, None] < rows) & (co[None, :] < OUT))
 
 
 def mlp_rows(x: torch.Tensor, packed: torch.Tensor, spec: MLPSpec, *, block: int | None = None,
-             num_warps: int = 4, out: torch.Tensor | None = None) -> torch.Tensor:
+             num_warps: int = 4, programs: int | None = None, stages: int = 1,
+             out: torch.Tensor | None = None) -> torch.Tensor:
     """`spec` applied to each row of the contiguous (rows, widths[0]) `x`; the result has x's dtype.
 
-    `block` rows per program (default 128 at program scope, 16 at thread scope).
+    `block` rows per step (default 128 at program scope, 16 at thread scope); `programs` caps the grid
+    (persistent programs, weights loaded once each; default one program per block); `stages` > 1 lets
+    Triton prefetch the next block's rows.
     """
     if x.dim() != 2 or x.shape[1] != spec.widths[0] or not x.is_contiguous():
         raise ShapeError(f"mlp_rows: expected contiguous inputs (rows, {spec.widths[0]}), got {tuple(x.shape)}")
@@ -57,7 +63,8 @@ def mlp_rows(x: torch.Tensor, packed: torch.Tensor, spec: MLPSpec, *, block: int
     rows = x.shape[0]
     if out is None:
         out = torch.empty((rows, spec.widths[-1]), dtype=x.dtype, device=x.device)
-    _mlp_rows_kernel[(triton.cdiv(rows, block),)](
+    blocks = triton.cdiv(rows, block)
+    _mlp_rows_kernel[(max(1, min(blocks, programs or blocks)),)](
         x, packed, out, rows, IN=spec.widths[0], OUT=spec.widths[-1], BLOCK=block, OUT_P=spec.padded[-1],
-        num_warps=num_warps, **spec.constexprs("MLP_"))
+        STAGES=stages, num_warps=num_warps, **spec.constexprs("MLP_"))
     return out

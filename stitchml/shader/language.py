@@ -1,5 +1,6 @@
 """Device functions for users' `@triton.jit` kernels: matmul2d at an execution scope, tile loads from
-tensor views, bilinear sampling of latent grids, and a whole MLP kept in registers.
+tensor views, bilinear sampling of latent grids, and a whole MLP kept in registers
+(`mlp`, or `mlp_load` once and `mlp_apply` per row block in a persistent kernel).
 
 Shapes, scopes and layer widths are `tl.constexpr`: a mismatch fails when the kernel is compiled
 (or, under TRITON_INTERPRET=1, when it first runs), with a message naming the descriptor. The
@@ -94,37 +95,62 @@ def _activate(h, ACT: tl.constexpr):
 
 
 @triton.jit
-def _layer(h, w_ptr, OFFSET: tl.constexpr, IN: tl.constexpr, OUT: tl.constexpr, ACT: tl.constexpr,
-           SCOPE: tl.constexpr, REDUCED: tl.constexpr):
-    w = load_tile(w_ptr + OFFSET, IN, OUT, OUT, 1)
-    bias = tl.load(w_ptr + OFFSET + IN * OUT + tl.arange(0, OUT)).to(tl.float32)
-    y = matmul2d(h, w, h.shape[0], OUT, IN, False, False, REDUCED, SCOPE)
-    return _activate(y + bias[None, :], ACT)
+def _dense(h, w, b, ACT: tl.constexpr, SCOPE: tl.constexpr, REDUCED: tl.constexpr):
+    y = matmul2d(h, w, h.shape[0], w.shape[1], w.shape[0], False, False, REDUCED, SCOPE)
+    return _activate(y + b.to(tl.float32)[None, :], ACT)
+
+
+@triton.jit
+def mlp_load(w_ptr, LAYERS: tl.constexpr, P0: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr,
+             P4: tl.constexpr):
+    """Load an MLPSpec's weights and biases from the buffer `MLPSpec.pack` makes: per layer the
+    (P[l], P[l+1]) weights row-major, then the P[l+1] biases. Returns (w0, b0, w1, b1, w2, b2, w3, b3),
+    layers past LAYERS being placeholders, for `mlp_apply`: a persistent kernel loads once and applies
+    to many row blocks."""
+    tl.static_assert((LAYERS >= 1) and (LAYERS <= 4), "mlp: an MLPSpec has 1 to 4 layers")
+    O1 = P0 * P1 + P1  # constexpr arithmetic: the layers' offsets in the packed buffer
+    O2 = O1 + P1 * P2 + P2
+    O3 = O2 + P2 * P3 + P3
+    w0 = load_tile(w_ptr, P0, P1, P1, 1)
+    b0 = tl.load(w_ptr + P0 * P1 + tl.arange(0, P1))
+    w1, b1, w2, b2, w3, b3 = b0, b0, b0, b0, b0, b0
+    if LAYERS >= 2:
+        w1 = load_tile(w_ptr + O1, P1, P2, P2, 1)
+        b1 = tl.load(w_ptr + O1 + P1 * P2 + tl.arange(0, P2))
+    if LAYERS >= 3:
+        w2 = load_tile(w_ptr + O2, P2, P3, P3, 1)
+        b2 = tl.load(w_ptr + O2 + P2 * P3 + tl.arange(0, P3))
+    if LAYERS >= 4:
+        w3 = load_tile(w_ptr + O3, P3, P4, P4, 1)
+        b3 = tl.load(w_ptr + O3 + P3 * P4 + tl.arange(0, P4))
+    return w0, b0, w1, b1, w2, b2, w3, b3
+
+
+@triton.jit
+def mlp_apply(x, w0, b0, w1, b1, w2, b2, w3, b3, LAYERS: tl.constexpr, A0: tl.constexpr, A1: tl.constexpr,
+              A2: tl.constexpr, A3: tl.constexpr, SCOPE: tl.constexpr, REDUCED: tl.constexpr):
+    """Run the chain on the rows of `x` (BLOCK, P0) with weights from `mlp_load`; (BLOCK, P[LAYERS]) float32.
+    Activations stay in registers between layers."""
+    tl.static_assert(x.shape[1] == w0.shape[0], "mlp: input rows must be (BLOCK, P0), the MLPSpec padded input width")
+    h = _dense(x, w0, b0, A0, SCOPE, REDUCED)  # matmul2d converts: no float32 round trip for halves
+    if LAYERS >= 2:
+        h = _dense(h, w1, b1, A1, SCOPE, REDUCED)
+    if LAYERS >= 3:
+        h = _dense(h, w2, b2, A2, SCOPE, REDUCED)
+    if LAYERS >= 4:
+        h = _dense(h, w3, b3, A3, SCOPE, REDUCED)
+    return h
 
 
 @triton.jit
 def mlp(x, w_ptr, LAYERS: tl.constexpr, P0: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr,
         P4: tl.constexpr, A0: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr,
         SCOPE: tl.constexpr, REDUCED: tl.constexpr):
-    """Run an MLPSpec's chain on the rows of `x` (BLOCK, P0) and return (BLOCK, P[LAYERS]) float32.
-
-    `w_ptr` points at the buffer `MLPSpec.pack` makes: per layer the (P[l], P[l+1]) weights row-major,
-    then the P[l+1] biases. Activations stay in registers between layers. Launch with
-    `**spec.constexprs(prefix)` for the widths (padded), activations, scope and precision.
-    """
-    tl.static_assert((LAYERS >= 1) and (LAYERS <= 4), "mlp: an MLPSpec has 1 to 4 layers")
-    tl.static_assert(x.shape[1] == P0, "mlp: input rows must be (BLOCK, P0), the MLPSpec's padded input width")
-    O1 = P0 * P1 + P1  # constexpr arithmetic: the layers' offsets in the packed buffer
-    O2 = O1 + P1 * P2 + P2
-    O3 = O2 + P2 * P3 + P3
-    h = _layer(x, w_ptr, 0, P0, P1, A0, SCOPE, REDUCED)  # matmul2d converts: no float32 round trip for halves
-    if LAYERS >= 2:
-        h = _layer(h, w_ptr, O1, P1, P2, A1, SCOPE, REDUCED)
-    if LAYERS >= 3:
-        h = _layer(h, w_ptr, O2, P2, P3, A2, SCOPE, REDUCED)
-    if LAYERS >= 4:
-        h = _layer(h, w_ptr, O3, P3, P4, A3, SCOPE, REDUCED)
-    return h
+    """Run an MLPSpec's chain on the rows of `x` (BLOCK, P0) and return (BLOCK, P[LAYERS]) float32:
+    `mlp_load` then `mlp_apply`. Launch with `**spec.constexprs(prefix)` for the widths (padded),
+    activations, scope and precision."""
+    w0, b0, w1, b1, w2, b2, w3, b3 = mlp_load(w_ptr, LAYERS, P0, P1, P2, P3, P4)
+    return mlp_apply(x, w0, b0, w1, b1, w2, b2, w3, b3, LAYERS, A0, A1, A2, A3, SCOPE, REDUCED)
 
 
 @triton.jit
