@@ -225,3 +225,12 @@ def test_doctests():
     for module in (descriptor, spec_module):
         failures, tried = doctest.testmod(module)
         assert tried and not failures
+
+
+def test_docs_example_runs(capsys):
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "shader_ml.md").read_text()
+    start = text.index("```python\n") + len("```python\n")
+    exec(compile(text[start:text.index("```", start)], "docs/shader_ml.md", "exec"), {})
+    assert float(capsys.readouterr().out) < 1e-3  # the kernel's output against spec.reference
