@@ -77,12 +77,12 @@ def test_adam_fits_and_trained_weights_run_in_the_kernel():
     x = g.placeholder((-1, 2), sm.float32, name="x")
     t = g.placeholder((-1, 1), sm.float32, name="t")
     loss = g.reduction_mean(g.square(net(x) - t))
-    steps = optim.Adam(0.02).minimize(g, loss, net.parameters)
+    steps = optim.Adam(0.05).minimize(g, loss, net.parameters)
     rng = np.random.default_rng(6)
     xv = rng.uniform(-1, 1, (256, 2)).astype(np.float32)
     tv = (np.sin(3 * xv[:, :1]) * xv[:, 1:]).astype(np.float32)
-    losses = [g.run({x: xv, t: tv}, [loss], steps, device="cpu")[loss].item() for _ in range(300)]
-    assert losses[-1] < 0.05 * losses[0]
+    losses = [g.run({x: xv, t: tv}, [loss], steps, device="cpu")[loss].item() for _ in range(120)]
+    assert losses[-1] < 0.02 * losses[0]  # measured: 0.385 -> 0.0019
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     got = mlp_rows(torch.tensor(xv, device=device), net.pack(device), spec).cpu().double()

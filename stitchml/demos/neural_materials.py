@@ -187,7 +187,8 @@ def decode_reference(c: Compressed) -> Material:
 
 
 def decode_kernel(c: Compressed, device: str, block: int = 128) -> Material:
-    """The decode in the Triton shading kernel (`stitchml.shader.shading.shade`), on `device` (the interpreter on the CPU)."""
+    """The decode in the Triton shading kernel (`stitchml.shader.shading.shade`) on `device` (on the CPU, the
+    interpreter)."""
     from ..shader.shading import shade
 
     L = c.layout

@@ -34,16 +34,20 @@ def matmul2d(left, right, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, TRA
     tl.static_assert((SCOPE == "thread") or (SCOPE == "program"),
                      "matmul2d: Matmul2dDescriptor scope must be thread or program")
     if TRANSPOSE_LEFT:
-        tl.static_assert(left.shape[0] == K, "matmul2d: left operand (transposed) must be (K, M) of the Matmul2dDescriptor")
-        tl.static_assert(left.shape[1] == M, "matmul2d: left operand (transposed) must be (K, M) of the Matmul2dDescriptor")
+        tl.static_assert(left.shape[0] == K,
+                         "matmul2d: left operand (transposed) must be (K, M) of the Matmul2dDescriptor")
+        tl.static_assert(left.shape[1] == M,
+                         "matmul2d: left operand (transposed) must be (K, M) of the Matmul2dDescriptor")
         a = tl.trans(left)
     else:
         tl.static_assert(left.shape[0] == M, "matmul2d: left operand must be (M, K) of the Matmul2dDescriptor")
         tl.static_assert(left.shape[1] == K, "matmul2d: left operand must be (M, K) of the Matmul2dDescriptor")
         a = left
     if TRANSPOSE_RIGHT:
-        tl.static_assert(right.shape[0] == N, "matmul2d: right operand (transposed) must be (N, K) of the Matmul2dDescriptor")
-        tl.static_assert(right.shape[1] == K, "matmul2d: right operand (transposed) must be (N, K) of the Matmul2dDescriptor")
+        tl.static_assert(right.shape[0] == N,
+                         "matmul2d: right operand (transposed) must be (N, K) of the Matmul2dDescriptor")
+        tl.static_assert(right.shape[1] == K,
+                         "matmul2d: right operand (transposed) must be (N, K) of the Matmul2dDescriptor")
         b = tl.trans(right)
     else:
         tl.static_assert(right.shape[0] == K, "matmul2d: right operand must be (K, N) of the Matmul2dDescriptor")

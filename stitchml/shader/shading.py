@@ -79,7 +79,8 @@ def _shade_kernel(lat_ptr, w_ptr, out_ptr, size, coarse_offset, BLOCK: tl.conste
         unit = tl.where(co == 3, nx[:, None], tl.where(co == 4, ny[:, None], nz[:, None])) * inv[:, None]
         clamped = tl.minimum(tl.maximum(tl.where(co < 3, y, rough[:, None]), 0.0), 1.0)
         out = tl.where((co < 3) | (co == 6), clamped, tl.where((co >= 3) & (co < 6), unit, 0.0))
-        tl.store(out_ptr + t[:, None].to(tl.int64) * 8 + co, out.to(out_ptr.dtype.element_ty), mask=texel[:, None] & (co < 8))
+        tl.store(out_ptr + t[:, None].to(tl.int64) * 8 + co, out.to(out_ptr.dtype.element_ty),
+                 mask=texel[:, None] & (co < 8))
 
 
 def shade(latents: torch.Tensor, packed: torch.Tensor, size: int, fine: int, coarse: int, levels: int,

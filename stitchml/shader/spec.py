@@ -129,7 +129,8 @@ class MLPSpec:
     def unpack(self, packed: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
         """The unpadded (weights, bias) pairs a packed buffer holds, as float64 arrays."""
         if packed.dim() != 1 or packed.numel() != self.packed_numel:
-            raise ShapeError(f"{self}: expected a flat buffer of {self.packed_numel} elements, got {tuple(packed.shape)}")
+            raise ShapeError(f"{self}: expected a flat buffer of {self.packed_numel} elements, got "
+                             f"{tuple(packed.shape)}")
         flat = packed.detach().to("cpu", torch.float64).numpy()
         out, at = [], 0
         for n_in, n_out, pi, po in zip(self.widths, self.widths[1:], self.padded, self.padded[1:]):
