@@ -13,7 +13,6 @@ or an NVIDIA GPU:
 from . import ops as _ops  # registers every primitive
 from . import composites as _composites  # registers the composites
 from . import nn, optim  # layers; the update rules and SGD, Adam, AdamW
-from . import shader  # in-kernel networks; registers the g.mlp composite
 from .dtypes import (DType, bfloat16, float16, float32, float64, int8, int16, int32, int64, uint8,
                      as_dtype, promote)
 from .dtypes import bool_ as bool  # noqa: A001  (stitchml.bool, like torch.bool)

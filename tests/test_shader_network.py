@@ -1,4 +1,4 @@
-"""The trainable side of shader ML: g.mlp's values and gradients against torch.autograd and float64
+"""The trainable side of shader ML: mlp's values and gradients against torch.autograd and float64
 finite differences, training with Adam, and trained graph variables packed for the kernel."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ if not torch.cuda.is_available():  # Triton reads this when a kernel is decorate
 import stitchml as sm  # noqa: E402
 from stitchml import optim  # noqa: E402
 from stitchml.errors import ShapeError  # noqa: E402
-from stitchml.shader import MLP, PROGRAM, THREAD, MLPSpec, from_graph, network  # noqa: E402
+from stitchml.shader import MLP, PROGRAM, THREAD, MLPSpec, from_graph, mlp, network  # noqa: E402
 
 SPEC = MLPSpec((3, 5, 4, 2), ("tanh", "sigmoid", "relu"), "float32", THREAD)
 
@@ -95,12 +95,12 @@ def test_adam_fits_and_trained_weights_run_in_the_kernel():
 def test_build_errors_name_the_composite():
     g, net, x = _graph(SPEC)
     with pytest.raises(ShapeError, match=r"mlp: .*needs 6 parameters"):
-        g.mlp(x, SPEC, net.parameters[:4])
+        mlp(g, x, SPEC, net.parameters[:4])
     swapped = [net.parameters[1], net.parameters[0]] + net.parameters[2:]
     with pytest.raises(ShapeError, match=r"mlp: layer 0 of .* expects weights \(3, 5\)"):
-        g.mlp(x, SPEC, swapped)
+        mlp(g, x, SPEC, swapped)
     with pytest.raises(ShapeError, match="mlp: expected an MLPSpec, got tuple"):
-        g.mlp(x, (3, 5), net.parameters)
+        mlp(g, x, (3, 5), net.parameters)
 
 
 def test_doctest():

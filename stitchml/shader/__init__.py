@@ -6,7 +6,7 @@
 * `stitchml.shader.language`: the device functions (`matmul2d`, `mlp`, `load_tile`, `store_tile`,
   `sample_bilinear`) to call from `@triton.jit` kernels; `stitchml.shader.kernels.mlp_rows` runs a
   spec on the rows of a matrix. Both import Triton.
-* `g.mlp(x, spec, parameters)` and `MLP` (network.py): the same network in a graph, trainable.
+* `mlp(g, x, spec, parameters)` and `MLP` (network.py): the same network in a graph, trainable.
 
 See docs/shader_ml.md.
 """

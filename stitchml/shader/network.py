@@ -1,6 +1,10 @@
-"""An MLPSpec in a graph: `g.mlp(x, spec, parameters)`, built from matrix multiplication, addition and
+"""An MLPSpec in a graph: `mlp(g, x, spec, parameters)`, built from matrix multiplication, addition and
 the activation primitives so that autodiff and the optimizers apply; `MLP` owns the variables and
 packs their trained values into the buffer in-kernel networks read.
+
+`mlp` is a function of the graph rather than a registered builder (a `g.` method): the spec is a
+Python object, not a tensor attribute the IR could serialize, and the ops it builds are the
+primitives, scoped under "mlp" in dumps.
 
     >>> import numpy as np, stitchml as sm
     >>> from stitchml.shader import MLP, MLPSpec
@@ -19,16 +23,26 @@ import numpy as np
 import torch
 
 from .. import dtypes
-from ..composites import composite
+from ..errors import ShapeError
 from ..ir import Tensor
 from ..nn import Module
 from .spec import MLPSpec, from_graph
 
 
-@composite
-def mlp(g, x, spec: MLPSpec, parameters: Sequence[Tensor]):
+def mlp(g, x, spec: MLPSpec, parameters: Sequence[Tensor]) -> Tensor:
     """`spec`'s chain on the last axis of `x`: ``h = act(h @ W + b)`` per layer, with `parameters`
-    [W0, b0, W1, b1, ...] (weights (in, out)), the network `stitchml.shader.language.mlp` runs in a kernel."""
+    [W0, b0, W1, b1, ...] (weights (in, out)), the network `stitchml.shader.language.mlp` runs in a kernel.
+    A build error names "mlp" first."""
+    with g.scope("mlp"):
+        try:
+            return _build(g, x, spec, parameters)
+        except ShapeError as e:
+            if str(e).startswith("mlp:"):
+                raise
+            raise ShapeError(f"mlp: {e}") from None
+
+
+def _build(g, x, spec, parameters):
     if not isinstance(spec, MLPSpec):
         raise g._error("mlp", f"expected an MLPSpec, got {type(spec).__name__}", [x])
     if len(parameters) != 2 * spec.layers:
@@ -57,7 +71,7 @@ class MLP(Module):
                                 self._make(g, f"{name}/layer{i}/bias", (n_out,), n_in, rng, dtype)]
 
     def __call__(self, x: Tensor) -> Tensor:
-        return self.graph.mlp(x, self.spec, self.parameters)
+        return mlp(self.graph, x, self.spec, self.parameters)
 
     def weights(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """The variables' current values as (weights, bias) pairs in float64."""
