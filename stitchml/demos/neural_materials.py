@@ -1,7 +1,7 @@
 """Neural material compression: a material's channels stored as two quantized latent grids and a tiny MLP
 trained with StitchML, decoded per pixel inside a Triton shading kernel, compared with BC1 and BC7.
 
-    $ stitchml demo neural-materials                          # 128x128 on the CPU, about two minutes on two cores
+    $ stitchml demo neural-materials                          # 128x128 on the CPU: 2-4 minutes on two cores
     $ stitchml demo neural-materials --size 1024 --steps 4000 --device cuda
 
 The material: base color (scikit-image's astronaut, or coffee), a normal map from the brick texture's
