@@ -1,12 +1,12 @@
 """Neural material compression: a material's channels stored as two quantized latent grids and a tiny MLP
 trained with StitchML, decoded per pixel inside a Triton shading kernel, compared with BC1 and BC7.
 
-    $ stitchml demo neural-materials                          # 128x128 on the CPU: 2-4 minutes on two cores
+    $ stitchml demo neural-materials                          # 128x128 on the CPU: about 2-3 minutes on two cores
     $ stitchml demo neural-materials --size 1024 --steps 4000 --device cuda
 
-The material: base color (scikit-image's astronaut, or coffee), a normal map from the brick texture's
-height, roughness from the gravel texture; three unrelated images, so the latents share no structure
-between channels. BC baselines, encoded by etcpak and decoded by texture2ddecoder: base color BC1 +
+The material: one surface, every channel derived from one photograph (scikit-image's coffee by default):
+base color is the photograph, the normals come from its luminance taken as height, roughness from its
+local detail; the channels share the surface's structure, as a real material's do. BC baselines, encoded by etcpak and decoded by texture2ddecoder: base color BC1 +
 normal BC5 + roughness BC4, or base color and roughness in BC7 + normal BC5: 16 bits per texel either
 way. The neural set counts its latents at their stored bits and its weights at half precision.
 """
@@ -41,19 +41,27 @@ class Material:
         return np.concatenate([self.base_color, self.normal[..., :2], self.roughness], -1).astype(np.float32)
 
 
-def make_material(size: int, base: str = "astronaut") -> Material:
-    """The demo's material at `size` x `size`, stored at 8 bits per channel as a texture would be."""
+SURFACES = {"coffee": lambda d: d.coffee()[:, 100:500], "chelsea": lambda d: d.chelsea()[:, 75:375],
+            "astronaut": lambda d: d.astronaut()[:256, 128:384],
+            "immunohistochemistry": lambda d: d.immunohistochemistry()}
+
+
+def make_material(size: int, surface: str = "coffee") -> Material:
+    """The demo's material at `size` x `size`: every channel from one photograph of a surface, so they
+    share its structure. Base color is the photograph; height is its blurred luminance, and the normals
+    its gradient; roughness follows the local detail (standard deviation of the luminance's high
+    frequencies over a few texels), rough where the surface is busy, smooth where it is flat. Stored at
+    8 bits per channel as a texture would be."""
     from skimage import data, filters, transform
 
-    def fit(img):
-        return transform.resize(img, (size, size), anti_aliasing=True).astype(np.float64)
-
-    color = fit({"astronaut": data.astronaut, "coffee": lambda: data.coffee()[:, 100:500]}[base]())
-    height = filters.gaussian(fit(data.brick() / 255.0), sigma=1.0)
+    color = transform.resize(SURFACES[surface](data), (size, size), anti_aliasing=True).astype(np.float64)
+    luminance = color @ np.array([0.2126, 0.7152, 0.0722])
+    height = filters.gaussian(luminance, sigma=1.0)
     dy, dx = np.gradient(height)
     n = np.stack([-dx * size / 16, -dy * size / 16, np.ones_like(dx)], -1)
     n /= np.linalg.norm(n, axis=-1, keepdims=True)
-    rough = fit(data.gravel() / 255.0)[..., None]
+    detail = np.sqrt(filters.gaussian((luminance - filters.gaussian(luminance, sigma=2.0)) ** 2, sigma=2.0))
+    rough = (0.2 + 0.75 * np.clip(detail / np.percentile(detail, 99), 0, 1))[..., None]
     q = lambda v, lo=0.0: (np.round((v - lo) / (1 - lo) * 255) / 255 * (1 - lo) + lo)  # noqa: E731  8-bit storage
     nxy = q(n[..., :2], -1.0)
     nz = np.sqrt(np.clip(1 - (nxy ** 2).sum(-1, keepdims=True), 0, 1))
@@ -105,8 +113,8 @@ class Layout:
 
     size: int
     fine: int = 4
-    coarse: int = 12
-    bits: int = 4
+    coarse: int = 6
+    bits: int = 5
     hidden: int = 32
 
     @property
@@ -133,7 +141,7 @@ class Compressed:
     weights: list[tuple[np.ndarray, np.ndarray]]
 
 
-def train(m: Material, layout: Layout, steps: int, *, learning_rate: float = 0.02, seed: int = 0,
+def train(m: Material, layout: Layout, steps: int, *, learning_rate: float = 0.05, seed: int = 0,
           device: str | None = None, log_every: int = 0) -> tuple[Compressed, list[float]]:
     """Fit latents and decoder with Adam on every texel per step; latents quantized in the forward pass
     (straight-through rounding), so what is stored is what was trained."""
@@ -232,14 +240,15 @@ def save_comparison(path: str, ref: Material, rows: dict[str, Material]) -> None
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="stitchml demo neural-materials", description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=128, help="texels per side, a multiple of 16 (default 128)")
-    parser.add_argument("--steps", type=int, default=300, help="training steps, all texels each (default 300)")
-    parser.add_argument("--base-color", choices=["astronaut", "coffee"], default="astronaut")
+    parser.add_argument("--steps", type=int, default=1000, help="training steps, all texels each (default 1000)")
+    parser.add_argument("--surface", choices=sorted(SURFACES), default="coffee",
+                        help="the photograph every channel is derived from (default coffee)")
     parser.add_argument("--fine", type=int, default=4, help="channels of the size/2 latent grid (default 4)")
-    parser.add_argument("--coarse", type=int, default=12, help="channels of the size/4 latent grid (default 12)")
-    parser.add_argument("--bits", type=int, default=4, choices=range(2, 9), metavar="2..8",
-                        help="stored bits per latent (default 4)")
+    parser.add_argument("--coarse", type=int, default=6, help="channels of the size/4 latent grid (default 6)")
+    parser.add_argument("--bits", type=int, default=5, choices=range(2, 9), metavar="2..8",
+                        help="stored bits per latent (default 5)")
     parser.add_argument("--hidden", type=int, default=32, help="decoder hidden width (default 32)")
-    parser.add_argument("--learning-rate", type=float, default=0.02)
+    parser.add_argument("--learning-rate", type=float, default=0.05)
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: CUDA when present, else the CPU")
     parser.add_argument("--decode", choices=["kernel", "reference"], default="kernel",
                         help="decode in the Triton shading kernel (the interpreter on the CPU) or in PyTorch")
@@ -255,9 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel module is imported
 
     layout = Layout(args.size, args.fine, args.coarse, args.bits, args.hidden)
-    material = make_material(args.size, args.base_color)
-    print(f"material {args.size}x{args.size}: base color ({args.base_color}), normals (brick height), "
-          f"roughness (gravel); decoder {layout.spec.widths}, latents {args.fine}@size/2 + {args.coarse}@size/4 "
+    material = make_material(args.size, args.surface)
+    print(f"material {args.size}x{args.size} from {args.surface}: base color, normals (luminance as height), "
+          f"roughness (local detail); decoder {layout.spec.widths}, latents {args.fine}@size/2 + {args.coarse}@size/4 "
           f"at {args.bits} bits")
     start = time.perf_counter()
     baselines = block_compressed(material)
