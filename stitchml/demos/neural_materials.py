@@ -6,9 +6,10 @@ trained with StitchML, decoded per pixel inside a Triton shading kernel, compare
 
 The material: one surface, every channel derived from one photograph (scikit-image's coffee by default):
 base color is the photograph, the normals come from its luminance taken as height, roughness from its
-local detail; the channels share the surface's structure, as a real material's do. BC baselines, encoded by etcpak and decoded by texture2ddecoder: base color BC1 +
-normal BC5 + roughness BC4, or base color and roughness in BC7 + normal BC5: 16 bits per texel either
-way. The neural set counts its latents at their stored bits and its weights at half precision.
+local detail; the channels share the surface's structure, as a real material's do. BC baselines,
+encoded by etcpak and decoded by texture2ddecoder: base color BC1 + normal BC5 + roughness BC4, or base
+color and roughness in BC7 + normal BC5: 16 bits per texel either way. The neural set counts its
+latents at their stored bits and its weights at half precision.
 """
 from __future__ import annotations
 
