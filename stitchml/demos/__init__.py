@@ -8,6 +8,7 @@ import sys
 DEMOS = {
     "gelu": "GeLU built from primitives, checked against torch on every device",
     "mnist": "the digit classifier: convolutions, pooling, dense layers, trained with Adam or SGD",
+    "neural-materials": "material channels as quantized latents + an MLP decoded in a Triton kernel, against BC1/BC7",
 }
 
 
@@ -30,6 +31,6 @@ def run(name: str, argv: list[str]) -> int:
         if name != "list":
             print(f"unknown demo {name!r}; the demos are:", file=out)
         for k, v in DEMOS.items():
-            print(f"  {k:<8} {v}", file=out)
+            print(f"  {k:<16} {v}", file=out)
         return 0 if name == "list" else 2
-    return importlib.import_module(f"{__name__}.{name}").main(argv)
+    return importlib.import_module(f"{__name__}.{name.replace('-', '_')}").main(argv)

@@ -1,0 +1,193 @@
+"""Per-pixel MLPs inside a Triton kernel (stitchml.shader) against PyTorch eager and torch.compile, on one GPU.
+
+    $ PYTHONPATH=$PWD python benchmarks/bench_shader.py            # needs CUDA
+
+Rows: 16->H->16 for H in 16, 32, 64, 128 and 16->64->64->8, fp16 in and out, at 1080p and 4K
+(one row per pixel); the neural-material shading kernel at 4K. Times are GPU time per call from
+CUDA-graph replays after warm-up (`median_us`: host launch costs are left out, for every row alike;
+"+launch" is one call of ours timed alone, host launch included). The copy row is the same bytes read
+and written by `Tensor.copy_`, measured in the same run, and "of copy" is copy time / kernel time over
+the same bytes. The in-kernel MLP runs each shape at a few settings and reports the fastest, named:
+rows per block x warps, and for persistent programs /pN sS: N programs per SM, S pipeline stages.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import numpy as np
+import torch
+
+RESOLUTIONS = {"1080p": 1920 * 1080, "4K": 3840 * 2160}
+SHAPES = [((16, h, 16), ("relu", "none")) for h in (16, 32, 64, 128)] + [((16, 64, 64, 8), ("relu", "relu", "none"))]
+# (rows per block, warps, programs per SM or None for one program per block, pipeline stages)
+SETTINGS = [(128, 4, None, 1), (256, 4, None, 1), (128, 8, None, 1), (64, 4, None, 1), (128, 4, 4, 2), (128, 4, 8, 3),
+            (256, 8, 4, 3), (256, 4, 4, 3), (64, 4, 16, 3), (128, 4, 16, 3)]
+
+
+def median_us(fn, warmup: int = 10, reps: int = 25, launches: int = 20) -> float:
+    """GPU time of one `fn()` in microseconds: the median over `reps` replays of a CUDA graph holding
+    `launches` calls, divided by `launches`. A graph keeps the host's launch cost out of the figure (one
+    launch through Triton's Python launcher takes tens of µs, as long as a 1080p kernel), for every row
+    alike. Falls back to `launches` back-to-back calls between two events if `fn` cannot be captured."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(launches):
+                fn()
+        run = graph.replay
+    except Exception:  # noqa: BLE001  (not capturable: time the calls back to back instead)
+        torch.cuda.synchronize()
+
+        def run():
+            for _ in range(launches):
+                fn()
+    run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / launches)
+    return statistics.median(times)
+
+
+def launch_us(fn, warmup: int = 10, reps: int = 50) -> float:
+    """Median time of one `fn()` alone between two events, host launch included (an idle GPU waits for it)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    return statistics.median(times)
+
+
+def _fastest(launch):
+    """(median µs, a call of the fastest setting, its name) over SETTINGS; a setting that fails to compile
+    is reported and skipped."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    best = None
+    for block, warps, per_sm, stages in SETTINGS:
+        def call(block=block, warps=warps, per_sm=per_sm, stages=stages):
+            return launch(block, warps, per_sm and per_sm * sms, stages)
+        name = f"{block}x{warps}w" + (f"/p{per_sm}s{stages}" if per_sm else "")
+        try:
+            t = median_us(call)
+        except Exception as e:  # noqa: BLE001  (a benchmark row still prints)
+            print(f"  setting {name} failed: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        if best is None or t < best[0]:
+            best = (t, call, name)
+    return best
+
+
+def torch_mlp(weights, acts):
+    def run(x):
+        h = x
+        for (w, b), a in zip(weights, acts):
+            h = torch.addmm(b, h, w)
+            if a == "relu":
+                h = torch.relu(h)
+        return h
+    return run
+
+
+def bench_mlp(widths, acts, rows: int, device: str) -> dict:
+    from stitchml.shader import MLPSpec
+    from stitchml.shader.kernels import mlp_rows
+
+    spec = MLPSpec(widths, acts, "float16", "program")
+    rng = np.random.default_rng(0)
+    weights = [(rng.standard_normal((a, b)) / np.sqrt(a), rng.standard_normal(b) * 0.1)
+               for a, b in zip(widths, widths[1:])]
+    packed = spec.pack(weights, device)
+    x = torch.randn(rows, widths[0], device=device, dtype=torch.float16)
+    y = torch.empty(rows, widths[-1], device=device, dtype=torch.float16)
+    copy_src = torch.empty(rows * (widths[0] + widths[-1]) // 4, device=device, dtype=torch.float32)
+    copy_dst = torch.empty_like(copy_src)  # reads and writes as many bytes as the kernel's fp16 inputs and outputs
+    copy = median_us(lambda: copy_dst.copy_(copy_src))
+    best = _fastest(lambda block, warps, programs, stages: mlp_rows(
+        x, packed, spec, block=block, num_warps=warps, programs=programs, stages=stages, out=y))
+    ref = spec.reference(x[:4096].double(), weights)
+    y.zero_()
+    best[1]()
+    err = (y[:4096].double() - ref).abs().max().item()
+    w16 = [(torch.tensor(w, dtype=torch.float16, device=device), torch.tensor(b, dtype=torch.float16, device=device))
+           for w, b in weights]
+    w32 = [(w.float(), b.float()) for w, b in w16]
+    eager16 = median_us(lambda: torch_mlp(w16, acts)(x))
+    x32 = x.float()
+    eager32 = median_us(lambda: torch_mlp(w32, acts)(x32))
+    compiled = torch.compile(torch_mlp(w16, acts))
+    compiled16 = median_us(lambda: compiled(x))
+    return {"ours": best[0], "setting": best[2], "launch": launch_us(best[1]), "copy": copy, "eager16": eager16,
+            "eager32": eager32, "compile16": compiled16, "err": err}
+
+
+def bench_decode(size: int, device: str) -> dict:
+    from stitchml.shader import MLPSpec
+    from stitchml.shader.shading import shade
+
+    fine, coarse, levels = 4, 12, 7
+    spec = MLPSpec((16, 32, 6), ("relu", "none"), "float16", "program")
+    rng = np.random.default_rng(1)
+    weights = [(rng.standard_normal((a, b)) / np.sqrt(a), rng.standard_normal(b) * 0.1)
+               for a, b in zip(spec.widths, spec.widths[1:])]
+    n = (size // 2) ** 2 * fine + (size // 4) ** 2 * coarse
+    latents = torch.randint(-levels, levels + 1, (n,), dtype=torch.int8, device=device)
+    packed = spec.pack(weights, device)
+    out = torch.empty(size * size, 8, dtype=torch.float16, device=device)
+    best = _fastest(lambda block, warps, programs, stages: shade(
+        latents, packed, size, fine, coarse, levels, spec, block=block, num_warps=warps, programs=programs, out=out))
+    src = torch.empty((size * size * 16 + n) // 8, dtype=torch.float32, device=device)  # 8 fp16 out + int8 latents in
+    dst = torch.empty_like(src)
+    return {"ours": best[0], "setting": best[2], "copy": median_us(lambda: dst.copy_(src))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=["mlp", "decode"], help="one part of the benchmark")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_shader needs a CUDA device", file=sys.stderr)
+        return 2
+    import triton
+
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    if args.only != "decode":
+        print(f"{'network':<16}{'res':>6}{'ours us':>9}{'setting':>14}{'+launch':>9}{'copy us':>9}{'of copy':>8}"
+              f"{'eager16':>9}{'eager32':>9}{'compile':>9}{'x compile':>10}{'max err':>9}")
+        for widths, acts in SHAPES:
+            for res, rows in RESOLUTIONS.items():
+                r = bench_mlp(widths, acts, rows, "cuda")
+                print(f"{'->'.join(map(str, widths)):<16}{res:>6}{r['ours']:>9.1f}{r['setting']:>14}"
+                      f"{r['launch']:>9.1f}{r['copy']:>9.1f}{r['copy'] / r['ours']:>8.0%}{r['eager16']:>9.1f}"
+                      f"{r['eager32']:>9.1f}{r['compile16']:>9.1f}"
+                      f"{r['compile16'] / r['ours']:>9.1f}x{r['err']:>9.1e}", flush=True)
+    if args.only != "mlp":
+        r = bench_decode(4096, "cuda")
+        print(f"neural-material shading 4096x4096 (16->32->6, bilinear int8 latents, 8 fp16 out): {r['ours']:.1f} us "
+              f"({r['setting']}); copy of its bytes {r['copy']:.1f} us ({r['copy'] / r['ours']:.0%})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The neural-materials demo at 32x32: the BC baselines through the real encoder and decoder, training with
+StitchML, the shading kernel (interpreter on the CPU) against the PyTorch decode, and the command."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # Triton reads this when a kernel is decorated, i.e. at import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from stitchml import demos  # noqa: E402
+from stitchml.demos import neural_materials as nm  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(scope="module")
+def material():
+    return nm.make_material(32)
+
+
+@pytest.fixture(scope="module")
+def trained(material):
+    return nm.train(material, nm.Layout(32), 80, seed=0)
+
+
+def test_material_is_one_surface(material):
+    from skimage import filters
+
+    # normals are the gradient of the base color's luminance; roughness follows its local detail
+    luminance = material.base_color @ np.array([0.2126, 0.7152, 0.0722])
+    gy, gx = np.gradient(filters.gaussian(luminance, sigma=1.0))
+    slope = np.hypot(gx, gy).ravel()
+    tilt = np.hypot(material.normal[..., 0], material.normal[..., 1]).ravel()
+    assert np.corrcoef(slope, tilt)[0, 1] > 0.95  # measured 0.999 at 32x32
+    assert np.corrcoef(slope, material.roughness.ravel())[0, 1] > 0.5  # measured 0.66
+    assert 0.2 <= material.roughness.min() and material.roughness.max() <= 0.95
+
+
+def test_block_compression_baselines(material):
+    bc = nm.block_compressed(material)
+    assert {k: v[1] for k, v in bc.items()} == {"BC1+BC5+BC4": 16, "BC7+BC5": 16}
+    bc1, bc7 = (nm.measure(material, bc[k][0]) for k in ("BC1+BC5+BC4", "BC7+BC5"))
+    # measured at 32x32: BC1 27.6 dB, BC7 35.3 dB; BC5 normals 0.81 degrees; BC4 roughness 39.2 dB
+    assert 26.5 < bc1["base color dB"] < 29 and 34 < bc7["base color dB"] < 37
+    assert 0.6 < bc1["normal deg"] < 1.0 and bc1["normal deg"] == bc7["normal deg"]
+    assert bc1["roughness dB"] > 38
+    assert not np.array_equal(bc["BC1+BC5+BC4"][0].base_color, material.base_color)  # really lossy
+
+
+def test_training_reaches_the_measured_quality(material, trained):
+    compressed, losses = trained
+    assert losses[-1] < 0.015 * losses[0]  # measured 0.0086
+    assert compressed.latents.dtype == torch.int8 and compressed.latents.numel() == 16 * 16 * 4 + 8 * 8 * 6
+    assert compressed.latents.abs().max() <= nm.Layout(32).levels
+    q = nm.measure(material, nm.decode_reference(compressed))
+    # measured (seed 0, 80 steps): base color 26.9 dB, roughness 30.9 dB, normals 3.52 degrees
+    assert q["base color dB"] > 26 and q["roughness dB"] > 30 and q["normal deg"] < 3.9
+    assert nm.Layout(32).bits_per_texel() == (6.875, 550 * 16 / 32 ** 2)
+
+
+def test_shading_kernel_matches_the_reference_decode(trained):
+    compressed, _ = trained
+    kernel = nm.decode_kernel(compressed, DEVICE, block=1024 if DEVICE == "cpu" else 128)
+    ref = nm.decode_reference(compressed)
+    # the kernel rounds the decoder's inputs and hidden layer to half; the reference does not
+    for a, b in [(kernel.base_color, ref.base_color), (kernel.normal, ref.normal), (kernel.roughness, ref.roughness)]:
+        np.testing.assert_allclose(a, b, atol=2e-3)
+    np.testing.assert_allclose(np.linalg.norm(kernel.normal, axis=-1), 1, atol=1e-5)
+
+
+def test_command(tmp_path, capsys):
+    from PIL import Image
+
+    out = tmp_path / "m.png"
+    assert demos.run("neural-materials", ["--size", "32", "--steps", "5", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "BC7+BC5" in text and "neural (kernel)" in text and "latents 6.88 + weights 8.59" in text
+    assert Image.open(out).size == (5 * 32, 2 * 32)
