@@ -19,7 +19,7 @@ import stitchml as sm
 from stitchml.registry import BUILDERS, COMPOSITES, REGISTRY
 
 from opdb import OPS, KnownFailure, build, expected, feeds_for, modes
-from opdb.core import P, as_outputs, assert_close, ref_args
+from opdb.core import P, assert_reference
 from opdb.ops_md import render as render_ops_md
 
 CASES = [pytest.param(r, d, id=f"{r.name}-{d}") for r in OPS.values() for d in r.dtypes]
@@ -39,10 +39,7 @@ def test_reference(record, dtype):
                     if record.ref is None:
                         record.check(got, *args, **sample.kwargs)
                         continue
-                    want = as_outputs(record.ref(*ref_args(record, args), **sample.kwargs))
-                    assert len(got) == len(want), f"{where}: {len(got)} outputs, reference has {len(want)}"
-                    for i, (a, b) in enumerate(zip(got, want)):
-                        assert_close(a, b, record.tolerance(sm.as_dtype(a.dtype)), f"{where} output {i}")
+                    assert_reference(record, got, args, sample.kwargs, where)
 
 
 @pytest.mark.parametrize("record, dtype", CASES)
