@@ -244,9 +244,11 @@ def adjoint(fn: Callable[[torch.Tensor], torch.Tensor], like: torch.Tensor, cota
 
 
 def ref_args(record: OpInfo, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """The reference's view of the args: floats as float64, and integers too for float-only ops."""
-    return [a.detach().to(torch.float64) if a.dtype.is_floating_point or record.float_only else a.detach()
-            for a in args]
+    """The reference's view of the args: floats as float64, and integers too for float-only ops.
+
+    Not detached: the tolerance rule differentiates the reference through them (tests/tolerance.py).
+    """
+    return [a.to(torch.float64) if a.dtype.is_floating_point or record.float_only else a for a in args]
 
 
 def as_outputs(value: Any) -> list[torch.Tensor]:
