@@ -57,6 +57,20 @@ def _upcast(g, x):
     return g.cast(x, dtypes.float32) if isinstance(x, Tensor) and x.dtype in _HALF else x
 
 
+def _upcast_like(g, t, like):
+    """`_upcast` of an operand (gamma, beta, statistics) that broadcasts against the float32 tensor `like`.
+
+    Cast after broadcasting: the cast then has the kernel's shape and fuses into it (a cast of a smaller
+    operand would be a kernel of its own); the broadcast is a view the kernel reads with strides.
+    """
+    if not (isinstance(t, Tensor) and t.dtype in _HALF):
+        return t
+    if t.shape is not None and like.shape is not None and len(t.shape) <= len(like.shape) and all(
+            a == 1 or a == b for a, b in zip(reversed(t.shape), reversed(like.shape))):
+        return g.cast(g.broadcast_to(t, like), dtypes.float32)
+    return g.cast(t, dtypes.float32)
+
+
 def _back(g, y, dtype):
     """A composite's float32 result `y` rounded once to the caller's half type `dtype`."""
     return g.cast(y, dtype) if y.dtype != dtype else y
@@ -177,11 +191,11 @@ def normalization(g, x, mean, variance, gamma=None, beta=None, epsilon=1e-5):
     """``(x - mean) / sqrt(variance + epsilon) * gamma + beta`` (MPSGraph normalization)."""
     x = _float(g, x)
     dtype, x = x.dtype, _upcast(g, x)
-    y = (x - _upcast(g, mean)) * g.reverse_square_root(_upcast(g, variance) + epsilon)
+    y = (x - _upcast_like(g, mean, x)) * g.reverse_square_root(_upcast_like(g, variance, x) + epsilon)
     if gamma is not None:
-        y = y * _upcast(g, gamma)
+        y = y * _upcast_like(g, gamma, y)
     if beta is not None:
-        y = y + _upcast(g, beta)
+        y = y + _upcast_like(g, beta, y)
     return _back(g, y, dtype)
 
 
@@ -192,7 +206,8 @@ def layer_normalization(g, x, axes=-1, gamma=None, beta=None, epsilon=1e-5):
     dtype, x = x.dtype, _upcast(g, x)
     mean = g.reduction_mean(x, axes, keep_dims=True)
     var = variance(g, x, axes, keep_dims=True)
-    return _back(g, normalization(g, x, mean, var, _upcast(g, gamma), _upcast(g, beta), epsilon), dtype)
+    return _back(g, normalization(g, x, mean, var, _upcast_like(g, gamma, x), _upcast_like(g, beta, x), epsilon),
+                 dtype)
 
 
 @composite
@@ -210,7 +225,8 @@ def batch_normalization(g, x, axes=None, gamma=None, beta=None, epsilon=1e-5, ch
     dtype, x = x.dtype, _upcast(g, x)
     mean = g.reduction_mean(x, axes, keep_dims=True)
     var = variance(g, x, axes, keep_dims=True)
-    return _back(g, normalization(g, x, mean, var, _upcast(g, gamma), _upcast(g, beta), epsilon), dtype)
+    return _back(g, normalization(g, x, mean, var, _upcast_like(g, gamma, x), _upcast_like(g, beta, x), epsilon),
+                 dtype)
 
 
 # -- regularization ----------------------------------------------------------------
@@ -235,14 +251,17 @@ def dropout(g, x, rate, seed=None):
 def lstm_cell(g, x, h, c, weights_ih, weights_hh, bias=None):
     """One LSTM step, PyTorch's layout: weights (4H, in) with gates i, f, g, o; returns (h, c).
 
-    ``gates = x @ W_ihᵀ + h @ W_hhᵀ + bias``; ``c' = f c + i g``; ``h' = o tanh(c')``.
+    ``gates = x @ W_ihᵀ + h @ W_hhᵀ + bias``; ``c' = f c + i g``; ``h' = o tanh(c')``. As PyTorch's
+    cell, the matrix products run in the operands' type (they accumulate in float32 and round once);
+    the gates are summed and activated in float32.
     """
-    operands = [g.as_tensor(t) for t in (x, h, c, weights_ih, weights_hh, bias) if t is not None]
+    products = (g.matrix_multiplication(x, weights_ih.T), g.matrix_multiplication(h, weights_hh.T))
+    operands = [g.as_tensor(t) for t in (*products, c, bias) if t is not None]
     dtype = functools.reduce(dtypes.promote, (t.dtype for t in operands))
-    x, h, c, weights_ih, weights_hh, bias = (_upcast(g, t) for t in (x, h, c, weights_ih, weights_hh, bias))
-    gates = g.matrix_multiplication(x, weights_ih.T) + g.matrix_multiplication(h, weights_hh.T)
+    gates = _upcast(g, products[0]) + _upcast(g, products[1])
+    c = _upcast(g, g.as_tensor(c))
     if bias is not None:
-        gates = gates + bias
+        gates = gates + _upcast_like(g, bias, gates)
     i, f, gg, o = g.split(gates, 4, axis=-1)
     c_next = g.sigmoid(f) * c + g.sigmoid(i) * g.tanh(gg)
     h_next = g.sigmoid(o) * g.tanh(c_next)
