@@ -8,7 +8,7 @@ result's type, or lies within
 
     eps(dtype) * |ref|                                  the one rounding of the result to its type
     + k(family) * eps(work) * (|ref| + sqrt(n) * cond)  the computation, in its working precision
-                                                          (composites: cond + reach for cond)
+                                                          (composites and graphs: cond + reach)
     + eps(dtype) * tiny(dtype)                          one subnormal step near zero
 
 * eps(t): machine epsilon of t (2**-10 float16, 2**-7 bfloat16, 2**-23 float32, 2**-52 float64).

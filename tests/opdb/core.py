@@ -5,9 +5,9 @@ PyTorch's OpInfo and Thunder's opinfos do: how to call it (`build`), sample
 inputs per dtype, a reference written without StitchML (PyTorch or NumPy, in
 float64 for floating inputs), the dtypes it supports, inputs that must fail
 and how, whether it is differentiable, its op family for the tolerance rule
-(tests/tolerance.py), and the known failures that must stay listed until fixed. The generic tests (test_ops.py,
-test_gradients.py, test_serialize.py) run every record through the same
-templates, so a new op is one record.
+(tests/tolerance.py), and the known failures that must stay listed until
+fixed. The generic tests (test_ops.py, test_gradients.py, test_serialize.py)
+run every record through the same templates, so a new op is one record.
 """
 from __future__ import annotations
 
