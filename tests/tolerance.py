@@ -37,6 +37,7 @@ results must be within k units of |ref|.
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, Sequence
 
 import torch
@@ -104,11 +105,26 @@ def _jacobian_scale(out: torch.Tensor, leaves: list[torch.Tensor]) -> tuple[torc
     sizes = sum(x.numel() for x in leaves)
     step = max(1, min(m, 2**22 // max(1, sizes)))  # rows per batch: a few tens of MB of Jacobian
     magnitudes = [x.detach().reshape(-1).abs() for x in leaves]
-    for start in range(0, m, step):
-        rows = min(step, m - start)
+    # Rows of the Jacobian by batched backward passes (vmap), or one by one where that is faster (a
+    # convolution's backward has no batching rule): the first row goes alone, the next eight batched,
+    # and the faster way per row does the rest.
+    batched, start, per_row = False, 0, None
+    while start < m:
+        rows = min(8, m - 1) if start == 1 else min(step, m - start) if batched and start else 1
         seeds = torch.zeros(rows, m, dtype=flat.dtype)
         seeds[torch.arange(rows), torch.arange(start, start + rows)] = 1.0
-        grads = torch.autograd.grad(flat, leaves, seeds, retain_graph=True, allow_unused=True, is_grads_batched=True)
+        began = time.perf_counter()
+        if rows > 1:
+            grads = torch.autograd.grad(flat, leaves, seeds, retain_graph=True, allow_unused=True,
+                                        is_grads_batched=True)
+        else:
+            grads = [None if gr is None else gr[None] for gr in
+                     torch.autograd.grad(flat, leaves, seeds[0], retain_graph=True, allow_unused=True)]
+        took = (time.perf_counter() - began) / rows
+        if start == 0:
+            per_row = took
+        elif start == 1:
+            batched = took < per_row
         for gr, mag in zip(grads, magnitudes):
             if gr is None:
                 continue
@@ -119,6 +135,7 @@ def _jacobian_scale(out: torch.Tensor, leaves: list[torch.Tensor]) -> tuple[torc
             count[start:start + rows] += used.sum(1)
             size = torch.where(used, torch.nan_to_num(mag, posinf=0.0), 0.0).amax(1) if mag.numel() else reach[:rows]
             reach[start:start + rows] = torch.maximum(reach[start:start + rows], size)
+        start += rows
     return cond.reshape(out.shape), count.reshape(out.shape), reach.reshape(out.shape)
 
 
