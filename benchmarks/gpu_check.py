@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 
 from compiler_util import Feeds, all_cases, assert_match, assert_reference, seeded  # noqa: E402
+from tolerance import sensitivity  # noqa: E402
 
 import stitchml as sm  # noqa: E402
 
@@ -36,12 +37,15 @@ def check(case) -> str | None:
     if case.reference is not None:  # as in CI: a kernel may be closer to float64 than half-type eager is
         args = [v.double() if v.dtype.is_floating_point else v for v in feeds.values()]
         refs = [torch.as_tensor(r) for r in case.reference(*args)]
+        scales = sensitivity(case.reference, args)
         for i, (t, r) in enumerate(zip(targets, refs)):
-            assert_reference(got[t].torch().cpu(), r, f"{case.name}: target {i} cuda vs float64 reference")
+            scale = scales[i] if i < len(scales) else None
+            assert_reference(got[t].torch().cpu(), r, f"{case.name}: target {i} cuda vs float64 reference",
+                             case.family, scale)
     for i, (t, r) in enumerate(zip(targets, refs)):
         for run, result in (("first run", first), ("replay", got)):
             assert_match(result[t].torch().cpu(), want[t].torch().cpu(), f"{case.name}: target {i} cuda {run} vs eager",
-                         case.tol, reference=r)
+                         case.tol, reference=r, family=case.family)
     return None
 
 

@@ -4,14 +4,20 @@ They get gradients and fusion for free; each builds its ops inside a scope of
 its own name, so dumps and the debugger show which ops belong to which
 composite. A composite becomes a primitive only when a hand-written kernel
 beats what fusion makes of it.
+
+Half-precision inputs (float16, bfloat16) are computed in float32 and rounded
+once at the end, as PyTorch does: each composite casts up where it starts and
+back where it ends (`_upcast`, `_back`), so eager rounds once instead of after
+every primitive, and the compiler fuses both casts into the composite's kernel.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from . import dtypes
 from .errors import ShapeError
-from .ir import UNKNOWN, normalize_axis
+from .ir import UNKNOWN, Tensor, normalize_axis
 from .registry import builder
 
 
@@ -43,41 +49,72 @@ def _float(g, x):
     return x if x.dtype.is_floating else g.cast(x, dtypes.default_float)
 
 
+_HALF = (dtypes.float16, dtypes.bfloat16)
+
+
+def _upcast(g, x):
+    """Tensor `x` in the type a composite computes in: half types in float32 (Python numbers stay weak)."""
+    return g.cast(x, dtypes.float32) if isinstance(x, Tensor) and x.dtype in _HALF else x
+
+
+def _upcast_like(g, t, like):
+    """`_upcast` of an operand (gamma, beta, statistics) that broadcasts against the float32 tensor `like`.
+
+    Cast after broadcasting: the cast then has the kernel's shape and fuses into it (a cast of a smaller
+    operand would be a kernel of its own); the broadcast is a view the kernel reads with strides.
+    """
+    if not (isinstance(t, Tensor) and t.dtype in _HALF):
+        return t
+    if t.shape is not None and like.shape is not None and len(t.shape) <= len(like.shape) and all(
+            a == 1 or a == b for a, b in zip(reversed(t.shape), reversed(like.shape))):
+        return g.cast(g.broadcast_to(t, like), dtypes.float32)
+    return g.cast(t, dtypes.float32)
+
+
+def _back(g, y, dtype):
+    """A composite's float32 result `y` rounded once to the caller's half type `dtype`."""
+    return g.cast(y, dtype) if y.dtype != dtype else y
+
+
 # -- activations ----------------------------------------------------------------
 @composite
 def gelu(g, x, approximate="none"):
     """GeLU: ``0.5 x (1 + erf(x / sqrt 2))``, or the tanh approximation with approximate="tanh"."""
     x = _float(g, x)
+    if approximate not in ("none", "tanh"):
+        raise g._error("gelu", f"approximate must be 'none' or 'tanh', got {approximate!r}", [x])
+    dtype, x = x.dtype, _upcast(g, x)
     if approximate == "tanh":
         with g.scope("tanh"):  # the compiler hands this exact form to cuBLASLt's GELU epilogue
             inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
-            return 0.5 * x * (1.0 + g.tanh(inner))
-    if approximate != "none":
-        raise g._error("gelu", f"approximate must be 'none' or 'tanh', got {approximate!r}", [x])
-    return 0.5 * x * (1.0 + g.erf(x * (1.0 / math.sqrt(2.0))))
+            return _back(g, 0.5 * x * (1.0 + g.tanh(inner)), dtype)
+    return _back(g, 0.5 * x * (1.0 + g.erf(x * (1.0 / math.sqrt(2.0)))), dtype)
 
 
 @composite
 def silu(g, x):
     """SiLU (swish): ``x * sigmoid(x)``."""
     x = _float(g, x)
-    return x * g.sigmoid(x)
+    dtype, x = x.dtype, _upcast(g, x)
+    return _back(g, x * g.sigmoid(x), dtype)
 
 
 @composite
 def softplus(g, x, beta=1.0, threshold=20.0):
     """``log(1 + exp(beta x)) / beta``, linear above `threshold` (as PyTorch)."""
     x = _float(g, x)
+    dtype, x = x.dtype, _upcast(g, x)
     bx = x * beta
     safe = g.minimum(bx, threshold)
-    return g.select(bx > threshold, x, g.logarithm(1.0 + g.exponent(safe)) / beta)
+    return _back(g, g.select(bx > threshold, x, g.logarithm(1.0 + g.exponent(safe)) / beta), dtype)
 
 
 @composite
 def leaky_relu(g, x, alpha=0.01):
     """``x`` where positive, else ``alpha * x``."""
     x = _float(g, x)
-    return g.select(x > 0, x, x * alpha)
+    dtype, x = x.dtype, _upcast(g, x)
+    return _back(g, g.select(x > 0, x, x * alpha), dtype)
 
 
 # -- softmax family ---------------------------------------------------------------
@@ -85,28 +122,31 @@ def leaky_relu(g, x, alpha=0.01):
 def softmax(g, x, axis=-1):
     """``exp(x - max) / sum(exp(x - max))`` along `axis`."""
     x = _float(g, x)
+    dtype, x = x.dtype, _upcast(g, x)
     m = g.stop_gradient(g.reduction_maximum(x, axis, keep_dims=True))
     e = g.exponent(x - m)
-    return e / g.reduction_sum(e, axis, keep_dims=True)
+    return _back(g, e / g.reduction_sum(e, axis, keep_dims=True), dtype)
 
 
 @composite
 def log_sum_exp(g, x, axes=-1, keep_dims=False):
     """``log(sum(exp(x)))`` over `axes`, computed stably."""
     x = _float(g, x)
+    dtype, x = x.dtype, _upcast(g, x)
     m = g.stop_gradient(g.reduction_maximum(x, axes, keep_dims=True))
     # Where the maximum is infinite (a slice of -inf, say) shift by 0, not inf - inf = NaN: torch.logsumexp's rule.
     m = g.select(g.is_finite(m), m, 0.0)
     s = g.logarithm(g.reduction_sum(g.exponent(x - m), axes, keep_dims=keep_dims))
     # The reduction over m's extent-1 axes drops them without needing the rank (squeeze does).
-    return s + (m if keep_dims else g.reduction_maximum(m, axes))
+    return _back(g, s + (m if keep_dims else g.reduction_maximum(m, axes)), dtype)
 
 
 @composite
 def log_softmax(g, x, axis=-1):
     """``x - log(sum(exp(x)))`` along `axis`, computed stably."""
     x = _float(g, x)
-    return x - log_sum_exp(g, x, axis, keep_dims=True)
+    dtype, x = x.dtype, _upcast(g, x)
+    return _back(g, x - log_sum_exp(g, x, axis, keep_dims=True), dtype)
 
 
 @composite
@@ -127,12 +167,13 @@ def softmax_cross_entropy(g, logits, labels, axis=-1, reduction="sum"):
             raise g._error("softmax_cross_entropy", "integer labels need a known class count along the axis",
                            [logits, labels])
         labels = g.one_hot(labels, logits.shape[axis], axis=axis, dtype=logits.dtype)
-    elif labels.dtype != logits.dtype:
+    dtype, logits = logits.dtype, _upcast(g, logits)
+    if labels.dtype != logits.dtype:
         labels = g.cast(labels, logits.dtype)
     losses = -g.reduction_sum(labels * log_softmax(g, logits, axis), axis)
-    if reduction == "none":
-        return losses
-    return g.reduction_sum(losses) if reduction == "sum" else g.reduction_mean(losses)
+    if reduction != "none":
+        losses = g.reduction_sum(losses) if reduction == "sum" else g.reduction_mean(losses)
+    return _back(g, losses, dtype)
 
 
 # -- statistics and normalization -------------------------------------------------
@@ -140,29 +181,33 @@ def softmax_cross_entropy(g, logits, labels, axis=-1, reduction="sum"):
 def variance(g, x, axes=None, keep_dims=False):
     """Population variance ``mean((x - mean(x))**2)`` over `axes` (MPSGraph variance)."""
     x = _float(g, x)
+    dtype, x = x.dtype, _upcast(g, x)
     d = x - g.reduction_mean(x, axes, keep_dims=True)
-    return g.reduction_mean(d * d, axes, keep_dims=keep_dims)
+    return _back(g, g.reduction_mean(d * d, axes, keep_dims=keep_dims), dtype)
 
 
 @composite
 def normalization(g, x, mean, variance, gamma=None, beta=None, epsilon=1e-5):
     """``(x - mean) / sqrt(variance + epsilon) * gamma + beta`` (MPSGraph normalization)."""
     x = _float(g, x)
-    y = (x - mean) * g.reverse_square_root(variance + epsilon)
+    dtype, x = x.dtype, _upcast(g, x)
+    y = (x - _upcast_like(g, mean, x)) * g.reverse_square_root(_upcast_like(g, variance, x) + epsilon)
     if gamma is not None:
-        y = y * gamma
+        y = y * _upcast_like(g, gamma, y)
     if beta is not None:
-        y = y + beta
-    return y
+        y = y + _upcast_like(g, beta, y)
+    return _back(g, y, dtype)
 
 
 @composite
 def layer_normalization(g, x, axes=-1, gamma=None, beta=None, epsilon=1e-5):
     """Normalize over `axes` with the statistics of each sample (torch LayerNorm over the last axes)."""
     x = _float(g, x)
+    dtype, x = x.dtype, _upcast(g, x)
     mean = g.reduction_mean(x, axes, keep_dims=True)
     var = variance(g, x, axes, keep_dims=True)
-    return normalization(g, x, mean, var, gamma, beta, epsilon)
+    return _back(g, normalization(g, x, mean, var, _upcast_like(g, gamma, x), _upcast_like(g, beta, x), epsilon),
+                 dtype)
 
 
 @composite
@@ -177,9 +222,11 @@ def batch_normalization(g, x, axes=None, gamma=None, beta=None, epsilon=1e-5, ch
             raise g._error("batch_normalization", "axes=None needs a tensor of known rank", [x])
         c = g._checked("batch_normalization", [x], normalize_axis, channel_axis, x.rank)
         axes = tuple(a for a in range(x.rank) if a != c)
+    dtype, x = x.dtype, _upcast(g, x)
     mean = g.reduction_mean(x, axes, keep_dims=True)
     var = variance(g, x, axes, keep_dims=True)
-    return normalization(g, x, mean, var, gamma, beta, epsilon)
+    return _back(g, normalization(g, x, mean, var, _upcast_like(g, gamma, x), _upcast_like(g, beta, x), epsilon),
+                 dtype)
 
 
 # -- regularization ----------------------------------------------------------------
@@ -195,7 +242,8 @@ def dropout(g, x, rate, seed=None):
     if rate == 0.0:
         return g.identity(x)
     keep = g.random_uniform(x, seed=seed, dtype=x.dtype) >= rate
-    return g.select(keep, x * (1.0 / (1.0 - rate)), 0.0)
+    # The scale is rounded once, with the product, not first to a half type.
+    return _back(g, g.select(keep, _upcast(g, x) * (1.0 / (1.0 - rate)), 0.0), x.dtype)
 
 
 # -- recurrent cells -------------------------------------------------------------------
@@ -203,12 +251,20 @@ def dropout(g, x, rate, seed=None):
 def lstm_cell(g, x, h, c, weights_ih, weights_hh, bias=None):
     """One LSTM step, PyTorch's layout: weights (4H, in) with gates i, f, g, o; returns (h, c).
 
-    ``gates = x @ W_ihᵀ + h @ W_hhᵀ + bias``; ``c' = f c + i g``; ``h' = o tanh(c')``.
+    ``gates = x @ W_ihᵀ + h @ W_hhᵀ + bias``; ``c' = f c + i g``; ``h' = o tanh(c')``. As PyTorch's
+    cell, the matrix products run in the operands' type (they accumulate in float32 and round once);
+    the gates are summed and activated in float32.
     """
-    gates = g.matrix_multiplication(x, weights_ih.T) + g.matrix_multiplication(h, weights_hh.T)
+    products = (g.matrix_multiplication(x, weights_ih.T), g.matrix_multiplication(h, weights_hh.T))
+    operands = [g.as_tensor(t) for t in (*products, c, bias) if t is not None]
+    dtype = functools.reduce(dtypes.promote, (t.dtype for t in operands))
+    gates = _upcast(g, products[0]) + _upcast(g, products[1])
+    c = _upcast(g, g.as_tensor(c))
     if bias is not None:
-        gates = gates + bias
+        gates = gates + _upcast_like(g, bias, gates)
     i, f, gg, o = g.split(gates, 4, axis=-1)
     c_next = g.sigmoid(f) * c + g.sigmoid(i) * g.tanh(gg)
     h_next = g.sigmoid(o) * g.tanh(c_next)
-    return h_next, c_next
+    if dtype not in _HALF:
+        return h_next, c_next
+    return _back(g, h_next, dtype), _back(g, c_next, dtype)

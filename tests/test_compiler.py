@@ -28,9 +28,9 @@ from stitchml.codegen.common import LIBDEVICE_CUDA, LIBDEVICE_INTERPRET
 from stitchml.passes import PIPELINE
 from stitchml.runtime.compiled import ExecutableCache
 
-from compiler_util import (EXACT, Case, all_cases, assert_match, check_case, compile_case, compile_for_cuda,
-                           composite_cases, contraction_cases, opaque_cases, opdb_cases, reduction_cases, run_case,
-                           seeded, view_cases)
+from compiler_util import (EXACT, Case, all_cases, assert_match, assert_reference, check_case, compile_case,
+                           compile_for_cuda, composite_cases, contraction_cases, opaque_cases, opdb_cases,
+                           reduction_cases, run_case, seeded, view_cases)
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 F = torch.nn.functional
@@ -52,10 +52,15 @@ def test_the_comparison_rejects_what_it_must():
             assert_match(y, x, "mismatch")
     with pytest.raises(AssertionError):
         assert_match(torch.tensor([3, 4]), torch.tensor([3, 5]), "integers")
-    assert_match(x * (1 + 2**-22), x, "within four units in the last place")
-    half = torch.tensor([0.0037], dtype=torch.float16)
-    assert_match(half, torch.tensor([0.0044], dtype=torch.float16), "closer to the reference than eager",
-                 reference=torch.tensor([0.0036], dtype=torch.float64))
+    assert_match(x * (1 + 2**-22), x, "within the tolerance rule")
+    # A half-type result of a composite is one rounding of a float32 computation: the rounded float64
+    # reference passes, three units in the last place off does not.
+    reference = torch.tensor([0.0036, -1000.3, 3.0e-7], dtype=torch.float64)
+    rounded = reference.to(torch.float16)
+    assert_reference(rounded, reference, "rounded once", "composite")
+    off = rounded.view(torch.int16) + torch.tensor([3, 0, 0], dtype=torch.int16)
+    with pytest.raises(AssertionError, match="1 of 3 elements"):
+        assert_reference(off.view(torch.float16), reference, "three ulps off", "composite")
 
 
 @pytest.mark.parametrize("case", _params(all_cases() + opdb_cases()))

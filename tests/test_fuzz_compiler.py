@@ -7,7 +7,10 @@ expand_dims / squeeze, casts) and the values to return. `build` replays a recipe
 compiled run must equal the eager run: integers and bools exactly, NaN and infinities at the same
 places, other floats within an error bound carried along the steps.
 
-Why a bound, and how. Kernels compute half types in float32 and round where they store, eager
+Why a bound, and how. This is the tolerance rule of tests/tolerance.py carried along the steps, since
+a random graph has no float64 reference of its own: the same eps per dtype, the same units of error per
+op family (correctly rounded arithmetic, math-library functions), and `err` in place of the rule's
+condition term. Kernels compute half types in float32 and round where they store, eager
 rounds after every op, and the two use different math libraries: results differ by rounding, and
 by more where an op magnifies an earlier difference. Every value carries `bound` (the largest
 magnitude its finite elements can have) and `err` (how far from exact arithmetic either run can
@@ -40,12 +43,15 @@ from hypothesis import strategies as st
 import stitchml as sm
 
 from compiler_util import values
+from tolerance import FAMILIES, eps
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 LIMIT = 64.0  # largest magnitude a float value may reach (float16 holds up to 65504)
-ULP = {sm.float16: 2.0**-10, sm.bfloat16: 2.0**-7, sm.float32: 2.0**-23, sm.float64: 2.0**-52}
-TINY = {sm.float16: 2.0**-24, sm.bfloat16: 2.0**-133, sm.float32: 2.0**-149, sm.float64: 2.0**-1074}
+FLOAT_TYPES = (sm.float16, sm.bfloat16, sm.float32, sm.float64)
+ULP = {dt: eps(dt) for dt in FLOAT_TYPES}
+TINY = {dt: eps(dt) * torch.finfo(dt.torch).tiny for dt in FLOAT_TYPES}  # the subnormal step
+ROUND, LIBM = FAMILIES["elementwise"], FAMILIES["transcendental"]  # units of error of one evaluation
 REGRESSIONS = pathlib.Path(__file__).parent / "fuzz_regressions"
 
 
@@ -88,21 +94,21 @@ def _rounds_alike(dtype: sm.DType) -> bool:
 UNARY = {
     "identity": (None, lambda b: 1.0, lambda b: b, 0), "negative": (None, lambda b: 1.0, lambda b: b, 0),
     "absolute": (None, lambda b: 1.0, lambda b: b, 0), "relu": (None, lambda b: 1.0, lambda b: b, 0),
-    "square": ("fit8", lambda b: 2 * b, lambda b: b * b, 1),
-    "exponent": ("fit4", math.exp, math.exp, 4), "exponent_base2": ("fit4", lambda b: 2**b, lambda b: 2**b, 4),
-    "exponent_base10": ("fit1", lambda b: 2.31 * 10**b, lambda b: 10**b, 4),
-    "sinh": ("fit4", math.cosh, math.cosh, 4), "cosh": ("fit4", math.cosh, math.cosh, 4),
-    "logarithm": ("half", lambda b: 2.0, lambda b: max(math.log(b + 0.5), 0.7), 4),
-    "logarithm_base2": ("half", lambda b: 2.9, lambda b: max(math.log2(b + 0.5), 1.0), 4),
-    "logarithm_base10": ("half", lambda b: 0.9, lambda b: max(math.log10(b + 0.5), 0.31), 4),
-    "square_root": ("quarter", lambda b: 1.0, lambda b: math.sqrt(b + 0.25), 1),
-    "reverse_square_root": ("quarter", lambda b: 4.0, lambda b: 2.0, 2),
-    "reciprocal": ("half", lambda b: 4.0, lambda b: 2.0, 1),
-    "sin": (None, lambda b: 1.0, lambda b: 1.0, 4), "cos": (None, lambda b: 1.0, lambda b: 1.0, 4),
-    "tan": ("tanh", lambda b: 3.5, lambda b: 1.6, 4), "asin": ("tanh34", lambda b: 1.6, lambda b: 1.6, 4),
-    "acos": ("tanh34", lambda b: 1.6, lambda b: 3.2, 4), "atan": (None, lambda b: 1.0, lambda b: 1.6, 4),
-    "tanh": (None, lambda b: 1.0, lambda b: 1.0, 4), "erf": (None, lambda b: 1.2, lambda b: 1.0, 4),
-    "sigmoid": (None, lambda b: 0.25, lambda b: 1.0, 4),
+    "square": ("fit8", lambda b: 2 * b, lambda b: b * b, ROUND),
+    "exponent": ("fit4", math.exp, math.exp, LIBM), "exponent_base2": ("fit4", lambda b: 2**b, lambda b: 2**b, LIBM),
+    "exponent_base10": ("fit1", lambda b: 2.31 * 10**b, lambda b: 10**b, LIBM),
+    "sinh": ("fit4", math.cosh, math.cosh, LIBM), "cosh": ("fit4", math.cosh, math.cosh, LIBM),
+    "logarithm": ("half", lambda b: 2.0, lambda b: max(math.log(b + 0.5), 0.7), LIBM),
+    "logarithm_base2": ("half", lambda b: 2.9, lambda b: max(math.log2(b + 0.5), 1.0), LIBM),
+    "logarithm_base10": ("half", lambda b: 0.9, lambda b: max(math.log10(b + 0.5), 0.31), LIBM),
+    "square_root": ("quarter", lambda b: 1.0, lambda b: math.sqrt(b + 0.25), ROUND),
+    "reverse_square_root": ("quarter", lambda b: 4.0, lambda b: 2.0, LIBM),
+    "reciprocal": ("half", lambda b: 4.0, lambda b: 2.0, ROUND),
+    "sin": (None, lambda b: 1.0, lambda b: 1.0, LIBM), "cos": (None, lambda b: 1.0, lambda b: 1.0, LIBM),
+    "tan": ("tanh", lambda b: 3.5, lambda b: 1.6, LIBM), "asin": ("tanh34", lambda b: 1.6, lambda b: 1.6, LIBM),
+    "acos": ("tanh34", lambda b: 1.6, lambda b: 3.2, LIBM), "atan": (None, lambda b: 1.0, lambda b: 1.6, LIBM),
+    "tanh": (None, lambda b: 1.0, lambda b: 1.0, LIBM), "erf": (None, lambda b: 1.2, lambda b: 1.0, LIBM),
+    "sigmoid": (None, lambda b: 0.25, lambda b: 1.0, LIBM),
 }
 ROUNDED = ("square", "reciprocal")  # one correctly rounded op: exact where _rounds_alike
 JUMPS = ("floor", "ceil", "round", "truncate", "sign")  # take exact operands; exact results
@@ -232,15 +238,15 @@ class Replay:
         if name == "modulo":  # a - floor(a / b) * b in a kernel, exact in torch; b >= 1/2, so |a / b| <= 2 ba
             return Value(y, bb, ea + (2 * ba + 1) * eb + _rounding(y.dtype, ba + bb, 2), exact=False)
         bound, err, ulps = {
-            "addition": (ba + bb, ea + eb, 1), "subtraction": (ba + bb, ea + eb, 1),
-            "multiplication": (ba * bb, bb * ea + ba * eb, 1), "division": (2 * ba, 2 * ea + 4 * ba * eb, 1),
+            "addition": (ba + bb, ea + eb, ROUND), "subtraction": (ba + bb, ea + eb, ROUND),
+            "multiplication": (ba * bb, bb * ea + ba * eb, ROUND), "division": (2 * ba, 2 * ea + 4 * ba * eb, ROUND),
             "maximum": (max(ba, bb), max(ea, eb), 0), "minimum": (max(ba, bb), max(ea, eb), 0),
-            "atan2": (math.pi, 2 * ea + 2 * eb, 4),
-        }.get(name, (None, None, 4))
+            "atan2": (math.pi, 2 * ea + 2 * eb, LIBM),
+        }.get(name, (None, None, LIBM))
         if name == "power":  # base in [1/2, ba], exponent within [-bb, bb]
             bound = max(ba**bb, 2.0**bb)
             err = bb * max(ba, 2.0) ** (bb + 1) * ea + max(math.log(ba), math.log(2.0)) * bound * eb
-        exact = both and (ulps == 0 or ulps == 1 and _rounds_alike(y.dtype))
+        exact = both and (ulps == 0 or ulps == ROUND and _rounds_alike(y.dtype))
         return Value(y, bound, err + _rounding(y.dtype, bound, ulps), exact)
 
     def _select(self, i: int, j: int, k: int) -> Value:

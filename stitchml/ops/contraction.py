@@ -20,6 +20,7 @@ from .. import dtypes
 from ..errors import ShapeError
 from ..ir import UNKNOWN, Tensor, TensorType, broadcast_shapes
 from ..registry import CONTRACTION, OPAQUE, Primitive, builder, register
+from .reduction import in_float32
 
 Padding = Union[int, tuple, str]
 
@@ -198,7 +199,7 @@ def _matmul_infer(types):
     return TensorType(batch + (a.shape[-2], b.shape[-1]), a.dtype)
 
 
-matrix_multiplication.def_impl(torch.matmul)
+matrix_multiplication.def_impl(in_float32(torch.matmul))
 
 
 @matrix_multiplication.def_vjp
@@ -273,6 +274,7 @@ def _conv_padded_input(x, w_oihw, attrs):
 
 
 @convolution2d.def_impl
+@in_float32
 def _conv_impl(x, w, **attrs):
     x = _to_nchw(x, attrs["data_layout"])
     w = _oihw(w, attrs["weights_layout"])
@@ -337,6 +339,7 @@ def _conv_transpose_infer(types, output_padding=(0, 0), **attrs):
 
 
 @convolution_transpose2d.def_impl
+@in_float32
 def _conv_transpose_impl(x, w, like=None, output_padding=(0, 0), **attrs):
     layout = attrs["data_layout"]
     x, w = _to_nchw(x, layout), _oihw(w, attrs["weights_layout"])
@@ -395,6 +398,7 @@ def _conv_wgrad_infer(types, **attrs):
 
 
 @convolution2d_weights_gradient.def_impl
+@in_float32
 def _conv_wgrad_impl(dy, x, w, **attrs):
     layout = attrs["data_layout"]
     dy, x, w_oihw = _to_nchw(dy, layout), _to_nchw(x, layout), _oihw(w, attrs["weights_layout"])
@@ -469,7 +473,7 @@ def _pool_impl(kind):
             y = sums / _pooled(_window_sum, ones, attrs, out)
         return _from_nchw(y, layout)
 
-    return impl
+    return impl if kind == "max" else in_float32(impl)
 
 
 max_pooling2d = register(Primitive("max_pooling2d", OPAQUE, infer=_pool_infer, impl=_pool_impl("max"),
@@ -485,9 +489,10 @@ def _pool_gradient_impl(forward):
             (dx,) = torch.autograd.grad(forward(xx, **attrs), xx, dy)
         return dx
 
-    return impl
+    return in_float32(impl)
 
 
+@in_float32
 def _max_pool_gradient_impl(dy, x, **attrs):
     """The window maxima's indices and PyTorch's scatter of `dy` to them (no autograd round trip)."""
     layout = attrs["data_layout"]

@@ -12,6 +12,7 @@ from ..errors import ShapeError
 from ..ir import UNKNOWN, Tensor, TensorType, normalize_axis
 from ..registry import OPAQUE, builder
 from .movement import _prim
+from .reduction import in_float32
 
 
 # -- gather / scatter ---------------------------------------------------------------
@@ -84,6 +85,7 @@ def _scatter_add_infer(types, axis):
 
 
 @scatter_add.def_impl
+@in_float32
 def _scatter_add_impl(data, indices, updates, axis):
     axis %= data.dim()
     flat = _wrap(indices.reshape(-1), data.shape[axis])
@@ -148,8 +150,8 @@ def _scatter_add_along_axis_infer(types, axis):
     return data
 
 
-scatter_add_along_axis.def_impl(
-    lambda data, indices, updates, axis: data.scatter_add(axis, _wrap(indices, data.shape[axis]), updates))
+scatter_add_along_axis.def_impl(in_float32(
+    lambda data, indices, updates, axis: data.scatter_add(axis, _wrap(indices, data.shape[axis]), updates)))
 
 
 @scatter_add_along_axis.def_vjp

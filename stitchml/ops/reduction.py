@@ -15,6 +15,32 @@ from ..ir import UNKNOWN, TensorType, normalize_axes, normalize_axis
 from ..registry import OPAQUE, REDUCTION, Primitive, builder, register
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def in_float32(impl):
+    """`impl` run on half-type CPU tensors as float32, its floating results rounded once to the half type.
+
+    For reference implementations that sum (contractions, window sums, scatters, scans). torch's half
+    kernels on the CPU differ between processors (oneDNN picks other kernels on AMD and Intel) and some
+    round partial sums to the half type; in float32 every CPU is within float32 rounding of the others,
+    and one final rounding follows. CUDA's libraries accumulate half types in float32 themselves.
+    """
+
+    def run(*args, **attrs):
+        half = next((a.dtype for a in args if isinstance(a, torch.Tensor) and a.dtype in _HALF
+                     and a.device.type == "cpu"), None)
+        if half is None:
+            return impl(*args, **attrs)
+        out = impl(*(a.float() if isinstance(a, torch.Tensor) and a.dtype in _HALF else a for a in args), **attrs)
+        if isinstance(out, (tuple, list)):
+            return type(out)(o.to(half) if o.is_floating_point() else o for o in out)
+        return out.to(half) if out.is_floating_point() else out
+
+    run.__name__, run.__doc__ = impl.__name__, impl.__doc__
+    return run
+
+
 def _reduced_shape(shape, axes, keep_dims):
     if shape is None:  # every axis of an unknown rank reduced away leaves a scalar
         return () if axes is None and not keep_dims else None
@@ -237,6 +263,7 @@ def _sum_to_shape_infer(types):
 
 
 @sum_to_shape.def_impl
+@in_float32
 def _sum_to_shape_impl(x, like):
     shape = like.shape
     lead = x.dim() - len(shape)

@@ -10,6 +10,7 @@ from .. import dtypes
 from ..errors import GraphError, ShapeError
 from ..ir import UNKNOWN, TensorType, broadcast_shapes, normalize_axis
 from ..registry import CONTRACTION, OPAQUE, Primitive, builder, register
+from .reduction import in_float32
 
 # -- cumulative_sum -------------------------------------------------------------------
 cumulative_sum = register(Primitive(
@@ -20,6 +21,7 @@ cumulative_sum.def_infer(lambda types, axis, exclusive, reverse: types[0])
 
 
 @cumulative_sum.def_impl
+@in_float32
 def _cumulative_sum_impl(x, axis, exclusive, reverse):
     y = x.flip(axis) if reverse else x
     if exclusive and y.shape[axis]:
@@ -165,7 +167,7 @@ def _einsum_infer(types, equation):
     return TensorType(tuple(out), types[0].dtype)
 
 
-einsum.def_impl(lambda *xs, equation: torch.einsum(equation, *xs).to(xs[0].dtype))
+einsum.def_impl(in_float32(lambda *xs, equation: torch.einsum(equation, *xs).to(xs[0].dtype)))
 
 
 @einsum.def_vjp

@@ -28,17 +28,21 @@ def kernel0_reduction(in0, in1, in2, out0, BLOCK_R: tl.constexpr, BLOCK_C: tl.co
     cols = 0 + tl.arange(0, BLOCK_C)[None, :]
     mask = rmask & (cols < 64)
     x1 = tl.load(in0 + rows * 64 + cols, mask=mask, other=0).to(tl.float32)
-    r2 = tl.sum(tl.where(mask, x1, 0), axis=1)[:, None]
-    r2 = r2 / 64
-    v3 = (x1 - r2).to(tl.float32)
-    v4 = (v3 * v3).to(tl.float32)
-    r5 = tl.sum(tl.where(mask, v4, 0), axis=1)[:, None]
-    r5 = r5 / 64
-    v6 = (r5 + 1.0013580322265625e-05).to(tl.float32)
-    v7 = (tl.rsqrt(v6)).to(tl.float32)
-    v8 = (v3 * v7).to(tl.float32)
-    x9 = tl.load(in1 + cols, mask=mask, other=0).to(tl.float32)
-    v10 = (v8 * x9).to(tl.float32)
-    x11 = tl.load(in2 + cols, mask=mask, other=0).to(tl.float32)
-    v12 = (v10 + x11).to(tl.float32)
-    tl.store(out0 + rows * 64 + cols, (v12).to(tl.float16), mask=mask)
+    v2 = x1.to(tl.float32)
+    r3 = tl.sum(tl.where(mask, v2, 0), axis=1)[:, None]
+    r3 = r3 / 64
+    v4 = (v2 - r3).to(tl.float32)
+    v5 = (v4 * v4).to(tl.float32)
+    r6 = tl.sum(tl.where(mask, v5, 0), axis=1)[:, None]
+    r6 = r6 / 64
+    x7 = tl.load(in1 + cols, mask=mask, other=0).to(tl.float32)
+    v8 = x7.to(tl.float32)
+    x9 = tl.load(in2 + cols, mask=mask, other=0).to(tl.float32)
+    v10 = x9.to(tl.float32)
+    v11 = (r6 + 9.999999747378752e-06).to(tl.float32)
+    v12 = (tl.rsqrt(v11)).to(tl.float32)
+    v13 = (v4 * v12).to(tl.float32)
+    v14 = (v13 * v8).to(tl.float32)
+    v15 = (v14 + v10).to(tl.float32)
+    v16 = v15.to(tl.float16).to(tl.float32)
+    tl.store(out0 + rows * 64 + cols, (v16).to(tl.float16), mask=mask)

@@ -4,10 +4,10 @@ An `OpInfo` describes one builder method (a primitive or a composite) the way
 PyTorch's OpInfo and Thunder's opinfos do: how to call it (`build`), sample
 inputs per dtype, a reference written without StitchML (PyTorch or NumPy, in
 float64 for floating inputs), the dtypes it supports, inputs that must fail
-and how, whether it is differentiable, tolerances per dtype, and the known
-failures that must stay listed until fixed. The generic tests (test_ops.py,
-test_gradients.py, test_serialize.py) run every record through the same
-templates, so a new op is one record.
+and how, whether it is differentiable, its op family for the tolerance rule
+(tests/tolerance.py), and the known failures that must stay listed until
+fixed. The generic tests (test_ops.py, test_gradients.py, test_serialize.py)
+run every record through the same templates, so a new op is one record.
 """
 from __future__ import annotations
 
@@ -21,21 +21,18 @@ import torch
 
 import stitchml as sm
 from stitchml.dtypes import DType
-from stitchml.registry import REGISTRY
+from stitchml.registry import COMPOSITES, CONTRACTION, ELEMENTWISE, MOVEMENT, OPAQUE, REDUCTION, REGISTRY, STATE
+from tolerance import FAMILIES, assert_within, sensitivity
 
 FLOATS: tuple[DType, ...] = (sm.float16, sm.bfloat16, sm.float32, sm.float64)
 INTS: tuple[DType, ...] = (sm.int8, sm.uint8, sm.int16, sm.int32, sm.int64)
 NUMERIC: tuple[DType, ...] = FLOATS + INTS
 ALL: tuple[DType, ...] = NUMERIC + (sm.bool,)
 
-# (rtol, atol) by result dtype. Half types compute natively, so they get their
-# rounding error; float64 results are compared against a float64 reference.
-DEFAULT_TOL: dict[DType, tuple[float, float]] = {
-    sm.float16: (1e-3, 1e-3),
-    sm.bfloat16: (8e-3, 8e-3),
-    sm.float32: (1.3e-6, 1e-5),
-    sm.float64: (1e-10, 1e-12),
-}
+# The tolerance rule's family of a record by its primitive's kind (records of math-library
+# functions say "transcendental"; composites are "composite").
+KIND_FAMILY = {ELEMENTWISE: "elementwise", MOVEMENT: "elementwise", STATE: "elementwise", REDUCTION: "reduction",
+               CONTRACTION: "contraction", OPAQUE: "contraction"}
 
 
 @dataclass
@@ -137,7 +134,7 @@ class OpInfo:
     inputs: str = "placeholder"  # or "variable": tensor args become variables
     dynamic: bool = True  # the -1-extent variant builds (else needs known extents: see errors)
     unranked: bool = True  # the unknown-rank variant builds
-    tol: dict = field(default_factory=dict)
+    family: str = ""  # the op family of the tolerance rule (tests/tolerance.py); default from the registry's kind
     grad_tol: tuple[float, float] = (1e-7, 1e-9)
     known_failures: tuple[KnownFailure, ...] = ()
     equivalent: str = ""  # NumPy / PyTorch equivalent, for docs/ops.md
@@ -149,6 +146,11 @@ class OpInfo:
             self.float_only = bool(prim and prim.float_only)
         if self.differentiable is None:
             self.differentiable = prim.differentiable if prim else True
+        if not self.family:
+            self.family = "composite" if self.name in COMPOSITES else KIND_FAMILY.get(prim.kind if prim else "",
+                                                                                    "elementwise")
+        if self.family not in FAMILIES:
+            raise ValueError(f"{self.name}: unknown op family {self.family!r}; one of {', '.join(FAMILIES)}")
 
     def call(self, g: sm.Graph, tensors: Sequence[sm.Tensor], kwargs: dict) -> list[sm.Tensor]:
         """Build the op on `tensors`; always a list of output tensors."""
@@ -157,9 +159,6 @@ class OpInfo:
         else:
             out = getattr(g, self.name)(*tensors, **kwargs)
         return list(out) if isinstance(out, (list, tuple)) else [out]
-
-    def tolerance(self, dtype: DType) -> tuple[float, float]:
-        return self.tol.get(dtype, DEFAULT_TOL.get(dtype, (0.0, 0.0)))
 
     def rng(self, dtype: DType) -> np.random.Generator:
         """A generator seeded by (op, dtype): every run of the suite sees the same inputs."""
@@ -245,9 +244,11 @@ def adjoint(fn: Callable[[torch.Tensor], torch.Tensor], like: torch.Tensor, cota
 
 
 def ref_args(record: OpInfo, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """The reference's view of the args: floats as float64, and integers too for float-only ops."""
-    return [a.detach().to(torch.float64) if a.dtype.is_floating_point or record.float_only else a.detach()
-            for a in args]
+    """The reference's view of the args: floats as float64, and integers too for float-only ops.
+
+    Not detached: the tolerance rule differentiates the reference through them (tests/tolerance.py).
+    """
+    return [a.to(torch.float64) if a.dtype.is_floating_point or record.float_only else a for a in args]
 
 
 def as_outputs(value: Any) -> list[torch.Tensor]:
@@ -259,15 +260,29 @@ def as_outputs(value: Any) -> list[torch.Tensor]:
     return [value]
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, tol: tuple[float, float], what: str) -> None:
-    """Values equal: within `tol` for floating results, exactly otherwise."""
-    expected = torch.as_tensor(expected)
-    assert tuple(actual.shape) == tuple(expected.shape), f"{what}: shape {tuple(actual.shape)}, " \
-                                                         f"expected {tuple(expected.shape)}"
-    if actual.dtype.is_floating_point:
-        torch.testing.assert_close(actual.double(), expected.double(), rtol=tol[0], atol=tol[1], equal_nan=True,
-                                   msg=lambda m: f"{what}: {m}")
-    elif actual.dtype == torch.bool:
-        assert torch.equal(actual, expected.bool()), f"{what}: {actual} != {expected}"
-    else:
-        assert torch.equal(actual.long(), expected.long()), f"{what}: {actual} != {expected}"
+_SCALES: dict[tuple, tuple] = {}  # (record, ids of the args, kwargs) -> (the args, kept alive, and their scales)
+
+
+def _scales(record: OpInfo, args: Sequence[torch.Tensor], inputs: list[torch.Tensor], kwargs: dict) -> list:
+    """`tolerance.sensitivity` of the record's reference, once per sample: the static, dynamic and unranked
+    variants feed the same args."""
+    key = (record.name, tuple(id(a) for a in args), repr(kwargs))
+    if key not in _SCALES:
+        if len(_SCALES) >= 16:
+            _SCALES.pop(next(iter(_SCALES)))
+        _SCALES[key] = (args, sensitivity(lambda *xs: record.ref(*xs, **kwargs), inputs))
+    return _SCALES[key][1]
+
+
+def assert_reference(record: OpInfo, got: Sequence[torch.Tensor], args: Sequence[torch.Tensor], kwargs: dict,
+                     what: str) -> None:
+    """The results `got` of the record's op on `args` obey the tolerance rule against its float64 reference."""
+    inputs = ref_args(record, args)
+    want = as_outputs(record.ref(*inputs, **kwargs))
+    assert len(got) == len(want), f"{what}: {len(got)} outputs, reference has {len(want)}"
+    scales = _scales(record, args, inputs, kwargs) if any(a.is_floating_point() for a in got) else []
+    for i, (a, b) in enumerate(zip(got, want)):
+        scale = scales[i] if i < len(scales) else None
+        if scale is not None and tuple(scale[0].shape) != tuple(a.shape):
+            scale = None
+        assert_within(a, b, record.family, f"{what} output {i}", scale)

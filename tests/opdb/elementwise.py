@@ -45,9 +45,10 @@ def _unary(name, ref, dtypes, equivalent, domain=(-3.0, 3.0), extra=None, errors
                   errors=errors or (lambda: ()), second_order=kw.pop("second_order", True), **kw)
 
 
-def _float_unary(name, ref, equivalent, domain=(-3.0, 3.0), **kw):
-    """A float-only op: integer and bool inputs are promoted to float32."""
-    return _unary(name, ref, ALL, equivalent, domain, out_dtype=to_float, **kw)
+def _float_unary(name, ref, equivalent, domain=(-3.0, 3.0), family="transcendental", **kw):
+    """A float-only op, a math-library function unless `family` says otherwise: integer and bool inputs are
+    promoted to float32."""
+    return _unary(name, ref, ALL, equivalent, domain, out_dtype=to_float, family=family, **kw)
 
 
 def _rounding(name, ref, equivalent):
@@ -70,9 +71,10 @@ UNARY = [
     _float_unary("logarithm", torch.log, "np.log / torch.log", (0.1, 5.0)),
     _float_unary("logarithm_base2", torch.log2, "np.log2 / torch.log2", (0.1, 5.0)),
     _float_unary("logarithm_base10", torch.log10, "np.log10 / torch.log10", (0.1, 5.0)),
-    _float_unary("square_root", torch.sqrt, "np.sqrt / torch.sqrt", (0.1, 5.0)),
+    _float_unary("square_root", torch.sqrt, "np.sqrt / torch.sqrt", (0.1, 5.0), "elementwise"),
     _float_unary("reverse_square_root", lambda x: 1.0 / torch.sqrt(x), "torch.rsqrt", (0.1, 5.0)),
-    _float_unary("reciprocal", lambda x: 1.0 / x, "np.reciprocal / torch.reciprocal", (0.25, 3.0)),
+    _float_unary("reciprocal", lambda x: 1.0 / x, "np.reciprocal / torch.reciprocal", (0.25, 3.0),
+                 "elementwise"),
     _float_unary("sin", torch.sin, "np.sin / torch.sin"),
     _float_unary("cos", torch.cos, "np.cos / torch.cos"),
     _float_unary("tan", torch.tan, "np.tan / torch.tan", (-1.2, 1.2)),
@@ -173,11 +175,11 @@ BINARY = [
             grad=False, extra=_smooth_division,
             errors=lambda: _numeric_errors(2) + _integer_zero_division()),
     OpInfo("power", _power_samples, torch.pow, NUMERIC, equivalent="np.power / torch.pow / **", second_order=True,
-           errors=lambda: _broadcast_errors() + _numeric_errors(2)),
+           family="transcendental", errors=lambda: _broadcast_errors() + _numeric_errors(2)),
     _binary("maximum", torch.maximum, ALL, "np.maximum / torch.maximum", extra=chain(_ties, _nans)),
     _binary("minimum", torch.minimum, ALL, "np.minimum / torch.minimum", extra=chain(_ties, _nans)),
     _binary("atan2", torch.atan2, ALL, "np.arctan2 / torch.atan2", domains=[(-3.0, 3.0), (0.5, 3.0)],
-            out_dtype=to_float),
+            family="transcendental", out_dtype=to_float),
     _comparison("equal", torch.eq, "np.equal / torch.eq / =="),
     _comparison("not_equal", torch.ne, "np.not_equal / torch.ne / !="),
     _comparison("less_than", torch.lt, "np.less / torch.lt / <"),

@@ -161,11 +161,13 @@ def _resize_errors():
 
 
 RECORDS = [
-    OpInfo("resize", _resize_samples, resize_ref, ALL, errors=_resize_errors, second_order=True,
+    # Interpolation weights computed, then summed: a composite for the tolerance rule.
+    OpInfo("resize", _resize_samples, resize_ref, ALL, errors=_resize_errors, second_order=True, family="composite",
            equivalent="ONNX Resize; torch.nn.functional.interpolate (nearest, bilinear, bicubic)"),
     OpInfo("resize_gradient", _resize_gradient_samples,
            lambda dy, x, **kwargs: adjoint(lambda z: resize_ref(z, **kwargs), x, dy), FLOATS,
            build=_resize_gradient_build, builder=False, second_order=True, dynamic=False, unranked=False,
+           family="composite",
            equivalent="the adjoint of resize (torch.nn.functional.interpolate's backward)",
            errors=lambda: [ErrorInput((P((2, 5)), P((2, 3))), {"sizes": (2, 6)}, build=_resize_gradient_build,
                                       match="the gradient has shape (2, 5), but resizing the source (2, 3) gives "
