@@ -68,8 +68,6 @@ int64 = DType("int64", torch.int64, 8, 1)
 bool_ = DType("bool", torch.bool, 1, 0)
 
 ALL: tuple[DType, ...] = (float16, bfloat16, float32, float64, int8, uint8, int16, int32, int64, bool_)
-FLOATING = tuple(d for d in ALL if d.is_floating)
-INTEGER = tuple(d for d in ALL if d.is_integer)
 _BY_NAME = {d.name: d for d in ALL}
 _BY_TORCH = {d.torch: d for d in ALL}
 

@@ -59,7 +59,6 @@ class Graph:
         # executable's runs and replays, bound runs and pipelines made from this graph (docs/semantics.md).
         self._run_lock = threading.RLock()
         self._build_lock = threading.Lock()  # ids and the operation list, for builders on several threads
-        self._runner = None  # the async run queue, made on first use
         self.run_count = 0  # runs so far; random ops draw from (seed, run_count)
         self._fold_constants = False  # set while building gradients (autodiff.py)
         self._executables = None  # compiled executables by signature, made by the first compiled run

@@ -20,7 +20,7 @@ looks entries up here; nobody branches on op names.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 # Op kinds: what the compiler may do with an op.
@@ -50,7 +50,6 @@ class Primitive:
     triton: str | dict | None = None
     float_only: bool = False  # elementwise: integer inputs are promoted to float32 first
     doc: str = ""
-    extras: dict[str, Any] = field(default_factory=dict)  # per-backend hints (e.g. accumulate dtype)
 
     def def_infer(self, fn):
         self.infer = fn

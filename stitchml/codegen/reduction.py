@@ -33,7 +33,6 @@ class SplitSource:
     partial: KernelSource
     finish: KernelSource
     splits: int
-    scratch_bytes: int
 
 
 def split_factor(body, sm_count: int) -> int:
@@ -237,7 +236,7 @@ def {name}({params}, part, {outs}, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr)
                            {"BLOCK_R": 1, "BLOCK_C": LOOP_BLOCK, "CHUNK": chunk}, "reduction", checks)
     finish = KernelSource(name, src, (-(-f.R // block_r),), 4, {"BLOCK_R": block_r, "BLOCK_S": block_s}, "reduction",
                           checks)
-    return SplitSource(partial, finish, splits, f.R * splits * acc_dtype.itemsize)
+    return SplitSource(partial, finish, splits)
 
 
 def _needed_by(outputs, ops) -> set[int]:

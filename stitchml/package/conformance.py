@@ -38,8 +38,6 @@ SpaceToDepth Split Sqrt Squeeze Sub Sum Swish Tan Tanh ThresholdedRelu Tile TopK
 Where Xor
 """.split())
 
-# Known failures among the in-scope node tests, with the reason; tests expect them to fail.
-KNOWN_FAILURES: dict[str, str] = {}
 BOUND: set[str] = set()  # cases that ran with integer operand inputs bound at import time
 
 
