@@ -2,8 +2,11 @@
 
 A `Primitive` holds everything the rest of the system needs to know about an
 op: its kind, the shape-and-dtype rule, the reference implementation in torch
-(any device), its gradient rule (or a mark that it has none), and for
-elementwise ops the Triton expression the code generator stitches together.
+(any device), its gradient rule (or a mark that it has none), and what the
+compiler may do with it: for elementwise ops the Triton expression the code
+generator stitches together, for fusable reductions their `Combine`, for
+views the rule that derives the output's strided layout from the input's,
+for contractions the kernel template (and vendor call) they start.
 The builder method on `Graph` carries the same name as the primitive, so IR
 dumps, error messages and docs share one vocabulary.
 
@@ -34,6 +37,22 @@ STATE = "state"  # placeholders, constants, variables and their reads/writes
 KINDS = (ELEMENTWISE, REDUCTION, MOVEMENT, CONTRACTION, OPAQUE, RANDOM, STATE)
 
 
+@dataclass(frozen=True)
+class Combine:
+    """How a reduction folds in generated kernels, as Triton text.
+
+    `neutral` is the identity element ("INF" / "-INF" become the dtype's
+    extremes in codegen/reduction.py), `combine` joins two partial values
+    {a} and {b}, `finish` folds a tile {x} along axis 1, and `mean` divides
+    the folded value by the number of reduced elements.
+    """
+
+    neutral: str
+    combine: str
+    finish: str
+    mean: bool = False
+
+
 @dataclass
 class Primitive:
     """One operation. See the module docstring for how entries are written."""
@@ -49,6 +68,12 @@ class Primitive:
     # the first operand's dtype name or "float" / "int" (codegen/common.py: triton_template)
     triton: str | dict | None = None
     float_only: bool = False  # elementwise: integer inputs are promoted to float32 first
+    # reduction: how a reduction kernel folds it; None: it runs alone through its reference implementation
+    combine: Combine | None = None
+    # movement: (base, out_shape, attrs) -> the output as a view of `base`, a strided meta tensor laid out like
+    # the input's buffer; None (or a RuntimeError) when it must copy. Views alias their input (passes/memory.py)
+    view: Callable[..., Any] | None = None
+    template: str | None = None  # contraction: the kernel template it starts, its epilogue fused after it
     doc: str = ""
 
     def def_infer(self, fn):
@@ -65,6 +90,10 @@ class Primitive:
 
     def def_vjp(self, fn):
         self.vjp = fn
+        return fn
+
+    def def_view(self, fn):
+        self.view = fn
         return fn
 
     def __repr__(self) -> str:

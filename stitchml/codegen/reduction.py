@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import Operation, Tensor
+from ..registry import Combine, lookup
 from .common import (Layout, checks_divisor, compute_dtype, divisor_check, expression, header, index_expr,
                      literal, tl_type)
 from .pointwise import KernelSource
@@ -44,7 +45,7 @@ def split_factor(body, sm_count: int) -> int:
     """
     frame, axes, space = body.notes["frame"], body.notes["axes"], body.notes["space"]
     f = _Frame(frame, axes)
-    reductions = [op for op in body.operations if op.op in _COMBINE]
+    reductions = [op for op in body.operations if _combine(op)]
     if len(reductions) != 1 or f.C <= MAX_PERSISTENT or f.C < SPLIT_MIN_COLUMNS:
         return 1
     after = _descendants(reductions[0], body.operations)
@@ -53,13 +54,9 @@ def split_factor(body, sm_count: int) -> int:
     want = -(-PROGRAMS_PER_SM * sm_count // f.R)
     return max(1, min(want, f.C // LOOP_BLOCK))
 
-_COMBINE = {  # op -> (neutral element source, tile combine, final reduce)
-    "reduction_sum": ("0", "{a} + {b}", "tl.sum({x}, axis=1)"),
-    "reduction_mean": ("0", "{a} + {b}", "tl.sum({x}, axis=1)"),
-    "reduction_maximum": ("-INF", "_maximum({a}, {b})", "tl.reduce({x}, 1, _maximum)"),
-    "reduction_minimum": ("INF", "_minimum({a}, {b})", "tl.reduce({x}, 1, _minimum)"),
-    "reduction_product": ("1", "{a} * {b}", "tl.reduce({x}, 1, _product)"),
-}
+def _combine(op: Operation) -> Combine | None:
+    """How a reduction op folds (registry.Combine), or None for every other op."""
+    return lookup(op.op).combine
 
 
 def _accumulator(op: Operation):
@@ -75,7 +72,7 @@ def _widen(op: Operation, x: str) -> str:
 
 
 def _neutral(op: Operation) -> str:
-    text = _COMBINE[op.op][0]
+    text = _combine(op).neutral
     dt = compute_dtype(op.inputs[0].dtype)
     if "INF" in text and dt.is_bool:  # bool literals keep tl.where and loop accumulators int1
         return "False" if text == "-INF" else "True"
@@ -160,7 +157,7 @@ def {name}({params}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
 
 def _split(name, body, f, placeholders, ops, arg_of, layout_of, space, splits, interpret,
            first_check: int) -> SplitSource:
-    red = next(op for op in ops if op.op in _COMBINE)
+    red = next(op for op in ops if _combine(op))
     chunk = -(-f.C // splits)
     chunk = -(-chunk // LOOP_BLOCK) * LOOP_BLOCK
     splits = -(-f.C // chunk)
@@ -182,17 +179,17 @@ def _split(name, body, f, placeholders, ops, arg_of, layout_of, space, splits, i
     for op in _ancestors(red, ops, loop_env):
         gen.elementwise(op, inner, loop_env)
     x = _widen(red, gen.operand(red.inputs[0], True, inner, loop_env))
-    inner.append(f"    {acc} = {_COMBINE[red.op][1].format(a=acc, b=f'tl.where(mask, {x}, {_neutral(red)})')}")
+    inner.append(f"    {acc} = {_combine(red).combine.format(a=acc, b=f'tl.where(mask, {x}, {_neutral(red)})')}")
     full_outs = [(j, t) for j, t in enumerate(body.outputs) if space.get(t.id, "full") == "full"]
     needed = _needed_by(full_outs, ops)
     for op in ops:  # per-element outputs the reduction did not need are computed here too
-        if op.op not in _COMBINE and op.outputs[0].id in needed and op.outputs[0].id not in loop_env:
+        if not _combine(op) and op.outputs[0].id in needed and op.outputs[0].id not in loop_env:
             gen.elementwise(op, inner, loop_env)
     for j, t in full_outs:
         gen.store(t, j, inner, loop_env)
     lines.extend("    " + ln for ln in inner)
     lines.append(f"    tl.store(part + rows * {splits} + tl.program_id(1), "
-                 f"{_COMBINE[red.op][2].format(x=acc)}[:, None], mask=rmask)")
+                 f"{_combine(red).finish.format(x=acc)}[:, None], mask=rmask)")
     # Stage 2: combine each row's partials, then the per-row ops and stores.
     fin: list[str] = []
     fenv: dict = {}
@@ -204,12 +201,12 @@ def _split(name, body, f, placeholders, ops, arg_of, layout_of, space, splits, i
     p = gen.fresh("p")
     fin.append(f"    {p} = tl.load(part + rows * {splits} + chunks, mask=pmask, other={_neutral(red)})")
     r = gen.fresh("r")
-    fin.append(f"    {r} = {_COMBINE[red.op][2].format(x=p)}[:, None]")
-    if red.op == "reduction_mean":
+    fin.append(f"    {r} = {_combine(red).finish.format(x=p)}[:, None]")
+    if _combine(red).mean:
         fin.append(f"    {r} = {r} / {f.C}")
     fenv[red.outputs[0].id] = r
     for op in ops:
-        if op.op not in _COMBINE and op.op != "constant" and space.get(op.outputs[0].id, "full") == "row":
+        if not _combine(op) and op.op != "constant" and space.get(op.outputs[0].id, "full") == "row":
             gen.elementwise(op, fin, fenv)
     for j, t in enumerate(body.outputs):
         if space.get(t.id, "full") == "row":
@@ -269,7 +266,7 @@ def split_scratch(body, sm_count: int):
     if splits == 1:
         return None
     f = _Frame(body.notes["frame"], body.notes["axes"])
-    red = next(op for op in body.operations if op.op in _COMBINE)
+    red = next(op for op in body.operations if _combine(op))
     chunk = -(-(-(-f.C // splits)) // LOOP_BLOCK) * LOOP_BLOCK
     return (f.R, -(-f.C // chunk)), _accumulator(red)
 
@@ -329,8 +326,8 @@ class _Gen:
         x = _widen(op, self.operand(op.inputs[0], True, lines, env))
         var = self.fresh("r")
         masked = f"tl.where(mask, {x}, {_neutral(op)})"
-        lines.append(f"    {var} = {_COMBINE[op.op][2].format(x=masked)}[:, None]")
-        if op.op == "reduction_mean":
+        lines.append(f"    {var} = {_combine(op).finish.format(x=masked)}[:, None]")
+        if _combine(op).mean:
             lines.append(f"    {var} = {var} / {self.f.C}")
         env[op.outputs[0].id] = var
 
@@ -355,7 +352,7 @@ class _Gen:
         env: dict = {}
         self.columns(lines)
         for op in ops:
-            if op.op in _COMBINE:
+            if _combine(op):
                 self.reduce_tile(op, lines, env)
             else:
                 self.elementwise(op, lines, env)
@@ -366,7 +363,7 @@ class _Gen:
     def row_ops_now(self, ops, done: set, rows_env: dict, lines: list[str], op_space) -> None:
         """Emit the per-row ops whose inputs are all available."""
         for op in ops:
-            if op.id not in done and op.op not in _COMBINE and op_space(op) == "row" and \
+            if op.id not in done and not _combine(op) and op_space(op) == "row" and \
                     all(t.id in rows_env or t.op.op in ("placeholder", "constant") for t in op.inputs):
                 self.elementwise(op, lines, rows_env)
                 done.add(op.id)
@@ -407,7 +404,7 @@ class _Gen:
             if op.op == "constant":
                 self.elementwise(op, lines, rows_env)
                 done.add(op.id)
-        reductions = [op for op in ops if op.op in _COMBINE]
+        reductions = [op for op in ops if _combine(op)]
         paired = _online_pairs(reductions)
         for red in reductions:
             if red.id in done:
@@ -428,12 +425,12 @@ class _Gen:
             for op in need:
                 self.elementwise(op, inner, env)
             x = _widen(red, self.operand(red.inputs[0], True, inner, env))
-            combine = _COMBINE[red.op][1].format(a=acc, b=f"tl.where(mask, {x}, {_neutral(red)})")
+            combine = _combine(red).combine.format(a=acc, b=f"tl.where(mask, {x}, {_neutral(red)})")
             inner.append(f"    {acc} = {combine}")
             lines.extend("    " + ln for ln in inner)
             var = self.fresh("r")
-            lines.append(f"    {var} = {_COMBINE[red.op][2].format(x=acc)}[:, None]")
-            if red.op == "reduction_mean":
+            lines.append(f"    {var} = {_combine(red).finish.format(x=acc)}[:, None]")
+            if _combine(red).mean:
                 lines.append(f"    {var} = {var} / {self.f.C}")
             rows_env[red.outputs[0].id] = var
             done.add(red.id)
@@ -445,7 +442,7 @@ class _Gen:
             env = dict(rows_env)
             self.columns(inner, "c0")
             for op in ops:
-                if op.op not in _COMBINE and op.outputs[0].id not in env:
+                if not _combine(op) and op.outputs[0].id not in env:
                     self.elementwise(op, inner, env)
             for j, t in full_outs:
                 self.store(t, j, inner, env)
@@ -485,4 +482,4 @@ def _ancestors(red: Operation, ops: list[Operation], available: dict) -> list[Op
             continue
         need.add(op.id)
         stack.extend(op.inputs)
-    return [op for op in ops if op.id in need and op.op not in _COMBINE]
+    return [op for op in ops if op.id in need and not _combine(op)]

@@ -176,7 +176,7 @@ def _weights_dims(shape, layout):
 
 # -- matrix_multiplication ------------------------------------------------------------
 matrix_multiplication = register(Primitive(
-    "matrix_multiplication", CONTRACTION,
+    "matrix_multiplication", CONTRACTION, template="matmul",
     doc="Batched matrix product of the last two axes; leading axes broadcast.",
 ))
 
@@ -258,7 +258,8 @@ def _check_conv_types(types):
     return x.shape is not None and w.shape is not None
 
 
-convolution2d = register(Primitive("convolution2d", CONTRACTION, doc="2-D convolution (cross-correlation, as in PyTorch)."))
+convolution2d = register(Primitive("convolution2d", CONTRACTION, template="convolution",
+                                   doc="2-D convolution (cross-correlation, as in PyTorch)."))
 
 
 @convolution2d.def_infer

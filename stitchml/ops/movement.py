@@ -38,6 +38,11 @@ def _numel(shape):
 reshape = _prim("reshape", "The same elements in a new shape; one -1 extent is inferred (or: the shape of `like`).")
 
 
+@reshape.def_view
+def _reshape_view(base, out_shape, attrs):
+    return base.view(out_shape)
+
+
 @reshape.def_infer
 def _reshape_infer(types, shape=None):
     x = types[0]
@@ -79,6 +84,11 @@ def _reshape(g, x, shape, name=None):
 # -- transpose ----------------------------------------------------------------
 transpose = _prim("transpose", "Permute the axes: output axis i is input axis permutation[i]; or, as `swap`, "
                               "exchange two axes (negative positions count from the end), which needs no rank.")
+
+
+@transpose.def_view
+def _transpose_view(base, out_shape, attrs):
+    return _transpose_impl(base, **attrs)  # a permutation of strides, or a swap of two
 
 
 def swap_permutation(swap, rank: int) -> tuple[int, ...]:
@@ -150,6 +160,7 @@ def _transpose(g, x, permutation=None, with_dimension=None, name=None):
 
 # -- expand_dims / squeeze ----------------------------------------------------------
 expand_dims = _prim("expand_dims", "Insert extent-1 axes at `axes` (positions in the output).")
+expand_dims.def_view(_reshape_view)
 
 
 @expand_dims.def_infer
@@ -190,6 +201,7 @@ def _expand_dims(g, x, axes, name=None):
 
 
 squeeze = _prim("squeeze", "Remove extent-1 axes at `axes`.")
+squeeze.def_view(_reshape_view)
 
 
 @squeeze.def_infer
@@ -235,6 +247,11 @@ def _squeeze(g, x, axes=None, name=None):
 
 # -- broadcast_to -------------------------------------------------------------
 broadcast_to = _prim("broadcast_to", "Broadcast to `shape` (or to the shape of `like`), NumPy rules.")
+
+
+@broadcast_to.def_view
+def _broadcast_to_view(base, out_shape, attrs):
+    return base.expand(out_shape)
 
 
 @broadcast_to.def_infer
@@ -378,6 +395,13 @@ def _split(g, x, sizes, axis=0, name=None):
 
 # -- slice -------------------------------------------------------------------------
 slice = _prim("slice", "Python-style slicing per axis: starts, ends (None: to the end) and nonzero strides.")
+
+
+@slice.def_view
+def _slice_view(base, out_shape, attrs):
+    if any(s < 0 for s in attrs["strides"]):  # strides are never negative: a reversed slice copies
+        return None
+    return base[tuple(builtins.slice(a, b, c) for a, b, c in zip(attrs["starts"], attrs["ends"], attrs["strides"]))]
 
 
 def _slice_range(n, start, end, stride):

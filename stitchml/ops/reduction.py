@@ -12,7 +12,7 @@ import torch
 from .. import dtypes
 from ..errors import ShapeError
 from ..ir import UNKNOWN, TensorType, normalize_axes, normalize_axis
-from ..registry import OPAQUE, REDUCTION, Primitive, builder, register
+from ..registry import OPAQUE, REDUCTION, Combine, Primitive, builder, register
 
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -58,7 +58,7 @@ def _runtime_axes(x: torch.Tensor, axes) -> tuple[int, ...]:
     return tuple(sorted({a % x.dim() for a in axes})) if x.dim() else ()
 
 
-def _reduction(name, fn, *, out_dtype=None, float_only=False, doc=""):
+def _reduction(name, fn, *, combine=None, out_dtype=None, float_only=False, doc=""):
     """Define a reduction primitive `g.<name>(x, axes=None, keep_dims=False)`."""
 
     def infer(types, axes, keep_dims):
@@ -74,7 +74,8 @@ def _reduction(name, fn, *, out_dtype=None, float_only=False, doc=""):
             return x.clone() if out_dtype is None else x.to(out_dtype(dtypes.as_dtype(x.dtype)).torch)
         return fn(x, axes, keep_dims)
 
-    prim = register(Primitive(name, REDUCTION, infer=infer, impl=impl, float_only=float_only, doc=doc))
+    prim = register(Primitive(name, REDUCTION, infer=infer, impl=impl, float_only=float_only, combine=combine,
+                              doc=doc))
 
     def build(g, x, axes=None, keep_dims=False, name=None):
         x = g.as_tensor(x)
@@ -117,15 +118,21 @@ def _prod(x, axes, keep_dims):
     return x.to(out)
 
 
-reduction_sum = _reduction("reduction_sum", _sum, out_dtype=lambda d: dtypes.int64 if d.is_bool else d,
-                           doc="Sum over `axes` (None: all).")
-reduction_mean = _reduction("reduction_mean", _mean, float_only=True, doc="Mean over `axes` (None: all).")
+_SUM = Combine("0", "{a} + {b}", "tl.sum({x}, axis=1)")
+reduction_sum = _reduction("reduction_sum", _sum, combine=_SUM,
+                           out_dtype=lambda d: dtypes.int64 if d.is_bool else d, doc="Sum over `axes` (None: all).")
+reduction_mean = _reduction("reduction_mean", _mean, float_only=True,
+                            combine=Combine(_SUM.neutral, _SUM.combine, _SUM.finish, mean=True),
+                            doc="Mean over `axes` (None: all).")
 reduction_maximum = _reduction("reduction_maximum", lambda x, a, k: torch.amax(x, dim=a, keepdim=k),
+                               combine=Combine("-INF", "_maximum({a}, {b})", "tl.reduce({x}, 1, _maximum)"),
                                doc="Maximum over `axes`; NaN if any element is NaN.")
 reduction_minimum = _reduction("reduction_minimum", lambda x, a, k: torch.amin(x, dim=a, keepdim=k),
+                               combine=Combine("INF", "_minimum({a}, {b})", "tl.reduce({x}, 1, _minimum)"),
                                doc="Minimum over `axes`; NaN if any element is NaN.")
-reduction_product = _reduction("reduction_product", _prod, out_dtype=lambda d: dtypes.int64 if d.is_bool else d,
-                               doc="Product over `axes`.")
+reduction_product = _reduction("reduction_product", _prod,
+                               combine=Combine("1", "{a} * {b}", "tl.reduce({x}, 1, _product)"),
+                               out_dtype=lambda d: dtypes.int64 if d.is_bool else d, doc="Product over `axes`.")
 
 
 def _restore(g, op, y):

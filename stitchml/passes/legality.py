@@ -22,12 +22,8 @@ from dataclasses import dataclass, field
 
 from ..codegen.common import triton_template
 from ..ir import Operation, Tensor
-from ..registry import CONTRACTION, ELEMENTWISE, REDUCTION, lookup
+from ..registry import ELEMENTWISE, REGISTRY, lookup
 
-# View ops: zero-copy when their input's layout allows; loads absorb them.
-VIEW_OPS = frozenset({"reshape", "transpose", "broadcast_to", "expand_dims", "squeeze", "slice"})
-FUSABLE_REDUCTIONS = frozenset({"reduction_sum", "reduction_mean", "reduction_maximum", "reduction_minimum",
-                                "reduction_product"})
 MAX_KERNEL_OPS = 96  # beyond this, compile time and register pressure outgrow the saved traffic
 
 
@@ -36,19 +32,21 @@ def numel(t: Tensor) -> int:
 
 
 def template_of(op: Operation) -> str | None:
-    """The template an op starts a kernel of, or None when it never joins one."""
+    """The template an op starts a kernel of, or None when it never joins one (views among them)."""
     prim = lookup(op.op)
-    if op.op in VIEW_OPS:
-        return None
     if prim.kind == ELEMENTWISE:
         return "pointwise" if triton_template(op) is not None else None
-    if op.op in FUSABLE_REDUCTIONS:
+    if prim.combine is not None:
         return "reduction"
-    if op.op == "matrix_multiplication":
-        return "matmul"
-    if op.op == "convolution2d":
-        return "convolution"
-    return None
+    return prim.template
+
+
+def __getattr__(name: str):
+    # FUSABLE_REDUCTIONS: the reductions a kernel can fold, read from the registry when asked (the op
+    # modules may register after this module is imported)
+    if name == "FUSABLE_REDUCTIONS":
+        return frozenset(p.name for p in REGISTRY.values() if p.combine is not None)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(eq=False)

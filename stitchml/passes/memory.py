@@ -27,7 +27,6 @@ import torch
 from ..ir import Operation
 from ..registry import lookup
 from ..codegen.common import Layout
-from .legality import VIEW_OPS
 from .program import Program
 
 ALIGN = 64  # bytes: keeps 16-byte vector loads aligned and buffers on separate cache lines
@@ -75,31 +74,22 @@ class MemoryPlan:
 
 def view_layout(op: Operation, src: Layout) -> Layout | None:
     """The layout of a view op's output over its input's buffer, or None when it must copy."""
+    rule = lookup(op.op).view
+    if rule is None:
+        return None
     base = torch.empty(0, device="meta").as_strided(src.shape, src.strides, src.offset)
     shape = op.outputs[0].shape
     try:
-        if op.op in ("reshape", "expand_dims", "squeeze"):
-            out = base.view(shape)
-        elif op.op == "transpose":
-            out = lookup("transpose").impl(base, **op.attrs)  # a permutation, or a swap of two axes
-        elif op.op == "broadcast_to":
-            out = base.expand(shape)
-        elif op.op == "slice":
-            if any(s < 0 for s in op.attrs["strides"]):
-                return None
-            index = tuple(slice(a, b, c) for a, b, c in zip(op.attrs["starts"], op.attrs["ends"], op.attrs["strides"]))
-            out = base[index]
-        else:
-            return None
+        out = rule(base, shape, op.attrs)
     except RuntimeError:
         return None
-    if tuple(out.shape) != shape:
+    if out is None or tuple(out.shape) != shape:
         return None
     return Layout(tuple(out.shape), tuple(out.stride()), out.storage_offset())
 
 
 def _is_view(op: Operation) -> bool:
-    return op.op in VIEW_OPS and len(op.inputs) == 1
+    return lookup(op.op).view is not None and len(op.inputs) == 1
 
 
 def _pack(buffers: list[Buffer], guard: int) -> int:
