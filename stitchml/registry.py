@@ -74,6 +74,9 @@ class Primitive:
     # the input's buffer; None (or a RuntimeError) when it must copy. Views alias their input (passes/memory.py)
     view: Callable[..., Any] | None = None
     template: str | None = None  # contraction: the kernel template it starts, its epilogue fused after it
+    # contraction: the vendor library call, (out, *inputs, **attrs) -> result: it writes into the planned buffer
+    # `out` and returns it, or returns the library's own memory (then `out` is unused)
+    vendor: Callable[..., Any] | None = None
     doc: str = ""
 
     def def_infer(self, fn):
@@ -94,6 +97,10 @@ class Primitive:
 
     def def_view(self, fn):
         self.view = fn
+        return fn
+
+    def def_vendor(self, fn):
+        self.vendor = fn
         return fn
 
     def __repr__(self) -> str:

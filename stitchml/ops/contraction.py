@@ -181,6 +181,11 @@ matrix_multiplication = register(Primitive(
 ))
 
 
+@matrix_multiplication.def_vendor
+def _matmul_vendor(out, a, b):
+    return torch.matmul(a, b, out=out)  # cuBLAS writes the product into the planned buffer
+
+
 @matrix_multiplication.def_infer
 def _matmul_infer(types):
     a, b = types
@@ -282,6 +287,16 @@ def _conv_impl(x, w, **attrs):
     y = F.conv2d(_conv_padded_input(x, w, attrs), w, stride=attrs["stride"], dilation=attrs["dilation"],
                  groups=attrs["groups"])
     return _from_nchw(y, attrs["data_layout"])
+
+
+@convolution2d.def_vendor
+def _conv_vendor(out, x, w, **attrs):
+    # cuDNN returns its own memory: the epilogue reads it where it is, row-major. cuDNN picks channels-last
+    # output when an operand's strides look channels-last, which a contiguous tensor with one channel can (a
+    # (N, 1, H, W) image batch, a (C, 1, k, k) filter); the epilogue was generated for the row-major layout,
+    # so anything else is made row-major.
+    y = _conv_impl(x, w, **attrs)
+    return y if y.is_contiguous() else y.contiguous()
 
 
 @convolution2d.def_vjp

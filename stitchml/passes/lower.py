@@ -23,6 +23,7 @@ reads once at its end (`raise_flagged`): a kernel cannot raise.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,6 +32,7 @@ import torch
 
 from ..codegen import choices, loader, pointwise, reduction
 from ..codegen.common import NO_FLAG, Layout
+from ..dtypes import float32
 from ..errors import ExecutionError, StitchError
 from ..graph import Graph
 from ..ir import Operation
@@ -149,7 +151,7 @@ def _epilogue(body: Program) -> tuple[Operation, Program | None, list[int]]:
     each epilogue input after the contraction result, the index of the body
     placeholder it is.
     """
-    contraction = next(op for op in body.operations if op.op in ("matrix_multiplication", "convolution2d"))
+    contraction = next(op for op in body.operations if lookup(op.op).vendor is not None)
     rest = [op for op in body.operations if op.op != "placeholder" and op is not contraction]
     if not rest:
         return contraction, None, []
@@ -168,20 +170,13 @@ def _epilogue(body: Program) -> tuple[Operation, Program | None, list[int]]:
 
 
 def _vendor(contraction: Operation, placeholders, ins: list[int], out_slot: int):
-    prim = lookup(contraction.op)
-    index = [placeholders.index(t) for t in contraction.inputs]
+    """The contraction's library call (registry: Primitive.vendor), writing or binding `out_slot`."""
+    call = lookup(contraction.op).vendor
+    slots = [ins[placeholders.index(t)] for t in contraction.inputs]
     attrs = contraction.attrs
 
-    if contraction.op == "matrix_multiplication":
-        def run(env):
-            torch.matmul(env[ins[index[0]]], env[ins[index[1]]], out=env[out_slot])
-    else:  # cuDNN returns its own memory: the epilogue reads it where it is, row-major
-        def run(env):
-            # cuDNN picks channels-last output when an operand's strides look channels-last, which a
-            # contiguous tensor with one channel can (a (N, 1, H, W) image batch, a (C, 1, k, k) filter);
-            # the epilogue was generated for the row-major layout, so anything else is made row-major.
-            out = prim.impl(*[env[ins[i]] for i in index], **attrs)
-            env[out_slot] = out if out.is_contiguous() else out.contiguous()
+    def run(env):
+        env[out_slot] = call(env[out_slot], *[env[s] for s in slots], **attrs)
     return run
 
 
@@ -291,8 +286,7 @@ def _cublaslt_epilogue(body: Program, contraction: Operation, placeholders, ins:
         kind = "bias"
     elif len(tail) == 1 and tail[0].op == "relu" and tail[0].inputs[0] is first.outputs[0]:
         kind = "bias_relu"
-    elif any(o.op == "tanh" for o in tail) and all(o.scope.endswith("gelu/tanh") for o in tail) and \
-            _only_reads(tail, first.outputs[0]):
+    elif _dataflow(tail, first.outputs[0]) == _gelu_tanh():
         kind = "bias_gelu"
     else:
         return None
@@ -312,10 +306,34 @@ def _cublaslt_epilogue(body: Program, contraction: Operation, placeholders, ins:
     return kind, run
 
 
-def _only_reads(ops: list[Operation], source) -> bool:
-    """The ops read nothing from outside but `source` and constants."""
-    made = {t.id for o in ops for t in o.outputs}
-    return all(t.id in made or t is source or t.op.op == "constant" for o in ops for t in o.inputs)
+def _dataflow(ops: list[Operation], source) -> list | None:
+    """The ops as a pattern: per op its name and, per input, "x" (`source`), a constant's value, or
+    (i, j) for output j of the i-th op; None when an op reads anything else."""
+    made = {t.id: (i, j) for i, o in enumerate(ops) for j, t in enumerate(o.outputs)}
+    pattern = []
+    for o in ops:
+        reads = []
+        for t in o.inputs:
+            if t is source:
+                reads.append("x")
+            elif t.id in made:
+                reads.append(made[t.id])
+            elif t.op.op == "constant":
+                reads.append(t.op.attrs["value"].tolist())
+            else:
+                return None
+        pattern.append((o.op, reads))
+    return pattern
+
+
+@functools.cache
+def _gelu_tanh() -> list:
+    """The float32 tanh GeLU exactly as composites.gelu builds it, as a `_dataflow` pattern: the form that
+    cuBLASLt's GELU epilogue computes."""
+    g = Graph("gelu_tanh")
+    x = g.placeholder((1,), float32)
+    g.gelu(x, approximate="tanh")
+    return _dataflow([o for o in g.operations if o.op not in ("placeholder", "constant")], x)
 
 
 def _chain(*fns):

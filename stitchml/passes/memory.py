@@ -125,7 +125,7 @@ def _scratch(op: Operation, ctx):
         return None
     body, template = op.attrs["body"], op.attrs["template"]
     if template == "matmul":  # cuBLAS writes the product here, the epilogue kernel reads it
-        product = next(o for o in body.operations if o.op == "matrix_multiplication").outputs[0]
+        product = next(o for o in body.operations if lookup(o.op).vendor is not None).outputs[0]
         has_epilogue = len([o for o in body.operations if o.op not in ("placeholder", "constant")]) > 1
         return (product.shape, product.dtype) if has_epilogue else None
     if template == "reduction":
