@@ -44,10 +44,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("stitchml.graph", "stitchml.runtime.eager"): "Graph.run calls the eager interpreter",
     ("stitchml.graph", "stitchml.runtime.asyncrun"): "Graph.run_async calls the run queue",
     ("stitchml.graph", "stitchml.runtime.compiled"): "Graph.compile and Graph.run call the compiler entry",
-    ("stitchml.pipeline.device", "stitchml.package.kernels"):
-        "a pipeline of a package function installs the package's compiled kernels",
-    ("stitchml.pipeline.device", "stitchml.package.package"):
-        "the machine target that the package's compiled kernels are keyed by",
     ("stitchml.package.kernels", "stitchml"): "the version stamped into compiled-kernel bundles",
     ("stitchml.package.package", "stitchml"): "the version stamped into package manifests",
     ("stitchml.package.onnx_import", "stitchml"): "the version stamped into imported packages",

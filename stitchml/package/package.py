@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .. import dtypes
+from ..codegen import loader
 from ..errors import PackageError, SerializationError
 from ..ir import UNKNOWN, Tensor, TensorType
 from ..serialize import from_dict, to_dict
@@ -264,6 +265,22 @@ class Package:
             return None, f"the package has no compiled kernels for {function!r} with these input dimensions"
         built = ", ".join(_describe(k.target) for k in candidates)
         return None, f"the package's kernels target {built}, this machine is {_describe(target)}"
+
+    def install_kernels(self, function: str, input_dimensions: dict[str, Sequence[int]],
+                        device: Any) -> tuple[str, int | None]:
+        """Put the compiled kernels for `function`, these dimensions and this machine where a compile on
+        `device` finds them (an ML pipeline of the function calls this before compiling). Returns a note
+        saying that they serve, or why the pipeline compiles here, and the logging level it deserves
+        (None: nothing worth logging)."""
+        blob, why = self.find_kernels(function, input_dimensions, current_target(device))
+        if blob is None:
+            return f"compiled here: {why}", (logging.INFO if self.kernels else None)
+        bundle = bundles.unpack(blob)
+        try:
+            bundles.install(bundle, loader.cache_dir(), bundles.triton_cache_dir())
+        except (OSError, ImportError) as e:  # a cache that cannot be written only costs compile time
+            return f"compiled here: the package's kernels ({why}) could not be installed: {e}", logging.WARNING
+        return f"using the package's compiled kernels ({bundle.kernel_count} kernels, {why})", None
 
     # -- saving -----------------------------------------------------------------------
     def manifest_and_parts(self) -> tuple[dict, dict[str, bytes]]:

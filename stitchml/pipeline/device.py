@@ -293,29 +293,15 @@ class MLPipeline:
     def _install_package_kernels(self, dev: Device, use: bool) -> str:
         """Put the package's compiled kernels for this machine where the compile will find them; the note
         says that they serve this pipeline, or why it compiles here."""
-        from ..codegen import loader
-        from ..package import kernels
-        from ..package.package import current_target
-
         package = getattr(self.function, "package", None)
         if package is None:
             return "compiled here (the function belongs to no package)"
         if not use:
             return "compiled here: the descriptor's use_package_kernels is off"
-        blob, why = package.find_kernels(self.function.name, self.input_dimensions, current_target(dev.torch_device))
-        if blob is None:
-            note = f"compiled here: {why}"
-            if package.kernels:
-                log.info("pipeline %s: %s", self.label, note)
-            return note
-        bundle = kernels.unpack(blob)
-        try:
-            kernels.install(bundle, loader.cache_dir(), kernels.triton_cache_dir())
-        except (OSError, ImportError) as e:  # a cache that cannot be written only costs compile time
-            note = f"compiled here: the package's kernels ({why}) could not be installed: {e}"
-            log.warning("pipeline %s: %s", self.label, note)
-            return note
-        return f"using the package's compiled kernels ({bundle.kernel_count} kernels, {why})"
+        note, level = package.install_kernels(self.function.name, self.input_dimensions, dev.torch_device)
+        if level is not None:
+            log.log(level, "pipeline %s: %s", self.label, note)
+        return note
 
     @property
     def output_shapes(self) -> dict[str, tuple[int, ...]]:
