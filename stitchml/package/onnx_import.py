@@ -148,6 +148,9 @@ class Importer:
 
     # -- the walk ---------------------------------------------------------------
     def run(self) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, list]]:
+        # The handler modules read Dims and onnx_dtype from this module, so they are imported on first use;
+        # each registers its handlers in onnx_ops.HANDLERS when imported.
+        from . import onnx_nn, onnx_rnn  # noqa: F401
         from .onnx_ops import HANDLERS
 
         graph = self.model.graph
