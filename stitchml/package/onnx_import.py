@@ -24,7 +24,7 @@ import torch
 from .. import dtypes
 from ..errors import PackageError, StitchError
 from ..graph import Graph
-from ..ir import UNKNOWN, Tensor
+from ..ir import UNKNOWN, Tensor, needed_ops
 from .limits import Limits, known_elements, resolve
 from .package import Package
 
@@ -262,9 +262,7 @@ def attributes(node) -> dict[str, Any]:
 
 def _prune(graph: Graph, outputs: Sequence[Tensor]) -> None:
     """Drop operations the outputs do not need (left behind by folding); placeholders stay."""
-    from ..runtime.eager import prune
-
-    needed = {op.id for op in prune(graph, outputs, [])}
+    needed = {op.id for op in needed_ops(graph.operations, [t.op for t in outputs])}
     graph.operations = [op for op in graph.operations if op.id in needed or op.op == "placeholder"]
 
 

@@ -28,7 +28,7 @@ import torch
 
 from .. import dtypes
 from ..errors import FeedError, PipelineError
-from ..ir import TensorType
+from ..ir import TensorType, needed_ops
 from ..runtime.cudart import using
 from ..tensor_data import TensorData, resolve_device
 
@@ -216,8 +216,6 @@ class MLPipeline:
     """A function compiled for fixed input dimensions on a device (MTL4MachineLearningPipelineState)."""
 
     def __init__(self, desc: MLPipelineDescriptor, dev: Device):
-        from ..runtime.eager import prune
-
         fn = desc.function
         self.function, self.device, self.label = fn, dev, desc.label
         dims = {}
@@ -234,7 +232,7 @@ class MLPipeline:
         targets = [fn.output_tensor(p.name) for p in fn.outputs]
         try:
             types = _specialize({fn.input_tensor(n): t for n, t in self.input_types.items()},
-                                prune(fn.graph, targets, []))
+                                needed_ops(fn.graph.operations, [t.op for t in targets]))
         except FeedError as e:
             raise PipelineError(f"pipeline {self.label}: {e}") from None
         self.output_types = {p.name: types[fn.output_tensor(p.name).id] for p in fn.outputs}
