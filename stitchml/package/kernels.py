@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from ..errors import PackageError, PipelineError
+from ..version import __version__
 from . import container
 
 MAGIC = b"SMKERNEL"
@@ -284,7 +285,6 @@ def build(function, input_dimensions: dict[str, Sequence[int]], device: Any = "c
     """
     import torch
 
-    from .. import __version__
     from ..codegen import choices, loader
     from ..pipeline.device import Compiler, MLPipelineDescriptor, device as make_device
     from .package import current_target

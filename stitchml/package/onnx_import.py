@@ -25,6 +25,7 @@ from .. import dtypes
 from ..errors import PackageError, StitchError
 from ..graph import Graph
 from ..ir import UNKNOWN, Tensor, needed_ops
+from ..version import __version__
 from .limits import Limits, known_elements, resolve
 from .package import Package
 
@@ -377,8 +378,6 @@ def from_onnx(model: Any, name: str = "main", bind: dict[str, Any] | None = None
     >>> pkg.function()(x=np.array([[-1.0, 2.0]], np.float32))["y"].numpy().tolist()
     [[0.0, 2.0]]
     """
-    from .. import __version__
-
     limits = resolve(limits)
     proto = load_model(model, limits)
     check_model(proto, limits)

@@ -35,6 +35,7 @@ from ..errors import PackageError, SerializationError
 from ..ir import UNKNOWN, Tensor, TensorType
 from ..serialize import from_dict, to_dict
 from ..tensor_data import TensorData
+from ..version import __version__
 from . import container, kernels as bundles
 from .container import is_int
 from .limits import Limits, known_elements, resolve
@@ -193,8 +194,6 @@ class Package:
         self.functions = functions
         for fn in functions.values():
             fn.package = self
-        from .. import __version__
-
         self.producer = dict(producer or {"name": "stitchml", "version": __version__})
         self.kernels = list(kernels)
         self._kernel_parts = dict(kernel_parts or {})
@@ -223,8 +222,6 @@ class Package:
         A pipeline made for the same dimensions on a machine of the same target then compiles
         nothing (kernels.py). Needs a GPU: ``pkg.compile_kernels("main", {"x": (8, 3, 64, 64)})``.
         """
-        from .. import __version__
-
         dims, target, blob = bundles.build(self.function(function), input_dimensions, device)
         return self.add_kernels(function, dims, target, blob, compiler=f"stitchml {__version__}")
 
