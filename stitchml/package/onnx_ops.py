@@ -17,7 +17,7 @@ import numpy as np
 from .. import dtypes
 from ..ir import UNKNOWN, Tensor
 from . import shapes
-from .onnx_import import Dims, onnx_dtype
+from .onnx_values import Dims, onnx_dtype
 
 HANDLERS: dict[str, Callable] = {}
 
