@@ -77,27 +77,6 @@ class KernelEntry:
     compiler: str = ""
 
 
-def current_target(device: Any = "cpu") -> dict[str, str]:
-    """What compiled kernels must have been built for to run here: GPU arch, Triton version and, on a
-    GPU, the digest of Triton's build and backend that its cache keys depend on (`kernels.triton_build`)."""
-    import torch
-
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "none"
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(dev)
-        target = {"arch": f"sm_{major}{minor}", "triton": triton_version}
-        with torch.cuda.device(dev):
-            build = bundles.triton_build() if triton_version != "none" else None
-        return target if build is None else {**target, "triton_build": build}
-    return {"arch": "cpu", "triton": triton_version}
-
-
 def _describe(target: dict[str, str]) -> str:
     build = f" (build {target['triton_build']})" if "triton_build" in target else ""
     return f"{target.get('arch')}/triton {target.get('triton')}{build}"
@@ -269,7 +248,7 @@ class Package:
         `device` finds them (an ML pipeline of the function calls this before compiling). Returns a note
         saying that they serve, or why the pipeline compiles here, and the logging level it deserves
         (None: nothing worth logging)."""
-        blob, why = self.find_kernels(function, input_dimensions, current_target(device))
+        blob, why = self.find_kernels(function, input_dimensions, bundles.current_target(device))
         if blob is None:
             return f"compiled here: {why}", (logging.INFO if self.kernels else None)
         bundle = bundles.unpack(blob)
