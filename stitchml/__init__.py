@@ -29,7 +29,7 @@ for _name, _fn in _BUILDERS.items():
         raise RuntimeError(f"builder {_name!r} would shadow Graph.{_name}")
     setattr(Graph, _name, _fn)
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: E402
 
 from . import package  # noqa: E402  (network packages need the builders attached above)
 from .package import load_package  # noqa: E402

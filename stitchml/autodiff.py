@@ -25,25 +25,16 @@ from __future__ import annotations
 from typing import Sequence
 
 from .errors import GraphError
-from .ir import Operation, Tensor
+from .ir import Operation, Tensor, needed_ops
 from .registry import ELEMENTWISE, STATE, lookup
 
 
 def _on_path(graph, of: Tensor, wrt: Sequence[Tensor]) -> tuple[list[Operation], set[int]]:
     """Operations that depend on some `wrt` tensor and that `of` depends on, in program
     order, and the ids of all tensors that depend on some `wrt` tensor."""
-    needed: set[int] = set()
-    stack = [of.op]
-    while stack:
-        op = stack.pop()
-        if op.id not in needed:
-            needed.add(op.id)
-            stack.extend(t.op for t in op.inputs)
     reach = {t.id for t in wrt}
     path = []
-    for op in graph.operations:
-        if op.id not in needed:
-            continue
+    for op in needed_ops(graph.operations, [of.op], control_deps=False):
         if any(t.id in reach for t in op.inputs):
             path.append(op)
             reach.update(t.id for t in op.outputs)
@@ -55,16 +46,7 @@ def _drop_unused(graph, start: int, keep: list[Tensor]) -> None:
     new = graph.operations[start:]
     if not new:
         return
-    fresh = {op.id for op in new}
-    live: set[int] = set()
-    stack = [t.op for t in keep if t.op.id in fresh]
-    while stack:
-        op = stack.pop()
-        if op.id in live:
-            continue
-        live.add(op.id)
-        stack.extend(t.op for t in op.inputs if t.op.id in fresh)
-    graph.operations[start:] = [op for op in new if op.id in live]
+    graph.operations[start:] = needed_ops(new, [t.op for t in keep], control_deps=False)
 
 
 def _differentiable(t: Tensor) -> bool:

@@ -11,7 +11,7 @@ graph, so ``0.5 * x * (1.0 + g.erf(x))`` reads as math.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from .dtypes import DType, as_dtype
 from .errors import GraphError, ShapeError
@@ -194,6 +194,34 @@ class Operation:
 
     def __repr__(self) -> str:
         return f"Operation({self.name!r}, {self.op})"
+
+
+def needed_ops(operations: Sequence[Operation], roots: Iterable[Operation],
+               control_deps: bool = True) -> list[Operation]:
+    """The operations of `operations` that computing `roots` needs, the roots included, in program order.
+
+    The walk follows inputs, and control dependencies unless `control_deps` is False (gradients flow
+    along data only), and goes through `operations` only: given the ops appended since some point,
+    it looks no further back.
+
+    >>> import stitchml as sm
+    >>> g = sm.Graph(); x = g.placeholder((2,), sm.float32, name="x")
+    >>> y = g.exponent(x); z = g.negative(x)
+    >>> [op.op for op in needed_ops(g.operations, [y.op])]
+    ['placeholder', 'exponent']
+    """
+    among = {op.id for op in operations}
+    needed: set[int] = set()
+    stack = [op for op in roots if op.id in among]
+    while stack:
+        op = stack.pop()
+        if op.id in needed:
+            continue
+        needed.add(op.id)
+        stack.extend(t.op for t in op.inputs if t.op.id in among)
+        if control_deps:
+            stack.extend(d for d in op.control_deps if d.id in among)
+    return [op for op in operations if op.id in needed]
 
 
 def broadcast_shapes(*shapes: tuple[int, ...] | None) -> tuple[int, ...] | None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import stitchml as sm
+from stitchml.ir import needed_ops
 from stitchml.runtime.eager import prune
 
 F32 = sm.float32
@@ -34,6 +35,24 @@ def test_only_what_the_targets_need_runs():
     assert {op.op for op in prune(g, [y], [])} == {"placeholder", "exponent"}
     with pytest.raises(sm.ExecutionError, match=r"gather \(gather_\d+, built at .*test_graph.py:\d+\)"):
         _value(g, broken)
+
+
+def test_the_walk_follows_inputs_and_control_dependencies_in_program_order():
+    g = sm.Graph()
+    v = g.variable(np.zeros(2, np.float32))
+    x = g.placeholder((2,), F32, name="x")
+    step = g.assign_variable(v, v + 1.0)
+    noise = g.negative(x)
+    with g.control_dependencies([step]):
+        y = g.identity(x) * 2.0
+    ops = g.operations
+    walk = needed_ops(ops, [y.op])
+    assert walk == [op for op in ops if op is not noise.op]  # program order, everything but the negation
+    data_only = needed_ops(ops, [y.op], control_deps=False)
+    assert [op.op for op in data_only] == ["placeholder", "identity", "constant", "multiplication"]
+    later = ops[ops.index(step):]  # the ops from the assignment on: the walk looks no further back
+    assert [op.op for op in needed_ops(later, [y.op])] == ["assign_variable", "identity", "constant", "multiplication"]
+    assert prune(g, [y], []) == walk
 
 
 def test_control_dependencies_are_run_and_pruned_through():

@@ -5,8 +5,9 @@
 
 See docs/packages.md for the format and the importers' coverage.
 """
+from .kernels import current_target
 from .limits import Limits, default_limits, set_default_limits
-from .package import Function, KernelEntry, Package, Port, current_target, load_package
+from .package import Function, KernelEntry, Package, Port, load_package
 
 
 def from_onnx(model, name: str = "main", bind=None, limits: Limits | None = None) -> Package:

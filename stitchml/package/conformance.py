@@ -53,7 +53,7 @@ class Case:
     @property
     def types_supported(self) -> bool:
         """Whether every graph input and output has an element type StitchML has."""
-        from .onnx_import import _ONNX_DTYPES
+        from .onnx_values import _ONNX_DTYPES
 
         values = list(self.model.graph.input) + list(self.model.graph.output)
         return all(v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in _ONNX_DTYPES for v in values)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from ..errors import PackageError, PipelineError
+from ..version import __version__
 from . import container
 
 MAGIC = b"SMKERNEL"
@@ -254,6 +255,27 @@ def triton_build() -> str | None:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def current_target(device: Any = "cpu") -> dict[str, str]:
+    """What compiled kernels must have been built for to run here: GPU arch, Triton version and, on a
+    GPU, the digest of Triton's build and backend that its cache keys depend on (`triton_build`)."""
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(dev)
+        target = {"arch": f"sm_{major}{minor}", "triton": triton_version}
+        with torch.cuda.device(dev):
+            build = triton_build() if triton_version != "none" else None
+        return target if build is None else {**target, "triton_build": build}
+    return {"arch": "cpu", "triton": triton_version}
+
+
 def collect(triton_dir: str) -> dict[str, dict[str, bytes]]:
     """The compiled kernels in a Triton cache directory, as bundle entries (group paths become names)."""
     entries = {}
@@ -284,10 +306,8 @@ def build(function, input_dimensions: dict[str, Sequence[int]], device: Any = "c
     """
     import torch
 
-    from .. import __version__
     from ..codegen import choices, loader
     from ..pipeline.device import Compiler, MLPipelineDescriptor, device as make_device
-    from .package import current_target
 
     where = f"compile_kernels({function.name!r})"
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():

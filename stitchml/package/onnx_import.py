@@ -4,7 +4,7 @@ Each ONNX value becomes a graph `Tensor`, or stays a *known* value while it
 is computable at import time: initializers, Constant nodes and whatever is
 folded from them (the builder folds ops of small constants). Shape arithmetic
 on symbolic extents (``Shape(x)`` where x has a ``dim_param``) is tracked as
-`Dims`: a vector whose entries are ints or "extent `axis` of tensor t", so
+`Dims` (onnx_values.py): a vector whose entries are ints or "extent `axis` of tensor t", so
 ``Reshape(x, Concat(Shape(x)[0:1], [-1]))`` becomes a reshape that copies the
 batch extent at run time. The op handlers live in onnx_ops.py (with
 onnx_nn.py and onnx_rnn.py), one per ONNX operator, in a table keyed by op type.
@@ -15,7 +15,6 @@ onnx_nn.py and onnx_rnn.py), one per ONNX operator, in a table keyed by op type.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -24,26 +23,15 @@ import torch
 from .. import dtypes
 from ..errors import PackageError, StitchError
 from ..graph import Graph
-from ..ir import UNKNOWN, Tensor
+from ..ir import UNKNOWN, Tensor, needed_ops
+from ..version import __version__
+from . import onnx_nn, onnx_rnn  # noqa: F401  (each registers its handlers in onnx_ops.HANDLERS)
 from .limits import Limits, known_elements, resolve
+from .onnx_ops import HANDLERS
+from .onnx_values import Dims, onnx_dtype
 from .package import Package
 
 MIN_OPSET = 1  # handlers read both the attribute and the operand forms; 13+ is what docs/packages.md promises
-
-# ONNX TensorProto element types we have a dtype for.
-_ONNX_DTYPES = {1: dtypes.float32, 2: dtypes.uint8, 3: dtypes.int8, 5: dtypes.int16, 6: dtypes.int32,
-                7: dtypes.int64, 9: dtypes.bool_, 10: dtypes.float16, 11: dtypes.float64, 16: dtypes.bfloat16}
-
-
-def onnx_dtype(code: int, where: str) -> dtypes.DType:
-    if code not in _ONNX_DTYPES:
-        import onnx
-
-        name = onnx.TensorProto.DataType.Name(code) if code in onnx.TensorProto.DataType.values() else str(code)
-        raise PackageError(f"{where}: element type {name} is not supported "
-                           f"(supported: {', '.join(d.name for d in _ONNX_DTYPES.values())})")
-    return _ONNX_DTYPES[code]
-
 
 class ImportTimeValueError(PackageError):
     """An operand the importer needs at import time (axes, a shape, pads) is only known at run time.
@@ -54,20 +42,6 @@ class ImportTimeValueError(PackageError):
     def __init__(self, message: str, input_name: str | None = None):
         super().__init__(message)
         self.input_name = input_name
-
-
-@dataclass
-class Dims:
-    """A shape vector under construction: ints, or (tensor, axis) for an extent known at run time."""
-
-    entries: list
-    scalar: bool = False
-
-    def known(self) -> np.ndarray | None:
-        if any(isinstance(e, tuple) for e in self.entries):
-            return None
-        a = np.array(self.entries, dtype=np.int64)
-        return a.reshape(()) if self.scalar else a
 
 
 class Importer:
@@ -148,8 +122,6 @@ class Importer:
 
     # -- the walk ---------------------------------------------------------------
     def run(self) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, list]]:
-        from .onnx_ops import HANDLERS
-
         graph = self.model.graph
         initializers = {init.name for init in graph.initializer}
         for init in graph.initializer:
@@ -259,9 +231,7 @@ def attributes(node) -> dict[str, Any]:
 
 def _prune(graph: Graph, outputs: Sequence[Tensor]) -> None:
     """Drop operations the outputs do not need (left behind by folding); placeholders stay."""
-    from ..runtime.eager import prune
-
-    needed = {op.id for op in prune(graph, outputs, [])}
+    needed = {op.id for op in needed_ops(graph.operations, [t.op for t in outputs])}
     graph.operations = [op for op in graph.operations if op.id in needed or op.op == "placeholder"]
 
 
@@ -376,8 +346,6 @@ def from_onnx(model: Any, name: str = "main", bind: dict[str, Any] | None = None
     >>> pkg.function()(x=np.array([[-1.0, 2.0]], np.float32))["y"].numpy().tolist()
     [[0.0, 2.0]]
     """
-    from .. import __version__
-
     limits = resolve(limits)
     proto = load_model(model, limits)
     check_model(proto, limits)

@@ -17,7 +17,7 @@ import numpy as np
 from .. import dtypes
 from ..ir import UNKNOWN, Tensor
 from . import shapes
-from .onnx_import import Dims, onnx_dtype
+from .onnx_values import Dims, onnx_dtype
 
 HANDLERS: dict[str, Callable] = {}
 
@@ -668,5 +668,3 @@ def _resize(cx, node, args, attrs):
                         roi if transform == "tf_crop_and_resize" else None, attrs.get("cubic_coeff_a", -0.75),
                         bool(attrs.get("exclude_outside", 0)), attrs.get("extrapolation_value", 0.0))]
 
-
-from . import onnx_nn, onnx_rnn  # noqa: E402,F401  (register the network and recurrent operators)

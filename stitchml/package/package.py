@@ -30,10 +30,12 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .. import dtypes
+from ..codegen import loader
 from ..errors import PackageError, SerializationError
 from ..ir import UNKNOWN, Tensor, TensorType
 from ..serialize import from_dict, to_dict
 from ..tensor_data import TensorData
+from ..version import __version__
 from . import container, kernels as bundles
 from .container import is_int
 from .limits import Limits, known_elements, resolve
@@ -73,27 +75,6 @@ class KernelEntry:
     target: dict[str, str]
     part: str
     compiler: str = ""
-
-
-def current_target(device: Any = "cpu") -> dict[str, str]:
-    """What compiled kernels must have been built for to run here: GPU arch, Triton version and, on a
-    GPU, the digest of Triton's build and backend that its cache keys depend on (`kernels.triton_build`)."""
-    import torch
-
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "none"
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(dev)
-        target = {"arch": f"sm_{major}{minor}", "triton": triton_version}
-        with torch.cuda.device(dev):
-            build = bundles.triton_build() if triton_version != "none" else None
-        return target if build is None else {**target, "triton_build": build}
-    return {"arch": "cpu", "triton": triton_version}
 
 
 def _describe(target: dict[str, str]) -> str:
@@ -192,8 +173,6 @@ class Package:
         self.functions = functions
         for fn in functions.values():
             fn.package = self
-        from .. import __version__
-
         self.producer = dict(producer or {"name": "stitchml", "version": __version__})
         self.kernels = list(kernels)
         self._kernel_parts = dict(kernel_parts or {})
@@ -222,8 +201,6 @@ class Package:
         A pipeline made for the same dimensions on a machine of the same target then compiles
         nothing (kernels.py). Needs a GPU: ``pkg.compile_kernels("main", {"x": (8, 3, 64, 64)})``.
         """
-        from .. import __version__
-
         dims, target, blob = bundles.build(self.function(function), input_dimensions, device)
         return self.add_kernels(function, dims, target, blob, compiler=f"stitchml {__version__}")
 
@@ -264,6 +241,22 @@ class Package:
             return None, f"the package has no compiled kernels for {function!r} with these input dimensions"
         built = ", ".join(_describe(k.target) for k in candidates)
         return None, f"the package's kernels target {built}, this machine is {_describe(target)}"
+
+    def install_kernels(self, function: str, input_dimensions: dict[str, Sequence[int]],
+                        device: Any) -> tuple[str, int | None]:
+        """Put the compiled kernels for `function`, these dimensions and this machine where a compile on
+        `device` finds them (an ML pipeline of the function calls this before compiling). Returns a note
+        saying that they serve, or why the pipeline compiles here, and the logging level it deserves
+        (None: nothing worth logging)."""
+        blob, why = self.find_kernels(function, input_dimensions, bundles.current_target(device))
+        if blob is None:
+            return f"compiled here: {why}", (logging.INFO if self.kernels else None)
+        bundle = bundles.unpack(blob)
+        try:
+            bundles.install(bundle, loader.cache_dir(), bundles.triton_cache_dir())
+        except (OSError, ImportError) as e:  # a cache that cannot be written only costs compile time
+            return f"compiled here: the package's kernels ({why}) could not be installed: {e}", logging.WARNING
+        return f"using the package's compiled kernels ({bundle.kernel_count} kernels, {why})", None
 
     # -- saving -----------------------------------------------------------------------
     def manifest_and_parts(self) -> tuple[dict, dict[str, bytes]]:

@@ -27,6 +27,7 @@ from .. import dtypes
 from ..errors import PackageError, StitchError
 from ..graph import Graph
 from ..ir import UNKNOWN, Tensor
+from ..version import __version__
 from .limits import Limits, known_elements, resolve
 from .package import Package
 
@@ -161,7 +162,6 @@ def from_torch(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_s
     module runs in its current mode: call ``.eval()`` first for inference. `limits` (limits.py) bounds
     the program's nodes (max_nodes), the operations built and the elements of any tensor with known extents.
     """
-    from .. import __version__
     from .torch_ops import HANDLERS
 
     try:

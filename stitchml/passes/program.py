@@ -17,7 +17,7 @@ from typing import Callable
 
 from ..errors import ExecutionError, FeedError, GraphError, ShapeError
 from ..graph import Graph
-from ..ir import Operation, Tensor, TensorType
+from ..ir import Operation, Tensor, TensorType, needed_ops
 from ..registry import lookup
 
 
@@ -87,9 +87,7 @@ def extract(graph: Graph, feed_types: dict[Tensor, TensorType], targets: list[Te
     control dependencies, in which case it sees the value of the latest
     assignment to that variable before it in program order.
     """
-    from ..runtime.eager import prune
-
-    plan = prune(graph, targets, target_ops)
+    plan = needed_ops(graph.operations, [t.op for t in targets] + list(target_ops))
     fed = {t.op.id: tt for t, tt in feed_types.items()}
     missing = [op.outputs[0].name for op in plan if op.op == "placeholder" and op.id not in fed]
     if missing:

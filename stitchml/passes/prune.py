@@ -5,18 +5,13 @@ output or to an `assign_variable`.
 """
 from __future__ import annotations
 
+from ..ir import needed_ops
 from .program import Program, rewrite
 
 
 def live_ops(program: Program) -> set[int]:
-    live: set[int] = set()
-    stack = [t.op for t in program.outputs] + [op for op in program.operations if op.op == "assign_variable"]
-    while stack:
-        op = stack.pop()
-        if op.id not in live:
-            live.add(op.id)
-            stack.extend(t.op for t in op.inputs)
-    return live
+    roots = [t.op for t in program.outputs] + [op for op in program.operations if op.op == "assign_variable"]
+    return {op.id for op in needed_ops(program.operations, roots)}
 
 
 def prune(program: Program, ctx) -> Program:

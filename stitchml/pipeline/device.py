@@ -28,7 +28,7 @@ import torch
 
 from .. import dtypes
 from ..errors import FeedError, PipelineError
-from ..ir import TensorType
+from ..ir import TensorType, needed_ops
 from ..runtime.cudart import using
 from ..tensor_data import TensorData, resolve_device
 
@@ -216,8 +216,6 @@ class MLPipeline:
     """A function compiled for fixed input dimensions on a device (MTL4MachineLearningPipelineState)."""
 
     def __init__(self, desc: MLPipelineDescriptor, dev: Device):
-        from ..runtime.eager import prune
-
         fn = desc.function
         self.function, self.device, self.label = fn, dev, desc.label
         dims = {}
@@ -234,7 +232,7 @@ class MLPipeline:
         targets = [fn.output_tensor(p.name) for p in fn.outputs]
         try:
             types = _specialize({fn.input_tensor(n): t for n, t in self.input_types.items()},
-                                prune(fn.graph, targets, []))
+                                needed_ops(fn.graph.operations, [t.op for t in targets]))
         except FeedError as e:
             raise PipelineError(f"pipeline {self.label}: {e}") from None
         self.output_types = {p.name: types[fn.output_tensor(p.name).id] for p in fn.outputs}
@@ -293,29 +291,15 @@ class MLPipeline:
     def _install_package_kernels(self, dev: Device, use: bool) -> str:
         """Put the package's compiled kernels for this machine where the compile will find them; the note
         says that they serve this pipeline, or why it compiles here."""
-        from ..codegen import loader
-        from ..package import kernels
-        from ..package.package import current_target
-
         package = getattr(self.function, "package", None)
         if package is None:
             return "compiled here (the function belongs to no package)"
         if not use:
             return "compiled here: the descriptor's use_package_kernels is off"
-        blob, why = package.find_kernels(self.function.name, self.input_dimensions, current_target(dev.torch_device))
-        if blob is None:
-            note = f"compiled here: {why}"
-            if package.kernels:
-                log.info("pipeline %s: %s", self.label, note)
-            return note
-        bundle = kernels.unpack(blob)
-        try:
-            kernels.install(bundle, loader.cache_dir(), kernels.triton_cache_dir())
-        except (OSError, ImportError) as e:  # a cache that cannot be written only costs compile time
-            note = f"compiled here: the package's kernels ({why}) could not be installed: {e}"
-            log.warning("pipeline %s: %s", self.label, note)
-            return note
-        return f"using the package's compiled kernels ({bundle.kernel_count} kernels, {why})"
+        note, level = package.install_kernels(self.function.name, self.input_dimensions, dev.torch_device)
+        if level is not None:
+            log.log(level, "pipeline %s: %s", self.label, note)
+        return note
 
     @property
     def output_shapes(self) -> dict[str, tuple[int, ...]]:

@@ -29,7 +29,7 @@ import os
 import torch
 
 from ..errors import ExecutionError, GraphError
-from ..passes.lower import built_at, failure, raise_flagged
+from .steps import built_at, failure, raise_flagged
 from . import cudart
 from .cudart import using
 

@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 import torch
 
 from ..errors import ExecutionError, FeedError, GraphError, StitchError
-from ..ir import Operation, Tensor
+from ..ir import Operation, Tensor, needed_ops
 from ..registry import lookup
 from ..tensor_data import TensorData, resolve_device
 
@@ -50,17 +50,8 @@ class RunContext:
 
 
 def prune(graph, targets: Sequence[Tensor], target_ops: Sequence[Operation]) -> list[Operation]:
-    """The operations the targets need, in program order."""
-    needed: set[int] = set()
-    stack = [t.op for t in targets] + list(target_ops)
-    while stack:
-        op = stack.pop()
-        if op.id in needed:
-            continue
-        needed.add(op.id)
-        stack.extend(t.op for t in op.inputs)
-        stack.extend(op.control_deps)
-    return [op for op in graph.operations if op.id in needed]
+    """The operations the targets and target operations need, control dependencies included, in program order."""
+    return needed_ops(graph.operations, [t.op for t in targets] + list(target_ops))
 
 
 def check_request(graph, targets: Iterable, target_ops: Iterable) -> tuple[list[Tensor], list[Operation]]:

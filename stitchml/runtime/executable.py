@@ -28,7 +28,7 @@ import torch
 from ..codegen.common import NO_FLAG
 from ..errors import ExecutionError, FeedError, GraphError
 from ..ir import Operation, Tensor
-from ..passes.lower import built_at, failure, raise_flagged
+from .steps import built_at, failure, raise_flagged
 from ..tensor_data import TensorData
 from . import cudart
 
