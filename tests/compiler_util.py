@@ -249,8 +249,6 @@ EXACT_OPS = frozenset({
     "maximum", "minimum", "equal", "not_equal", "less_than", "less_than_or_equal_to", "greater_than",
     "greater_than_or_equal_to", "logical_and", "logical_or", "logical_xor", "select", "clamp",
 })
-# Correctly rounded ops that are not exact: one rounding, no math library (family "elementwise").
-ROUNDED_OPS = frozenset({"division", "square_root", "reciprocal", "floor_division", "modulo"})
 SHAPES = {1: [(4, 9)], 2: [(4, 1), (9,)], 3: [(4, 1), (4, 9), (9,)]}  # every operand broadcasts somewhere
 
 
@@ -277,7 +275,8 @@ def _elementwise(name: str, dtype: sm.DType) -> Case:
     from opdb import OPS
     from stitchml.registry import lookup
 
-    domains, nonzero = OPS[name].domains, OPS[name].nonzero
+    record = OPS[name]
+    domains, nonzero = record.domains, record.nonzero
 
     def build(g, feed):
         args = []
@@ -291,7 +290,7 @@ def _elementwise(name: str, dtype: sm.DType) -> Case:
     impl = lookup(name).impl
     return Case(f"{name}-{dtype}", build, (lambda *xs: [impl(*xs)]) if dtype.is_floating else None,
                 tol=EXACT if name in EXACT_OPS else None,
-                family="elementwise" if name in EXACT_OPS | ROUNDED_OPS else "transcendental")
+                family=record.family)
 
 
 def _cast(src: sm.DType, dst: sm.DType) -> Case:
