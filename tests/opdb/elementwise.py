@@ -98,7 +98,8 @@ UNARY = [
     _float_unary("reverse_square_root", lambda x: 1.0 / torch.sqrt(x), "torch.rsqrt", (0.1, 5.0),
                  domains=[(0.05, 4.0)], fuzz=_smooth(lambda b: 4.0, lambda b: 2.0, guard="quarter")),
     _float_unary("reciprocal", lambda x: 1.0 / x, "np.reciprocal / torch.reciprocal", (0.25, 3.0),
-                 "elementwise", nonzero=0, fuzz=_smooth(lambda b: 4.0, lambda b: 2.0, guard="half", rounded=True)),
+                 "elementwise", extra=fixed("negative", [-2.5, -1.0, -0.5, -0.25], dtypes=FLOATS, grad=True),
+                 nonzero=0, fuzz=_smooth(lambda b: 4.0, lambda b: 2.0, guard="half", rounded=True)),
     _float_unary("sin", torch.sin, "np.sin / torch.sin",
                  fuzz=_smooth(lambda b: 1.0, lambda b: 1.0)),
     _float_unary("cos", torch.cos, "np.cos / torch.cos",
@@ -175,6 +176,8 @@ def _smooth_division(record, dtype, rng):
         b = make((3,), dtype, rng, 0.5, 3.0) * torch.tensor([1, -1, 1], dtype=dtype.torch)
         yield Sample((a, b), name="smooth")
 _ties = fixed("ties", [1.0, 2.0, 3.0, -1.0], [1.0, 0.0, 3.0, -1.0], grad=True)
+# Divisors below zero too (the domain is b != 0; the random samples draw b from (0.5, 3)).
+_negative_divisors = fixed("negative-divisor", [1.5, -2.0, 0.5], [-0.5, -2.0, -1.5], dtypes=FLOATS, grad=True)
 _nans = fixed("nan", [math.nan, 1.0, 2.0, math.nan], [1.0, math.nan, 0.0, math.nan], dtypes=FLOATS)
 
 
@@ -220,7 +223,7 @@ BINARY = [
             fuzz=Fuzz("binary", fit=(8.0, 8.0), propagate=lambda ba, bb, ea, eb: (ba * bb, bb * ea + ba * eb),
                       rounded=True)),
     _binary("division", lambda a, b: a / b, ALL, "np.true_divide / torch.div / /", domains=[(-3.0, 3.0), (0.5, 3.0)],
-            out_dtype=to_float, nonzero=1,
+            out_dtype=to_float, extra=_negative_divisors, nonzero=1,
             fuzz=Fuzz("binary", guards=(None, "half"), rounded=True,
                       propagate=lambda ba, bb, ea, eb: (2 * ba, 2 * ea + 4 * ba * eb))),
     _binary("floor_division", _floor_division, NUMERIC, "np.floor_divide / //", values=[range(-7, 8), _DIVISORS],
@@ -238,7 +241,7 @@ BINARY = [
     _binary("minimum", torch.minimum, ALL, "np.minimum / torch.minimum", extra=chain(_ties, _nans),
             fuzz=_EXTREMUM),
     _binary("atan2", torch.atan2, ALL, "np.arctan2 / torch.atan2", domains=[(-3.0, 3.0), (0.5, 3.0)],
-            family="transcendental", out_dtype=to_float,
+            family="transcendental", out_dtype=to_float, extra=_negative_divisors,
             fuzz=Fuzz("binary", guards=(None, "half"), propagate=lambda ba, bb, ea, eb: (math.pi, 2 * ea + 2 * eb))),
     _comparison("equal", torch.eq, "np.equal / torch.eq / =="),
     _comparison("not_equal", torch.ne, "np.not_equal / torch.ne / !="),
