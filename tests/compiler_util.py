@@ -241,14 +241,6 @@ def _compile_jobs(workdir: str) -> None:
 FLOATS = (sm.float32, sm.float16, sm.bfloat16, sm.float64)
 ELEMENTWISE_DTYPES = FLOATS + (sm.int32, sm.int64, sm.int8, sm.uint8, sm.bool)
 OPERAND_DTYPES = {"select": {0: sm.bool}}
-# Ops whose result is one correctly rounded (or exact) operation, in a kernel as in PyTorch: bit-exact.
-# (Not square_root: PyTorch's float64 sqrt on the CPU is not correctly rounded, sqrt(0.5) for one.)
-EXACT_OPS = frozenset({
-    "identity", "stop_gradient", "negative", "absolute", "sign", "relu", "floor", "ceil", "round", "truncate",
-    "is_nan", "is_infinite", "is_finite", "logical_not", "addition", "subtraction", "multiplication", "square",
-    "maximum", "minimum", "equal", "not_equal", "less_than", "less_than_or_equal_to", "greater_than",
-    "greater_than_or_equal_to", "logical_and", "logical_or", "logical_xor", "select", "clamp",
-})
 SHAPES = {1: [(4, 9)], 2: [(4, 1), (9,)], 3: [(4, 1), (4, 9), (9,)]}  # every operand broadcasts somewhere
 
 
@@ -289,7 +281,7 @@ def _elementwise(name: str, dtype: sm.DType) -> Case:
 
     impl = lookup(name).impl
     return Case(f"{name}-{dtype}", build, (lambda *xs: [impl(*xs)]) if dtype.is_floating else None,
-                tol=EXACT if name in EXACT_OPS else None,
+                tol=EXACT if record.bit_exact else None,
                 family=record.family)
 
 

@@ -181,6 +181,9 @@ class OpInfo:
     domains: tuple[tuple[float, float], ...] = ()
     nonzero: int | None = None  # the operand that must not be zero (a divisor)
     fuzz: Fuzz | None = None  # how the compiler fuzzer draws the op; None: see opdb/coverage.py
+    # One correctly rounded (or exact) operation, in a kernel as in PyTorch: compiled equals eager bit for bit.
+    # (Not square_root: PyTorch's float64 sqrt on the CPU is not correctly rounded, sqrt(0.5) for one.)
+    bit_exact: bool = False
 
     def __post_init__(self):
         prim = REGISTRY.get(self.name)

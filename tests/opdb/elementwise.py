@@ -64,19 +64,20 @@ def _float_unary(name, ref, equivalent, domain=(-3.0, 3.0), family="transcendent
 
 def _rounding(name, ref, equivalent):
     halves = fixed("halves", [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.49, -0.51, 3.75], dtypes=FLOATS)
-    return _unary(name, ref, FLOATS, equivalent, extra=halves, errors=_float_errors, fuzz=_JUMP)
+    return _unary(name, ref, FLOATS, equivalent, extra=halves, errors=_float_errors, fuzz=_JUMP, bit_exact=True)
 
 
 UNARY = [
-    _unary("identity", lambda x: x.clone(), ALL, "np.copy / torch.clone", fuzz=_ONE),
-    _unary("stop_gradient", lambda x: x.clone(), ALL, "torch.Tensor.detach"),
-    _unary("negative", torch.neg, NUMERIC, "np.negative / torch.neg", errors=_numeric_errors, fuzz=_ONE),
-    _unary("absolute", torch.abs, NUMERIC, "np.abs / torch.abs", errors=_numeric_errors, fuzz=_ONE),
-    _unary("sign", torch.sign, NUMERIC, "np.sign / torch.sign", errors=_numeric_errors, fuzz=_JUMP),
+    _unary("identity", lambda x: x.clone(), ALL, "np.copy / torch.clone", fuzz=_ONE, bit_exact=True),
+    _unary("stop_gradient", lambda x: x.clone(), ALL, "torch.Tensor.detach", bit_exact=True),
+    _unary("negative", torch.neg, NUMERIC, "np.negative / torch.neg", errors=_numeric_errors, fuzz=_ONE,
+           bit_exact=True),
+    _unary("absolute", torch.abs, NUMERIC, "np.abs / torch.abs", errors=_numeric_errors, fuzz=_ONE, bit_exact=True),
+    _unary("sign", torch.sign, NUMERIC, "np.sign / torch.sign", errors=_numeric_errors, fuzz=_JUMP, bit_exact=True),
     _unary("square", torch.square, NUMERIC, "np.square / torch.square", errors=_numeric_errors,
-           fuzz=_smooth(lambda b: 2 * b, lambda b: b * b, fit=8.0, rounded=True)),
+           fuzz=_smooth(lambda b: 2 * b, lambda b: b * b, fit=8.0, rounded=True), bit_exact=True),
     _unary("relu", lambda x: torch.where(x > 0, x, torch.zeros_like(x)), NUMERIC, "torch.relu",
-           errors=_numeric_errors, fuzz=_ONE),
+           errors=_numeric_errors, fuzz=_ONE, bit_exact=True),
     _float_unary("exponent", torch.exp, "np.exp / torch.exp",
                  fuzz=_smooth(math.exp, math.exp, fit=4.0)),
     _float_unary("exponent_base2", torch.exp2, "np.exp2 / torch.exp2",
@@ -130,13 +131,14 @@ UNARY = [
 
 _specials = fixed("specials", SPECIALS, dtypes=FLOATS)
 PREDICATES = [
-    _unary("is_nan", _np(np.isnan), ALL, "np.isnan / torch.isnan", extra=_specials, out_dtype=to_bool, fuzz=_JUMP),
+    _unary("is_nan", _np(np.isnan), ALL, "np.isnan / torch.isnan", extra=_specials, out_dtype=to_bool, fuzz=_JUMP,
+           bit_exact=True),
     _unary("is_infinite", _np(np.isinf), ALL, "np.isinf / torch.isinf", extra=_specials, out_dtype=to_bool,
-           fuzz=_JUMP),
+           fuzz=_JUMP, bit_exact=True),
     _unary("is_finite", _np(np.isfinite), ALL, "np.isfinite / torch.isfinite", extra=_specials,
-           out_dtype=to_bool, fuzz=_JUMP),
+           out_dtype=to_bool, fuzz=_JUMP, bit_exact=True),
     _unary("logical_not", _np(np.logical_not), ALL, "np.logical_not / torch.logical_not", out_dtype=to_bool,
-           extra=_specials, fuzz=_JUMP),
+           extra=_specials, fuzz=_JUMP, bit_exact=True),
 ]
 
 
@@ -194,12 +196,12 @@ def _power_samples(record, dtype, rng):
 
 
 def _comparison(name, fn, equivalent):
-    return _binary(name, fn, ALL, equivalent, values=[TIES, TIES], out_dtype=to_bool, fuzz=_JUMP)
+    return _binary(name, fn, ALL, equivalent, values=[TIES, TIES], out_dtype=to_bool, fuzz=_JUMP, bit_exact=True)
 
 
 def _logical(name, fn, equivalent):
     return _binary(name, _np(lambda a, b: fn(a != 0, b != 0)), ALL, equivalent, values=[TIES, TIES],
-                   out_dtype=to_bool, fuzz=_JUMP)
+                   out_dtype=to_bool, fuzz=_JUMP, bit_exact=True)
 
 
 def _sum_rule(ba, bb, ea, eb):
@@ -216,12 +218,12 @@ _EXTREMUM = Fuzz("binary", exact=True, propagate=lambda ba, bb, ea, eb: (max(ba,
 
 BINARY = [
     _binary("addition", torch.add, ALL, "np.add / torch.add / +",
-            fuzz=Fuzz("binary", propagate=_sum_rule, rounded=True)),
+            fuzz=Fuzz("binary", propagate=_sum_rule, rounded=True), bit_exact=True),
     _binary("subtraction", torch.sub, NUMERIC, "np.subtract / torch.sub / -", errors=lambda: _numeric_errors(2),
-            fuzz=Fuzz("binary", propagate=_sum_rule, rounded=True)),
+            fuzz=Fuzz("binary", propagate=_sum_rule, rounded=True), bit_exact=True),
     _binary("multiplication", torch.mul, ALL, "np.multiply / torch.mul / *",
             fuzz=Fuzz("binary", fit=(8.0, 8.0), propagate=lambda ba, bb, ea, eb: (ba * bb, bb * ea + ba * eb),
-                      rounded=True)),
+                      rounded=True), bit_exact=True),
     _binary("division", lambda a, b: a / b, ALL, "np.true_divide / torch.div / /", domains=[(-3.0, 3.0), (0.5, 3.0)],
             out_dtype=to_float, extra=_negative_divisors, nonzero=1,
             fuzz=Fuzz("binary", guards=(None, "half"), rounded=True,
@@ -237,9 +239,9 @@ BINARY = [
            domains=[(0.0, 3.0), (-2.0, 3.0)],
            fuzz=Fuzz("binary", fit=(4.0, 2.0), guards=("half", None), propagate=_power_rule)),
     _binary("maximum", torch.maximum, ALL, "np.maximum / torch.maximum", extra=chain(_ties, _nans),
-            fuzz=_EXTREMUM),
+            fuzz=_EXTREMUM, bit_exact=True),
     _binary("minimum", torch.minimum, ALL, "np.minimum / torch.minimum", extra=chain(_ties, _nans),
-            fuzz=_EXTREMUM),
+            fuzz=_EXTREMUM, bit_exact=True),
     _binary("atan2", torch.atan2, ALL, "np.arctan2 / torch.atan2", domains=[(-3.0, 3.0), (0.5, 3.0)],
             family="transcendental", out_dtype=to_float, extra=_negative_divisors,
             fuzz=Fuzz("binary", guards=(None, "half"), propagate=lambda ba, bb, ea, eb: (math.pi, 2 * ea + 2 * eb))),
@@ -293,10 +295,10 @@ def _clamp_ref(x, lo=None, hi=None, min_value=None, max_value=None):
 
 TERNARY = [
     OpInfo("select", _select_samples, _select_ref, ALL, equivalent="np.where / torch.where", second_order=True,
-           fuzz=Fuzz("select"),
+           fuzz=Fuzz("select"), bit_exact=True,
            errors=lambda: [ErrorInput((P((2, 3), sm.bool), P((2, 3)), P((4,))), match="do not broadcast")]),
     OpInfo("clamp", _clamp_samples, _clamp_ref, NUMERIC, equivalent="np.clip / torch.clamp", second_order=True,
-           fuzz=Fuzz("clamp"),
+           fuzz=Fuzz("clamp"), bit_exact=True,
            build=lambda g, x, *bounds, **kw: g.clamp(x, *bounds, **kw),
            errors=lambda: [ErrorInput((P((3,), sm.bool), P((3,), sm.bool), P((3,), sm.bool)),
                                       match="expects a numeric operand")] + _broadcast_errors(3)),
