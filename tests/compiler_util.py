@@ -240,27 +240,12 @@ def _compile_jobs(workdir: str) -> None:
 # -- the sample graphs ------------------------------------------------------------------------
 FLOATS = (sm.float32, sm.float16, sm.bfloat16, sm.float64)
 ELEMENTWISE_DTYPES = FLOATS + (sm.int32, sm.int64, sm.int8, sm.uint8, sm.bool)
-DOMAINS = {  # op -> [low, high) of each operand where (-3, 3) does not suit
-    "logarithm": [(0.05, 4.0)], "logarithm_base2": [(0.05, 4.0)], "logarithm_base10": [(0.05, 4.0)],
-    "square_root": [(0.0, 4.0)], "reverse_square_root": [(0.05, 4.0)], "asin": [(-1.0, 1.0)],
-    "acos": [(-1.0, 1.0)], "tan": [(-1.4, 1.4)], "power": [(0.0, 3.0), (-2.0, 3.0)],
-}
-NONZERO = {"reciprocal": 0, "division": 1, "floor_division": 1, "modulo": 1}  # operand that must not be 0
 OPERAND_DTYPES = {"select": {0: sm.bool}}
-# Ops whose result is one correctly rounded (or exact) operation, in a kernel as in PyTorch: bit-exact.
-# (Not square_root: PyTorch's float64 sqrt on the CPU is not correctly rounded, sqrt(0.5) for one.)
-EXACT_OPS = frozenset({
-    "identity", "stop_gradient", "negative", "absolute", "sign", "relu", "floor", "ceil", "round", "truncate",
-    "is_nan", "is_infinite", "is_finite", "logical_not", "addition", "subtraction", "multiplication", "square",
-    "maximum", "minimum", "equal", "not_equal", "less_than", "less_than_or_equal_to", "greater_than",
-    "greater_than_or_equal_to", "logical_and", "logical_or", "logical_xor", "select", "clamp",
-})
-# Correctly rounded ops that are not exact: one rounding, no math library (family "elementwise").
-ROUNDED_OPS = frozenset({"division", "square_root", "reciprocal", "floor_division", "modulo"})
 SHAPES = {1: [(4, 9)], 2: [(4, 1), (9,)], 3: [(4, 1), (4, 9), (9,)]}  # every operand broadcasts somewhere
 
 
-def _operands(name: str) -> int:
+def operands(name: str) -> int:
+    """How many tensor operands the builder of primitive `name` takes."""
     import inspect
 
     from stitchml.registry import BUILDERS
@@ -279,23 +264,25 @@ def _builds(build: Callable) -> bool:
 
 
 def _elementwise(name: str, dtype: sm.DType) -> Case:
+    from opdb import OPS
     from stitchml.registry import lookup
 
-    domains = DOMAINS.get(name, [])
+    record = OPS[name]
+    domains, nonzero = record.domains, record.nonzero
 
     def build(g, feed):
         args = []
-        for i, shape in enumerate(SHAPES[_operands(name)]):
+        for i, shape in enumerate(SHAPES[operands(name)]):
             low, high = domains[i] if i < len(domains) else (-3.0, 3.0)
             dt = OPERAND_DTYPES.get(name, {}).get(i, dtype)
-            args.append(feed(shape, dt, low=low, high=high, specials=dt.is_floating, nonzero=NONZERO.get(name) == i,
+            args.append(feed(shape, dt, low=low, high=high, specials=dt.is_floating, nonzero=nonzero == i,
                              wide=not domains))
         return [getattr(g, name)(*args)]
 
     impl = lookup(name).impl
     return Case(f"{name}-{dtype}", build, (lambda *xs: [impl(*xs)]) if dtype.is_floating else None,
-                tol=EXACT if name in EXACT_OPS else None,
-                family="elementwise" if name in EXACT_OPS | ROUNDED_OPS else "transcendental")
+                tol=EXACT if record.bit_exact else None,
+                family=record.family)
 
 
 def _cast(src: sm.DType, dst: sm.DType) -> Case:

@@ -24,6 +24,10 @@ order, and nothing a kernel keeps in float32 where eager rounds to a half type).
 match bit for bit, and ops that jump (comparisons, floor, casts to integers...) only take exact
 operands, so both runs jump alike.
 
+Which ops are drawn, and how, is the op database's: each record's `fuzz` (tests/opdb/core.py, `Fuzz`)
+gives its role, guards, fits and error growth; tests/test_opdb_complete.py fails when an op has neither
+a `fuzz` nor a reasoned exclusion (tests/opdb/coverage.py).
+
 Failing recipes found while developing stay as regression tests in tests/fuzz_regressions/: a
 failure prints its recipe as JSON, which goes into one of the lists there.
 """
@@ -42,7 +46,8 @@ from hypothesis import strategies as st
 
 import stitchml as sm
 
-from compiler_util import values
+from compiler_util import operands, values
+from opdb import OPS
 from tolerance import FAMILIES, eps
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
@@ -51,7 +56,6 @@ LIMIT = 64.0  # largest magnitude a float value may reach (float16 holds up to 6
 FLOAT_TYPES = (sm.float16, sm.bfloat16, sm.float32, sm.float64)
 ULP = {dt: eps(dt) for dt in FLOAT_TYPES}
 TINY = {dt: eps(dt) * torch.finfo(dt.torch).tiny for dt in FLOAT_TYPES}  # the subnormal step
-ROUND, LIBM = FAMILIES["elementwise"], FAMILIES["transcendental"]  # units of error of one evaluation
 REGRESSIONS = pathlib.Path(__file__).parent / "fuzz_regressions"
 
 
@@ -88,35 +92,24 @@ def _rounds_alike(dtype: sm.DType) -> bool:
     return dtype not in (sm.float16, sm.bfloat16)
 
 
-# Unary ops: guard, Lipschitz constant and result bound on inputs bounded by b, rounding in ulps
-# (0: the op is exact). A guard moves the operand into a range where the op is smooth; it is part of
-# the graph. Guards "fit..." are the strategy's: it scales the operand down to that bound first.
-UNARY = {
-    "identity": (None, lambda b: 1.0, lambda b: b, 0), "negative": (None, lambda b: 1.0, lambda b: b, 0),
-    "absolute": (None, lambda b: 1.0, lambda b: b, 0), "relu": (None, lambda b: 1.0, lambda b: b, 0),
-    "square": ("fit8", lambda b: 2 * b, lambda b: b * b, ROUND),
-    "exponent": ("fit4", math.exp, math.exp, LIBM), "exponent_base2": ("fit4", lambda b: 2**b, lambda b: 2**b, LIBM),
-    "exponent_base10": ("fit1", lambda b: 2.31 * 10**b, lambda b: 10**b, LIBM),
-    "sinh": ("fit4", math.cosh, math.cosh, LIBM), "cosh": ("fit4", math.cosh, math.cosh, LIBM),
-    "logarithm": ("half", lambda b: 2.0, lambda b: max(math.log(b + 0.5), 0.7), LIBM),
-    "logarithm_base2": ("half", lambda b: 2.9, lambda b: max(math.log2(b + 0.5), 1.0), LIBM),
-    "logarithm_base10": ("half", lambda b: 0.9, lambda b: max(math.log10(b + 0.5), 0.31), LIBM),
-    "square_root": ("quarter", lambda b: 1.0, lambda b: math.sqrt(b + 0.25), ROUND),
-    "reverse_square_root": ("quarter", lambda b: 4.0, lambda b: 2.0, LIBM),
-    "reciprocal": ("half", lambda b: 4.0, lambda b: 2.0, ROUND),
-    "sin": (None, lambda b: 1.0, lambda b: 1.0, LIBM), "cos": (None, lambda b: 1.0, lambda b: 1.0, LIBM),
-    "tan": ("tanh", lambda b: 3.5, lambda b: 1.6, LIBM), "asin": ("tanh34", lambda b: 1.6, lambda b: 1.6, LIBM),
-    "acos": ("tanh34", lambda b: 1.6, lambda b: 3.2, LIBM), "atan": (None, lambda b: 1.0, lambda b: 1.6, LIBM),
-    "tanh": (None, lambda b: 1.0, lambda b: 1.0, LIBM), "erf": (None, lambda b: 1.2, lambda b: 1.0, LIBM),
-    "sigmoid": (None, lambda b: 0.25, lambda b: 1.0, LIBM),
-}
-ROUNDED = ("square", "reciprocal")  # one correctly rounded op: exact where _rounds_alike
-JUMPS = ("floor", "ceil", "round", "truncate", "sign")  # take exact operands; exact results
-PREDICATES = ("is_nan", "is_infinite", "is_finite", "logical_not")
-SMOOTH_BINARY = ("addition", "subtraction", "multiplication", "division", "maximum", "minimum", "power", "atan2")
-JUMP_BINARY = ("floor_division", "modulo", "equal", "not_equal", "less_than", "less_than_or_equal_to",
-               "greater_than", "greater_than_or_equal_to", "logical_and", "logical_or", "logical_xor")
-REDUCTIONS = ("reduction_sum", "reduction_mean", "reduction_maximum", "reduction_minimum", "reduction_product")
+def _role(role: str) -> dict:
+    """{op: its record's `Fuzz`} of the records of this role, in the op database's order."""
+    return {name: r.fuzz for name, r in OPS.items() if r.fuzz is not None and r.fuzz.role == role}
+
+
+UNARY, BINARY, REDUCTIONS, MOVES = _role("unary"), _role("binary"), _role("reduction"), _role("move")
+JUMPS = [n for n in _role("jump") if operands(n) == 1]  # take exact operands; exact results
+JUMP_BINARY = [n for n in _role("jump") if operands(n) == 2]
+# The roles of one op each, built by Replay's _matmul, _cast, _select and _clamp.
+BUILT_IN = {"matmul": "matrix_multiplication", "cast": "cast", "select": "select", "clamp": "clamp"}
+GRAPH_GUARDS = ("half", "quarter", "tanh", "tanh34", "divisor")  # what Replay._guard applies
+
+
+def _ulps(name: str) -> float:
+    """Units of rounding of one evaluation: none for exact ops, else its family's (tests/tolerance.py)."""
+    return 0 if OPS[name].fuzz.exact else FAMILIES[OPS[name].family]
+
+
 PROFILES = {  # input dtypes of a lane, and how often each kind of step is drawn
     "float": ([sm.float32] * 4 + [sm.float64], dict(unary=4, binary=4, jump=2, reduce=2, matmul=1, move=2, cast=1)),
     "half": ([sm.float16, sm.bfloat16, sm.float16, sm.float32], dict(unary=4, binary=4, jump=1, reduce=2, matmul=1,
@@ -192,8 +185,11 @@ class Replay:
 
     def _guard(self, v: Value, guard: str | None) -> Value:
         x, g = v.tensor, self.g
-        if guard in ("half", "quarter"):
-            shift = 0.5 if guard == "half" else 0.25
+        if guard == "divisor" and not x.dtype.is_floating:  # integer divisors: at least 1 in magnitude
+            y = g.maximum(g.absolute(g.cast(x, sm.int32) if x.dtype.is_bool else x), 1)
+            return Value(y, v.bound + 1)
+        if guard in ("half", "quarter", "divisor"):
+            shift = 0.25 if guard == "quarter" else 0.5
             if not x.dtype.is_floating:
                 x = g.cast(x, sm.float32)
             return Value(g.absolute(x) + shift, v.bound + shift, v.err + _rounding(x.dtype, v.bound + shift),
@@ -205,49 +201,34 @@ class Replay:
 
     def _unary(self, name: str, i: int) -> Value:
         v = self.values[i]
-        if name in JUMPS or name in PREDICATES:
+        if name in JUMPS:
             y = getattr(self.g, name)(v.tensor)
             return Value(y, 1.0 if y.dtype.is_bool else v.bound + 1.0, exact=v.exact)
-        guard, lipschitz, bound, ulps = UNARY[name]
-        v = self._guard(v, guard if guard in ("half", "quarter", "tanh", "tanh34") else None)
+        spec = UNARY[name]
+        lipschitz, bound, ulps = spec.lipschitz, spec.bound, _ulps(name)
+        v = self._guard(v, spec.guards[0])
         y = getattr(self.g, name)(v.tensor)
-        exact = v.exact and (ulps == 0 or name in ROUNDED and _rounds_alike(y.dtype))
+        exact = v.exact and (spec.exact or spec.rounded and _rounds_alike(y.dtype))
         if not y.dtype.is_floating:
             return Value(y, bound(v.bound), exact=exact)
         err = v.err + self._promotion_error(v, y.dtype)
         return Value(y, bound(v.bound), lipschitz(v.bound) * err + _rounding(y.dtype, bound(v.bound), ulps), exact)
 
     def _binary(self, name: str, i: int, j: int) -> Value:
-        a, b = self.values[i], self.values[j]
-        g = self.g
-        if name in ("division", "atan2", "floor_division", "modulo"):
-            if b.dtype.is_floating or name in ("division", "atan2"):
-                b = self._guard(b, "half")
-            else:  # integer divisors: at least 1 in magnitude
-                b = Value(g.maximum(g.absolute(g.cast(b.tensor, sm.int32) if b.dtype.is_bool else b.tensor), 1),
-                          b.bound + 1)
-        if name == "power":
-            a = self._guard(a, "half")
-        y = getattr(g, name)(a.tensor, b.tensor)
+        spec = OPS[name].fuzz
+        a, b = (self._guard(v, guard) for v, guard in zip((self.values[i], self.values[j]), spec.guards or (None,) * 2))
+        y = getattr(self.g, name)(a.tensor, b.tensor)
         both = a.exact and b.exact
-        if not y.dtype.is_floating or name in JUMP_BINARY and name != "modulo":
+        if not y.dtype.is_floating or spec.role == "jump" and name != "modulo":
             return Value(y, 1.0 if y.dtype.is_bool else _int_bound(name, a.bound, b.bound), exact=both)
         ea = a.err + self._promotion_error(a, y.dtype)
         eb = b.err + self._promotion_error(b, y.dtype)
         ba, bb = a.bound, b.bound
         if name == "modulo":  # a - floor(a / b) * b in a kernel, exact in torch; b >= 1/2, so |a / b| <= 2 ba
             return Value(y, bb, ea + (2 * ba + 1) * eb + _rounding(y.dtype, ba + bb, 2), exact=False)
-        bound, err, ulps = {
-            "addition": (ba + bb, ea + eb, ROUND), "subtraction": (ba + bb, ea + eb, ROUND),
-            "multiplication": (ba * bb, bb * ea + ba * eb, ROUND), "division": (2 * ba, 2 * ea + 4 * ba * eb, ROUND),
-            "maximum": (max(ba, bb), max(ea, eb), 0), "minimum": (max(ba, bb), max(ea, eb), 0),
-            "atan2": (math.pi, 2 * ea + 2 * eb, LIBM),
-        }.get(name, (None, None, LIBM))
-        if name == "power":  # base in [1/2, ba], exponent within [-bb, bb]
-            bound = max(ba**bb, 2.0**bb)
-            err = bb * max(ba, 2.0) ** (bb + 1) * ea + max(math.log(ba), math.log(2.0)) * bound * eb
-        exact = both and (ulps == 0 or ulps == ROUND and _rounds_alike(y.dtype))
-        return Value(y, bound, err + _rounding(y.dtype, bound, ulps), exact)
+        bound, err = spec.propagate(ba, bb, ea, eb)
+        exact = both and (spec.exact or spec.rounded and _rounds_alike(y.dtype))
+        return Value(y, bound, err + _rounding(y.dtype, bound, _ulps(name)), exact)
 
     def _select(self, i: int, j: int, k: int) -> Value:
         p, a, b = self.values[i], self.values[j], self.values[k]
@@ -267,15 +248,13 @@ class Replay:
         v = self.values[i]
         y = getattr(self.g, name)(v.tensor, None if axes is None else tuple(axes), keep_dims=keep)
         n = max(1, v.tensor.type.numel() // max(1, y.type.numel()))
-        b = v.bound
+        spec = REDUCTIONS[name]
         if not y.dtype.is_floating:
-            return Value(y, {"reduction_sum": n * b, "reduction_product": b**n}.get(name, b), exact=v.exact)
+            return Value(y, spec.propagate(n, v.bound, 0.0, lambda bound, ulps: 0.0)[0], exact=v.exact)
         e = v.err + self._promotion_error(v, y.dtype)
-        bound, err = {"reduction_sum": (n * b, n * e + _rounding(y.dtype, n * b, n)),
-                      "reduction_mean": (b, e + _rounding(y.dtype, b, n + 1)),
-                      "reduction_product": (b**n, n * b ** (n - 1) * e + _rounding(y.dtype, b**n, n))}.get(name, (b, e))
+        bound, err = spec.propagate(n, v.bound, e, lambda bound, ulps: _rounding(y.dtype, bound, ulps))
         # Sums run in another order in a kernel: only the extrema keep the bits.
-        return Value(y, bound, err, v.exact and name in ("reduction_maximum", "reduction_minimum"))
+        return Value(y, bound, err, v.exact and spec.exact)
 
     def _matmul(self, i: int, j: int) -> Value:
         a, b = self.values[i], self.values[j]
@@ -361,21 +340,16 @@ def recipes(draw, lane: str) -> dict:
         if kind == "unary":
             names = [n for n in UNARY if _accepts(n, v.dtype)]
             name = draw(st.sampled_from(names))
-            guard = UNARY[name][0]
-            i = fit(i, {"fit8": 8.0, "fit4": 4.0, "fit1": 1.0}.get(guard, LIMIT))
+            i = fit(i, UNARY[name].fit[0] or LIMIT)
             add(["unary", name, i])
         elif kind == "binary":
             j = draw(st.sampled_from([k for k in pool if _broadcasts(replay.values[k].shape, v.shape)]))
-            name = draw(st.sampled_from([n for n in SMOOTH_BINARY if _accepts(n, v.dtype, replay.values[j].dtype)]))
-            if name == "multiplication":
-                i, j = fit(i, 8.0), fit(j, 8.0)
-            elif name == "power":
-                i, j = fit(i, 4.0), fit(j, 2.0)
-            else:
-                i, j = fit(i, LIMIT / 2), fit(j, LIMIT / 2)
-            if name in ("multiplication", "power") and not replay.values[i].dtype.is_floating \
+            name = draw(st.sampled_from([n for n in BINARY if _accepts(n, v.dtype, replay.values[j].dtype)]))
+            most = BINARY[name].fit or (LIMIT / 2, LIMIT / 2)
+            i, j = fit(i, most[0]), fit(j, most[1])
+            if BINARY[name].fit and not replay.values[i].dtype.is_floating \
                     and not replay.values[j].dtype.is_floating:
-                name = "maximum"  # integer products could outgrow every bound
+                name = "maximum"  # ops that fit their operands grow like products: integers could outgrow every bound
             add(["binary", name, i, j])
         elif kind == "jump":
             exact = [k for k in pool if replay.values[k].exact]  # never empty: inputs are exact
@@ -383,7 +357,7 @@ def recipes(draw, lane: str) -> dict:
             v = replay.values[i]
             which = draw(st.sampled_from(["unary", "binary", "select", "clamp"]))
             if which == "unary":
-                names = [n for n in JUMPS + PREDICATES if _accepts(n, v.dtype)]
+                names = [n for n in JUMPS if _accepts(n, v.dtype)]
                 add(["unary", draw(st.sampled_from(names)), i])
             elif which == "binary":
                 j = draw(st.sampled_from([k for k in exact if _broadcasts(replay.values[k].shape, v.shape)]))
@@ -391,12 +365,15 @@ def recipes(draw, lane: str) -> dict:
                 add(["binary", draw(st.sampled_from(names)), i, j])
             else:
                 others = [k for k in pool if _broadcasts(replay.values[k].shape, v.shape)]
-                j, k = draw(st.sampled_from(others)), draw(st.sampled_from(others))
+                j = draw(st.sampled_from(others))
+                # all three must broadcast together, not only each with the first (never empty: i itself)
+                k = draw(st.sampled_from([k for k in others if _broadcasts(replay.values[k].shape,
+                                                                            replay.values[j].shape)]))
                 if which == "clamp" and any(replay.values[x].dtype.is_bool for x in (i, j, k)):
                     which = "select"
                 add([which, i, j, k])
         elif kind == "reduce" and v.shape:
-            name = draw(st.sampled_from(REDUCTIONS))
+            name = draw(st.sampled_from(list(REDUCTIONS)))
             axes = draw(st.none() | st.lists(st.integers(0, len(v.shape) - 1), min_size=1, unique=True))
             n = math.prod(v.shape) if axes is None else math.prod(v.shape[a] for a in axes)
             if name == "reduction_product":
@@ -448,12 +425,16 @@ def _broadcasts(a: tuple, b: tuple) -> bool:
     return all(x == y or 1 in (x, y) for x, y in zip(reversed(a), reversed(b)))
 
 
+# The movement ops the fuzzer can draw arguments for, and the shapes each applies to.
+MOVE_APPLIES = {"reshape": lambda shape: True, "expand_dims": lambda shape: True, "broadcast_to": lambda shape: True,
+                "transpose": lambda shape: len(shape) > 0, "slice": lambda shape: len(shape) > 0,
+                "squeeze": lambda shape: 1 in shape}
+
+
 @st.composite
 def _movement(draw, shape: tuple) -> list:
     rank = len(shape)
-    ops = ["reshape", "expand_dims", "broadcast_to"] + (["transpose", "slice"] if rank else []) + \
-        (["squeeze"] if 1 in shape else [])
-    op = draw(st.sampled_from(ops))
+    op = draw(st.sampled_from([op for op in MOVES if MOVE_APPLIES[op](shape)]))
     if op == "reshape":
         n, dims = math.prod(shape), []
         for d in (2, 3, 5):

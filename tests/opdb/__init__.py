@@ -5,8 +5,10 @@ family (elementwise, reduction, movement, indexing, contraction, scan,
 image, state, composites, optim). To add an op, add one record to its family's module: its name,
 samples (the generators of samples.py cover most shapes), a reference written
 with NumPy or PyTorch without StitchML, its dtypes, error inputs and its
-NumPy/PyTorch equivalent. test_ops.py then fails until the record exists,
-and its test of docs/ops.md says how to regenerate the table.
+NumPy/PyTorch equivalent, and for a primitive how the compiler fuzzer draws it (`fuzz`) and the
+value ranges of its operands (`domains`, `nonzero`). test_ops.py then fails until the record exists,
+and its test of docs/ops.md says how to regenerate the table; test_opdb_complete.py fails until
+the fuzzer and the compiled sample graphs can use it, or coverage.py says why not.
 """
 from __future__ import annotations
 

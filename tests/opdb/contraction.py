@@ -16,7 +16,7 @@ import torch
 
 import stitchml as sm
 
-from .core import FLOATS, NUMERIC, ErrorInput, OpInfo, P, Sample, adjoint, make, to_float, vjp
+from .core import FLOATS, NUMERIC, ErrorInput, Fuzz, OpInfo, P, Sample, adjoint, make, to_float, vjp
 
 # -- matrix_multiplication ----------------------------------------------------------------------
 def _matmul_ref(a, b):
@@ -335,7 +335,7 @@ def _pool_errors():
 
 RECORDS = [
     OpInfo("matrix_multiplication", _matmul_samples, _matmul_ref, NUMERIC, out_dtype=to_float, float_only=True,
-           second_order=True, equivalent="np.matmul / torch.matmul / @",
+           second_order=True, equivalent="np.matmul / torch.matmul / @", fuzz=Fuzz("matmul"),
            errors=lambda: [ErrorInput((P((2, 3)), P((4, 5))), match="contraction extents differ"),
                            ErrorInput((P((2, 2, 3)), P((3, 3, 4))), match="do not broadcast"),
                            ErrorInput((P((-1, 3)), P((-1, 4))), error=sm.ExecutionError, match="failed on inputs",

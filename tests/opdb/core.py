@@ -115,6 +115,42 @@ def to_bool(dtype: DType, kwargs: dict) -> DType:
     return sm.bool
 
 
+@dataclass(frozen=True)
+class Fuzz:
+    """How the compiler fuzzer (tests/test_fuzz_compiler.py) draws an op, and how its error grows.
+
+    `role`: "unary" and "binary" (smooth ops, carried with an error bound), "jump" (takes only operands
+    both runs hold bit for bit, and gives such results: rounding, sign, predicates, comparisons, logic,
+    integer division), "reduction", "move" (a movement op; its arguments are the fuzzer's to draw),
+    "matmul", "cast", "select", "clamp".
+    `fit`: per operand, the largest magnitude it may have before the op (the fuzzer scales it down by a
+    power of two first; None: the fuzzer's default). `guards`: per operand, a guard the graph applies
+    to move it where the op is defined and smooth: "half" |x| + 1/2, "quarter" |x| + 1/4, "tanh",
+    "tanh34" 3/4 tanh(x), "divisor" (floats: "half"; integers: at least 1 in magnitude).
+    Unary: `lipschitz(b)` and `bound(b)` on operands bounded by b. Binary: `propagate(ba, bb, ea, eb)` ->
+    (bound, err) from the operands' bounds and errors. Reduction: `propagate(n, b, e, rounding)` ->
+    (bound, err) over n elements, `rounding(bound, ulps)` the fuzzer's rounding error.
+    `exact`: the op does not round; `rounded`: one correctly rounded operation (the same bits in both
+    runs where they round alike); otherwise the op rounds by its family's units (tests/tolerance.py).
+    """
+
+    role: str
+    fit: tuple = ()
+    guards: tuple = ()
+    lipschitz: Callable[[float], float] | None = None
+    bound: Callable[[float], float] | None = None
+    propagate: Callable[..., tuple] | None = None
+    exact: bool = False
+    rounded: bool = False
+
+    def __post_init__(self):
+        if self.role not in FUZZ_ROLES:
+            raise ValueError(f"unknown fuzz role {self.role!r}; one of {', '.join(FUZZ_ROLES)}")
+
+
+FUZZ_ROLES = ("unary", "binary", "jump", "reduction", "move", "matmul", "cast", "select", "clamp")
+
+
 @dataclass
 class OpInfo:
     """One builder method and everything the generic tests need to check it."""
@@ -139,6 +175,15 @@ class OpInfo:
     known_failures: tuple[KnownFailure, ...] = ()
     equivalent: str = ""  # NumPy / PyTorch equivalent, for docs/ops.md
     builder: bool = True  # False: a primitive only gradients emit (no Graph method)
+    # Per operand, the [low, high) that value tests (the compiled sample graphs) draw from where the
+    # default (-3, 3) leaves the op's mathematical domain; each range lies inside that domain and reaches
+    # toward its edges. Gradient samples may stay further inside (see `samples`).
+    domains: tuple[tuple[float, float], ...] = ()
+    nonzero: int | None = None  # the operand that must not be zero (a divisor)
+    fuzz: Fuzz | None = None  # how the compiler fuzzer draws the op; None: see opdb/coverage.py
+    # One correctly rounded (or exact) operation, in a kernel as in PyTorch: compiled equals eager bit for bit.
+    # (Not square_root: PyTorch's float64 sqrt on the CPU is not correctly rounded, sqrt(0.5) for one.)
+    bit_exact: bool = False
 
     def __post_init__(self):
         prim = REGISTRY.get(self.name)

@@ -10,7 +10,7 @@ import torch
 
 import stitchml as sm
 
-from .core import ALL, FLOATS, NUMERIC, ErrorInput, OpInfo, P, Sample, exact, make, to_bool, to_float
+from .core import ALL, FLOATS, NUMERIC, ErrorInput, Fuzz, OpInfo, P, Sample, exact, make, to_bool, to_float
 from .samples import chain, elementwise, fixed
 
 SPECIALS = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1.5, -2.0]
@@ -39,6 +39,17 @@ def _broadcast_errors(arity=2):
     ]
 
 
+# -- how the compiler fuzzer draws them -----------------------------------------------------
+def _smooth(lipschitz, bound, fit=None, guard=None, exact=False, rounded=False):
+    """A smooth unary op of the fuzzer: Lipschitz constant and result bound on operands bounded by b."""
+    return Fuzz("unary", (fit,), (guard,), lipschitz, bound, exact=exact, rounded=rounded)
+
+
+_ONE = _smooth(lambda b: 1.0, lambda b: b, exact=True)  # |f(x) - f(y)| <= |x - y|, |f(x)| <= |x|, no rounding
+_JUMP = Fuzz("jump")
+_DIVISOR = Fuzz("jump", guards=(None, "divisor"))
+
+
 # -- unary ----------------------------------------------------------------------------
 def _unary(name, ref, dtypes, equivalent, domain=(-3.0, 3.0), extra=None, errors=None, **kw):
     return OpInfo(name, elementwise(1, [domain], extra=extra), ref, dtypes, equivalent=equivalent,
@@ -53,39 +64,65 @@ def _float_unary(name, ref, equivalent, domain=(-3.0, 3.0), family="transcendent
 
 def _rounding(name, ref, equivalent):
     halves = fixed("halves", [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.49, -0.51, 3.75], dtypes=FLOATS)
-    return _unary(name, ref, FLOATS, equivalent, extra=halves, errors=_float_errors)
+    return _unary(name, ref, FLOATS, equivalent, extra=halves, errors=_float_errors, fuzz=_JUMP, bit_exact=True)
 
 
 UNARY = [
-    _unary("identity", lambda x: x.clone(), ALL, "np.copy / torch.clone"),
-    _unary("stop_gradient", lambda x: x.clone(), ALL, "torch.Tensor.detach"),
-    _unary("negative", torch.neg, NUMERIC, "np.negative / torch.neg", errors=_numeric_errors),
-    _unary("absolute", torch.abs, NUMERIC, "np.abs / torch.abs", errors=_numeric_errors),
-    _unary("sign", torch.sign, NUMERIC, "np.sign / torch.sign", errors=_numeric_errors),
-    _unary("square", torch.square, NUMERIC, "np.square / torch.square", errors=_numeric_errors),
+    _unary("identity", lambda x: x.clone(), ALL, "np.copy / torch.clone", fuzz=_ONE, bit_exact=True),
+    _unary("stop_gradient", lambda x: x.clone(), ALL, "torch.Tensor.detach", bit_exact=True),
+    _unary("negative", torch.neg, NUMERIC, "np.negative / torch.neg", errors=_numeric_errors, fuzz=_ONE,
+           bit_exact=True),
+    _unary("absolute", torch.abs, NUMERIC, "np.abs / torch.abs", errors=_numeric_errors, fuzz=_ONE, bit_exact=True),
+    _unary("sign", torch.sign, NUMERIC, "np.sign / torch.sign", errors=_numeric_errors, fuzz=_JUMP, bit_exact=True),
+    _unary("square", torch.square, NUMERIC, "np.square / torch.square", errors=_numeric_errors,
+           fuzz=_smooth(lambda b: 2 * b, lambda b: b * b, fit=8.0, rounded=True), bit_exact=True),
     _unary("relu", lambda x: torch.where(x > 0, x, torch.zeros_like(x)), NUMERIC, "torch.relu",
-           errors=_numeric_errors),
-    _float_unary("exponent", torch.exp, "np.exp / torch.exp"),
-    _float_unary("exponent_base2", torch.exp2, "np.exp2 / torch.exp2"),
-    _float_unary("exponent_base10", lambda x: 10.0 ** x, "10 ** x"),
-    _float_unary("logarithm", torch.log, "np.log / torch.log", (0.1, 5.0)),
-    _float_unary("logarithm_base2", torch.log2, "np.log2 / torch.log2", (0.1, 5.0)),
-    _float_unary("logarithm_base10", torch.log10, "np.log10 / torch.log10", (0.1, 5.0)),
-    _float_unary("square_root", torch.sqrt, "np.sqrt / torch.sqrt", (0.1, 5.0), "elementwise"),
-    _float_unary("reverse_square_root", lambda x: 1.0 / torch.sqrt(x), "torch.rsqrt", (0.1, 5.0)),
+           errors=_numeric_errors, fuzz=_ONE, bit_exact=True),
+    _float_unary("exponent", torch.exp, "np.exp / torch.exp",
+                 fuzz=_smooth(math.exp, math.exp, fit=4.0)),
+    _float_unary("exponent_base2", torch.exp2, "np.exp2 / torch.exp2",
+                 fuzz=_smooth(lambda b: 2**b, lambda b: 2**b, fit=4.0)),
+    _float_unary("exponent_base10", lambda x: 10.0 ** x, "10 ** x",
+                 fuzz=_smooth(lambda b: 2.31 * 10**b, lambda b: 10**b, fit=1.0)),
+    _float_unary("logarithm", torch.log, "np.log / torch.log", (0.1, 5.0),
+                 domains=[(0.05, 4.0)],
+                 fuzz=_smooth(lambda b: 2.0, lambda b: max(math.log(b + 0.5), 0.7), guard="half")),
+    _float_unary("logarithm_base2", torch.log2, "np.log2 / torch.log2", (0.1, 5.0),
+                 domains=[(0.05, 4.0)],
+                 fuzz=_smooth(lambda b: 2.9, lambda b: max(math.log2(b + 0.5), 1.0), guard="half")),
+    _float_unary("logarithm_base10", torch.log10, "np.log10 / torch.log10", (0.1, 5.0),
+                 domains=[(0.05, 4.0)],
+                 fuzz=_smooth(lambda b: 0.9, lambda b: max(math.log10(b + 0.5), 0.31), guard="half")),
+    _float_unary("square_root", torch.sqrt, "np.sqrt / torch.sqrt", (0.1, 5.0), "elementwise",
+                 domains=[(0.0, 4.0)],
+                 fuzz=_smooth(lambda b: 1.0, lambda b: math.sqrt(b + 0.25), guard="quarter")),
+    _float_unary("reverse_square_root", lambda x: 1.0 / torch.sqrt(x), "torch.rsqrt", (0.1, 5.0),
+                 domains=[(0.05, 4.0)], fuzz=_smooth(lambda b: 4.0, lambda b: 2.0, guard="quarter")),
     _float_unary("reciprocal", lambda x: 1.0 / x, "np.reciprocal / torch.reciprocal", (0.25, 3.0),
-                 "elementwise"),
-    _float_unary("sin", torch.sin, "np.sin / torch.sin"),
-    _float_unary("cos", torch.cos, "np.cos / torch.cos"),
-    _float_unary("tan", torch.tan, "np.tan / torch.tan", (-1.2, 1.2)),
-    _float_unary("asin", torch.asin, "np.arcsin / torch.asin", (-0.9, 0.9)),
-    _float_unary("acos", torch.acos, "np.arccos / torch.acos", (-0.9, 0.9)),
-    _float_unary("atan", torch.atan, "np.arctan / torch.atan"),
-    _float_unary("sinh", torch.sinh, "np.sinh / torch.sinh"),
-    _float_unary("cosh", torch.cosh, "np.cosh / torch.cosh"),
-    _float_unary("tanh", torch.tanh, "np.tanh / torch.tanh"),
-    _float_unary("erf", torch.erf, "scipy.special.erf / torch.erf"),
-    _float_unary("sigmoid", lambda x: 1.0 / (1.0 + torch.exp(-x)), "torch.sigmoid"),
+                 "elementwise", extra=fixed("negative", [-2.5, -1.0, -0.5, -0.25], dtypes=FLOATS, grad=True),
+                 nonzero=0, fuzz=_smooth(lambda b: 4.0, lambda b: 2.0, guard="half", rounded=True)),
+    _float_unary("sin", torch.sin, "np.sin / torch.sin",
+                 fuzz=_smooth(lambda b: 1.0, lambda b: 1.0)),
+    _float_unary("cos", torch.cos, "np.cos / torch.cos",
+                 fuzz=_smooth(lambda b: 1.0, lambda b: 1.0)),
+    _float_unary("tan", torch.tan, "np.tan / torch.tan", (-1.2, 1.2),
+                 domains=[(-1.4, 1.4)], fuzz=_smooth(lambda b: 3.5, lambda b: 1.6, guard="tanh")),
+    _float_unary("asin", torch.asin, "np.arcsin / torch.asin", (-0.9, 0.9),
+                 domains=[(-1.0, 1.0)], fuzz=_smooth(lambda b: 1.6, lambda b: 1.6, guard="tanh34")),
+    _float_unary("acos", torch.acos, "np.arccos / torch.acos", (-0.9, 0.9),
+                 domains=[(-1.0, 1.0)], fuzz=_smooth(lambda b: 1.6, lambda b: 3.2, guard="tanh34")),
+    _float_unary("atan", torch.atan, "np.arctan / torch.atan",
+                 fuzz=_smooth(lambda b: 1.0, lambda b: 1.6)),
+    _float_unary("sinh", torch.sinh, "np.sinh / torch.sinh",
+                 fuzz=_smooth(math.cosh, math.cosh, fit=4.0)),
+    _float_unary("cosh", torch.cosh, "np.cosh / torch.cosh",
+                 fuzz=_smooth(math.cosh, math.cosh, fit=4.0)),
+    _float_unary("tanh", torch.tanh, "np.tanh / torch.tanh",
+                 fuzz=_smooth(lambda b: 1.0, lambda b: 1.0)),
+    _float_unary("erf", torch.erf, "scipy.special.erf / torch.erf",
+                 fuzz=_smooth(lambda b: 1.2, lambda b: 1.0)),
+    _float_unary("sigmoid", lambda x: 1.0 / (1.0 + torch.exp(-x)), "torch.sigmoid",
+                 fuzz=_smooth(lambda b: 0.25, lambda b: 1.0)),
     _rounding("floor", torch.floor, "np.floor / torch.floor"),
     _rounding("ceil", torch.ceil, "np.ceil / torch.ceil"),
     _rounding("round", _np(np.round), "np.round / torch.round (half to even)"),
@@ -94,11 +131,14 @@ UNARY = [
 
 _specials = fixed("specials", SPECIALS, dtypes=FLOATS)
 PREDICATES = [
-    _unary("is_nan", _np(np.isnan), ALL, "np.isnan / torch.isnan", extra=_specials, out_dtype=to_bool),
-    _unary("is_infinite", _np(np.isinf), ALL, "np.isinf / torch.isinf", extra=_specials, out_dtype=to_bool),
-    _unary("is_finite", _np(np.isfinite), ALL, "np.isfinite / torch.isfinite", extra=_specials, out_dtype=to_bool),
+    _unary("is_nan", _np(np.isnan), ALL, "np.isnan / torch.isnan", extra=_specials, out_dtype=to_bool, fuzz=_JUMP,
+           bit_exact=True),
+    _unary("is_infinite", _np(np.isinf), ALL, "np.isinf / torch.isinf", extra=_specials, out_dtype=to_bool,
+           fuzz=_JUMP, bit_exact=True),
+    _unary("is_finite", _np(np.isfinite), ALL, "np.isfinite / torch.isfinite", extra=_specials,
+           out_dtype=to_bool, fuzz=_JUMP, bit_exact=True),
     _unary("logical_not", _np(np.logical_not), ALL, "np.logical_not / torch.logical_not", out_dtype=to_bool,
-           extra=_specials),
+           extra=_specials, fuzz=_JUMP, bit_exact=True),
 ]
 
 
@@ -138,6 +178,8 @@ def _smooth_division(record, dtype, rng):
         b = make((3,), dtype, rng, 0.5, 3.0) * torch.tensor([1, -1, 1], dtype=dtype.torch)
         yield Sample((a, b), name="smooth")
 _ties = fixed("ties", [1.0, 2.0, 3.0, -1.0], [1.0, 0.0, 3.0, -1.0], grad=True)
+# Divisors below zero too (the domain is b != 0; the random samples draw b from (0.5, 3)).
+_negative_divisors = fixed("negative-divisor", [1.5, -2.0, 0.5], [-0.5, -2.0, -1.5], dtypes=FLOATS, grad=True)
 _nans = fixed("nan", [math.nan, 1.0, 2.0, math.nan], [1.0, math.nan, 0.0, math.nan], dtypes=FLOATS)
 
 
@@ -154,32 +196,55 @@ def _power_samples(record, dtype, rng):
 
 
 def _comparison(name, fn, equivalent):
-    return _binary(name, fn, ALL, equivalent, values=[TIES, TIES], out_dtype=to_bool)
+    return _binary(name, fn, ALL, equivalent, values=[TIES, TIES], out_dtype=to_bool, fuzz=_JUMP, bit_exact=True)
 
 
 def _logical(name, fn, equivalent):
     return _binary(name, _np(lambda a, b: fn(a != 0, b != 0)), ALL, equivalent, values=[TIES, TIES],
-                   out_dtype=to_bool)
+                   out_dtype=to_bool, fuzz=_JUMP, bit_exact=True)
 
+
+def _sum_rule(ba, bb, ea, eb):
+    return ba + bb, ea + eb
+
+
+def _power_rule(ba, bb, ea, eb):
+    """Base in [1/2, ba] (its guard), exponent within [-bb, bb]."""
+    bound = max(ba**bb, 2.0**bb)
+    return bound, bb * max(ba, 2.0) ** (bb + 1) * ea + max(math.log(ba), math.log(2.0)) * bound * eb
+
+
+_EXTREMUM = Fuzz("binary", exact=True, propagate=lambda ba, bb, ea, eb: (max(ba, bb), max(ea, eb)))
 
 BINARY = [
-    _binary("addition", torch.add, ALL, "np.add / torch.add / +"),
-    _binary("subtraction", torch.sub, NUMERIC, "np.subtract / torch.sub / -", errors=lambda: _numeric_errors(2)),
-    _binary("multiplication", torch.mul, ALL, "np.multiply / torch.mul / *"),
+    _binary("addition", torch.add, ALL, "np.add / torch.add / +",
+            fuzz=Fuzz("binary", propagate=_sum_rule, rounded=True), bit_exact=True),
+    _binary("subtraction", torch.sub, NUMERIC, "np.subtract / torch.sub / -", errors=lambda: _numeric_errors(2),
+            fuzz=Fuzz("binary", propagate=_sum_rule, rounded=True), bit_exact=True),
+    _binary("multiplication", torch.mul, ALL, "np.multiply / torch.mul / *",
+            fuzz=Fuzz("binary", fit=(8.0, 8.0), propagate=lambda ba, bb, ea, eb: (ba * bb, bb * ea + ba * eb),
+                      rounded=True), bit_exact=True),
     _binary("division", lambda a, b: a / b, ALL, "np.true_divide / torch.div / /", domains=[(-3.0, 3.0), (0.5, 3.0)],
-            out_dtype=to_float),
+            out_dtype=to_float, extra=_negative_divisors, nonzero=1,
+            fuzz=Fuzz("binary", guards=(None, "half"), rounded=True,
+                      propagate=lambda ba, bb, ea, eb: (2 * ba, 2 * ea + 4 * ba * eb))),
     _binary("floor_division", _floor_division, NUMERIC, "np.floor_divide / //", values=[range(-7, 8), _DIVISORS],
-            grad=False, extra=_smooth_division,
+            grad=False, extra=_smooth_division, nonzero=1, fuzz=_DIVISOR,
             errors=lambda: _numeric_errors(2) + _integer_zero_division()),
     _binary("modulo", _modulo, NUMERIC, "np.mod / torch.remainder / %", values=[range(-7, 8), _DIVISORS],
-            grad=False, extra=_smooth_division,
+            grad=False, extra=_smooth_division, nonzero=1, fuzz=_DIVISOR,
             errors=lambda: _numeric_errors(2) + _integer_zero_division()),
     OpInfo("power", _power_samples, torch.pow, NUMERIC, equivalent="np.power / torch.pow / **", second_order=True,
-           family="transcendental", errors=lambda: _broadcast_errors() + _numeric_errors(2)),
-    _binary("maximum", torch.maximum, ALL, "np.maximum / torch.maximum", extra=chain(_ties, _nans)),
-    _binary("minimum", torch.minimum, ALL, "np.minimum / torch.minimum", extra=chain(_ties, _nans)),
+           family="transcendental", errors=lambda: _broadcast_errors() + _numeric_errors(2),
+           domains=[(0.0, 3.0), (-2.0, 3.0)],
+           fuzz=Fuzz("binary", fit=(4.0, 2.0), guards=("half", None), propagate=_power_rule)),
+    _binary("maximum", torch.maximum, ALL, "np.maximum / torch.maximum", extra=chain(_ties, _nans),
+            fuzz=_EXTREMUM, bit_exact=True),
+    _binary("minimum", torch.minimum, ALL, "np.minimum / torch.minimum", extra=chain(_ties, _nans),
+            fuzz=_EXTREMUM, bit_exact=True),
     _binary("atan2", torch.atan2, ALL, "np.arctan2 / torch.atan2", domains=[(-3.0, 3.0), (0.5, 3.0)],
-            family="transcendental", out_dtype=to_float),
+            family="transcendental", out_dtype=to_float, extra=_negative_divisors,
+            fuzz=Fuzz("binary", guards=(None, "half"), propagate=lambda ba, bb, ea, eb: (math.pi, 2 * ea + 2 * eb))),
     _comparison("equal", torch.eq, "np.equal / torch.eq / =="),
     _comparison("not_equal", torch.ne, "np.not_equal / torch.ne / !="),
     _comparison("less_than", torch.lt, "np.less / torch.lt / <"),
@@ -230,8 +295,10 @@ def _clamp_ref(x, lo=None, hi=None, min_value=None, max_value=None):
 
 TERNARY = [
     OpInfo("select", _select_samples, _select_ref, ALL, equivalent="np.where / torch.where", second_order=True,
+           fuzz=Fuzz("select"), bit_exact=True,
            errors=lambda: [ErrorInput((P((2, 3), sm.bool), P((2, 3)), P((4,))), match="do not broadcast")]),
     OpInfo("clamp", _clamp_samples, _clamp_ref, NUMERIC, equivalent="np.clip / torch.clamp", second_order=True,
+           fuzz=Fuzz("clamp"), bit_exact=True,
            build=lambda g, x, *bounds, **kw: g.clamp(x, *bounds, **kw),
            errors=lambda: [ErrorInput((P((3,), sm.bool), P((3,), sm.bool), P((3,), sm.bool)),
                                       match="expects a numeric operand")] + _broadcast_errors(3)),
@@ -260,7 +327,7 @@ def _cast_ref(x, dtype):
 
 CAST = OpInfo(
     "cast", _cast_samples, _cast_ref, ALL, equivalent="np.ndarray.astype / torch.Tensor.to",
-    out_dtype=lambda dtype, kwargs: kwargs["dtype"],
+    out_dtype=lambda dtype, kwargs: kwargs["dtype"], fuzz=Fuzz("cast"),
     errors=lambda: [ErrorInput((P((3,)),), {"dtype": "complex64"}, match="unsupported dtype")],
 )
 

@@ -13,7 +13,7 @@ import torch
 
 import stitchml as sm
 
-from .core import ALL, ErrorInput, OpInfo, P, Sample, adjoint, make
+from .core import ALL, ErrorInput, Fuzz, OpInfo, P, Sample, adjoint, make
 from .samples import shaped
 
 _LAYOUTS = ("contiguous", "transposed", "sliced")
@@ -333,8 +333,9 @@ def _broadcast_with_dims_errors():
 
 RECORDS = [
     OpInfo("reshape", _reshape_samples, _reshape_ref, ALL, build=_reshape_build, errors=_reshape_errors,
-           equivalent="np.reshape / torch.reshape"),
+           equivalent="np.reshape / torch.reshape", fuzz=Fuzz("move")),
     OpInfo("transpose", _transpose_samples, _transpose_ref, ALL, equivalent="np.transpose / torch.permute",
+           fuzz=Fuzz("move"),
            errors=lambda: [ErrorInput((P((2, 3, 4)),), {"permutation": (0, 0, 1)}, match="is not a permutation"),
                            ErrorInput((P((2, 3)),), {"permutation": 0, "with_dimension": 2},
                                       match="out of range for rank 2"),
@@ -346,16 +347,17 @@ RECORDS = [
     OpInfo("expand_dims", shaped([("first", [(2, 3)], {"axes": 0}), ("last", [(2, 3)], {"axes": -1}),
                                   ("two", [(2, 3)], {"axes": (0, 3)}), ("scalar", [()], {"axes": 0}),
                                   ("zero-size", [(0, 3)], {"axes": 1})], layouts=_LAYOUTS),
-           _expand_dims_ref, ALL, equivalent="np.expand_dims / torch.unsqueeze",
+           _expand_dims_ref, ALL, equivalent="np.expand_dims / torch.unsqueeze", fuzz=Fuzz("move"),
            errors=lambda: [ErrorInput((P((2, 3)),), {"axes": 4}, match="out of range for rank 3"),
                            ErrorInput((P((2, 3)),), {"axes": (0, -4)}, match="name an axis twice")]),
     OpInfo("squeeze", _squeeze_samples, _squeeze_ref, ALL, equivalent="np.squeeze / torch.squeeze",
+           fuzz=Fuzz("move"),
            errors=lambda: [ErrorInput((P((2, 3)),), {"axes": 0}, match="has extent 2, not 1"),
                            ErrorInput((P((-1, 3)),), {}, match="ambiguous with unknown extents"),
                            ErrorInput((P((2, 3)),), {"axes": 2}, match="out of range for rank 2"),
                            _runtime_mismatch((P((-1, 3)),), (_f32(2, 3),), {"axes": 0}, match="at run time, not 1")]),
     OpInfo("broadcast_to", _broadcast_samples, _broadcast_ref, ALL, build=_broadcast_build,
-           equivalent="np.broadcast_to / torch.broadcast_to",
+           equivalent="np.broadcast_to / torch.broadcast_to", fuzz=Fuzz("move"),
            errors=lambda: [ErrorInput((P((2, 3)),), {"shape": (4, 3)}, match="do not broadcast"),
                            ErrorInput((P((2, 3)),), {"shape": (3,)}, match="to lower rank"),
                            ErrorInput((P((3,)),), {"shape": (-1, 3)}, match="pass a tensor"),
@@ -374,6 +376,7 @@ RECORDS = [
                            ErrorInput((P((6, 2)),), {"sizes": 2, "axis": 2}, match="out of range for rank 2"),
                            _runtime_mismatch((P((-1, 2)),), (_f32(5, 2),), {"sizes": [1, 2]})]),
     OpInfo("slice", _slice_samples, _slice_ref, ALL, equivalent="x[s0:e0:k0, ...] (NumPy basic slicing)",
+           fuzz=Fuzz("move"),
            errors=lambda: [ErrorInput((P((2, 3)),), {"starts": (0,), "ends": (1,)}, match="need 2 entries each"),
                            ErrorInput((P((2, 3)),), {"starts": (0, 0), "ends": (1, 1), "strides": (1, 0)},
                                       match="must be nonzero"),

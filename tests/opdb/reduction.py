@@ -10,7 +10,7 @@ import torch
 
 import stitchml as sm
 
-from .core import ALL, NUMERIC, ErrorInput, OpInfo, P, Sample, adjoint, exact, make, to_float
+from .core import ALL, NUMERIC, ErrorInput, Fuzz, OpInfo, P, Sample, adjoint, exact, make, to_float
 from .samples import shaped
 
 _CASES = [
@@ -151,24 +151,32 @@ def _sum_to_shape_ref(x, like):
     return adjoint(lambda z: torch.broadcast_to(z, x.shape), like, x)
 
 
+# How the compiler fuzzer carries errors through them: propagate(n elements, bound, error, rounding).
+_SUM = Fuzz("reduction", propagate=lambda n, b, e, rnd: (n * b, n * e + rnd(n * b, n)))
+_MEAN = Fuzz("reduction", propagate=lambda n, b, e, rnd: (b, e + rnd(b, n + 1)))
+_PRODUCT = Fuzz("reduction", propagate=lambda n, b, e, rnd: (b**n, n * b ** (n - 1) * e + rnd(b**n, n)))
+_EXTREMUM = Fuzz("reduction", propagate=lambda n, b, e, rnd: (b, e), exact=True)  # picks an element: same bits
+
 RECORDS = [
     OpInfo("reduction_sum", _reduction_samples(), _torch_or_numpy(_sum, lambda x, a, k: np.sum(
         x, axis=a, keepdims=k, dtype=np.int64 if x.dtype == np.bool_ else x.dtype)), ALL,
         out_dtype=lambda dtype, kwargs: sm.int64 if dtype.is_bool else dtype, second_order=True,
-        errors=_axis_errors(), equivalent="np.sum / torch.sum"),
+        errors=_axis_errors(), equivalent="np.sum / torch.sum", fuzz=_SUM),
     OpInfo("reduction_mean", _reduction_samples(), _torch_or_numpy(
         lambda x, d, k: torch.mean(x, dim=d, keepdim=k), None), ALL, out_dtype=to_float, second_order=True,
-        errors=_axis_errors(), equivalent="np.mean / torch.mean"),
+        errors=_axis_errors(), equivalent="np.mean / torch.mean", fuzz=_MEAN),
     OpInfo("reduction_maximum", _extremum_samples, _torch_or_numpy(
         lambda x, d, k: torch.amax(x, dim=d, keepdim=k), lambda x, a, k: np.max(x, axis=a, keepdims=k)), ALL,
-        second_order=True, errors=_axis_errors([_EMPTY_EXTREMUM]), equivalent="np.max / torch.amax"),
+        second_order=True, errors=_axis_errors([_EMPTY_EXTREMUM]), equivalent="np.max / torch.amax",
+        fuzz=_EXTREMUM),
     OpInfo("reduction_minimum", _extremum_samples, _torch_or_numpy(
         lambda x, d, k: torch.amin(x, dim=d, keepdim=k), lambda x, a, k: np.min(x, axis=a, keepdims=k)), ALL,
-        second_order=True, errors=_axis_errors([_EMPTY_EXTREMUM]), equivalent="np.min / torch.amin"),
+        second_order=True, errors=_axis_errors([_EMPTY_EXTREMUM]), equivalent="np.min / torch.amin",
+        fuzz=_EXTREMUM),
     OpInfo("reduction_product", _product_samples, _torch_or_numpy(_product, lambda x, a, k: np.prod(
         x, axis=a, keepdims=k, dtype=np.int64 if x.dtype == np.bool_ else x.dtype)), ALL,
         out_dtype=lambda dtype, kwargs: sm.int64 if dtype.is_bool else dtype, second_order=True,
-        errors=_axis_errors(), equivalent="np.prod / torch.prod"),
+        errors=_axis_errors(), equivalent="np.prod / torch.prod", fuzz=_PRODUCT),
     _arg_record("reduction_arg_maximum", np.argmax, "np.argmax / torch.argmax"),
     _arg_record("reduction_arg_minimum", np.argmin, "np.argmin / torch.argmin"),
     OpInfo("element_count", _count_samples, _count_ref, ALL, out_dtype=lambda dtype, kwargs: kwargs.get(
