@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .errors import GraphError
-from .ir import Operation, Tensor, needed_ops
+from .ir import Operation, Tensor, built_at, needed_ops
 from .registry import ELEMENTWISE, STATE, lookup
 
 
@@ -105,7 +105,7 @@ def gradients(graph, of: Tensor, wrt: Sequence[Tensor], initial_gradient: Tensor
             if all(d is None for d in dys) or not prim.differentiable or prim.kind == STATE and prim.vjp is None:
                 continue
             if prim.vjp is None:
-                raise GraphError(f"gradients: {op.op} ({op.name}, built at {op.location}) has no gradient rule")
+                raise GraphError(f"gradients: {built_at(op)} has no gradient rule")
             start = len(graph.operations)
             cts = prim.vjp(graph, op, *dys)
             if len(cts) != len(op.inputs):

@@ -196,6 +196,11 @@ class Operation:
         return f"Operation({self.name!r}, {self.op})"
 
 
+def built_at(op: Operation) -> str:
+    """How errors name an op: `gather (gather_3, built at train.py:12)`, on every path."""
+    return f"{op.op} ({op.name}, built at {op.location})"
+
+
 def needed_ops(operations: Sequence[Operation], roots: Iterable[Operation],
                control_deps: bool = True) -> list[Operation]:
     """The operations of `operations` that computing `roots` needs, the roots included, in program order.

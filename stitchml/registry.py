@@ -70,6 +70,8 @@ class Primitive:
     float_only: bool = False  # elementwise: integer inputs are promoted to float32 first
     # reduction: how a reduction kernel folds it; None: it runs alone through its reference implementation
     combine: Combine | None = None
+    # reduction: no value over zero elements (a maximum, an arg-minimum): compile refuses an empty axis
+    needs_elements: bool = False
     # movement: (base, out_shape, attrs) -> the output as a view of `base`, a strided meta tensor laid out like
     # the input's buffer; None (or a RuntimeError) when it must copy. Views alias their input (passes/memory.py)
     view: Callable[..., Any] | None = None

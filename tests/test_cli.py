@@ -108,6 +108,16 @@ def test_demo_gelu_options(capsys):
     assert "cpu: 8x16 max |stitchml - torch gelu|" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("args, phrase", [
+    (["--steps", "0"], "argument --steps: expected an integer above 0, got 0"),
+    (["--size=-16"], "argument --size: expected an integer above 0, got -16"),
+    (["--hidden", "0"], "argument --hidden: expected an integer above 0, got 0"),
+    (["--learning-rate", "nan"], "argument --learning-rate: expected a number above 0, got nan"),
+])
+def test_demo_neural_materials_rejects_bad_options(args, phrase, capsys):
+    assert phrase in usage_error(capsys, "demo", "neural-materials", *args)
+
+
 def test_unknown_demo_and_subcommand(capsys):
     assert "invalid choice: 'resnet'" in usage_error(capsys, "demo", "resnet")
     assert "invalid choice: 'train'" in usage_error(capsys, "train")

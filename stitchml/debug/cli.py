@@ -115,5 +115,5 @@ def main(argv: list[str]) -> int:
     try:
         return fn(args)
     except (StitchError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{p.prog}: error: {e}", file=sys.stderr)
         return 2

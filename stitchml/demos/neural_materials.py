@@ -24,6 +24,7 @@ import torch
 
 import stitchml as sm
 from stitchml import optim
+from stitchml.cli import positive
 from stitchml.shader import MLP, PROGRAM, MLPSpec
 
 OUTPUTS = 6  # base color RGB, normal x and y (z is rebuilt), roughness
@@ -240,16 +241,16 @@ def save_comparison(path: str, ref: Material, rows: dict[str, Material]) -> None
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="stitchml demo neural-materials", description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=128, help="texels per side, a multiple of 16 (default 128)")
-    parser.add_argument("--steps", type=int, default=1000, help="training steps, all texels each (default 1000)")
+    parser.add_argument("--size", type=positive(int), default=128, help="texels per side, a multiple of 16 (default 128)")
+    parser.add_argument("--steps", type=positive(int), default=1000, help="training steps, all texels each (default 1000)")
     parser.add_argument("--surface", choices=sorted(SURFACES), default="coffee",
                         help="the photograph every channel is derived from (default coffee)")
-    parser.add_argument("--fine", type=int, default=4, help="channels of the size/2 latent grid (default 4)")
-    parser.add_argument("--coarse", type=int, default=6, help="channels of the size/4 latent grid (default 6)")
+    parser.add_argument("--fine", type=positive(int), default=4, help="channels of the size/2 latent grid (default 4)")
+    parser.add_argument("--coarse", type=positive(int), default=6, help="channels of the size/4 latent grid (default 6)")
     parser.add_argument("--bits", type=int, default=5, choices=range(2, 9), metavar="2..8",
                         help="stored bits per latent (default 5)")
-    parser.add_argument("--hidden", type=int, default=32, help="decoder hidden width (default 32)")
-    parser.add_argument("--learning-rate", type=float, default=0.05)
+    parser.add_argument("--hidden", type=positive(int), default=32, help="decoder hidden width (default 32)")
+    parser.add_argument("--learning-rate", type=positive(float), default=0.05)
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: CUDA when present, else the CPU")
     parser.add_argument("--decode", choices=["kernel", "reference"], default="kernel",
                         help="decode in the Triton shading kernel (the interpreter on the CPU) or in PyTorch")

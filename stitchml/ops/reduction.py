@@ -58,7 +58,8 @@ def _runtime_axes(x: torch.Tensor, axes) -> tuple[int, ...]:
     return tuple(sorted({a % x.dim() for a in axes})) if x.dim() else ()
 
 
-def _reduction(name, fn, *, combine=None, out_dtype=None, float_only=False, doc=""):
+def _reduction(name, fn, *, combine=None, out_dtype=None, float_only=False, needs_elements=False,
+               doc=""):
     """Define a reduction primitive `g.<name>(x, axes=None, keep_dims=False)`."""
 
     def infer(types, axes, keep_dims):
@@ -75,7 +76,7 @@ def _reduction(name, fn, *, combine=None, out_dtype=None, float_only=False, doc=
         return fn(x, axes, keep_dims)
 
     prim = register(Primitive(name, REDUCTION, infer=infer, impl=impl, float_only=float_only, combine=combine,
-                              doc=doc))
+                              needs_elements=needs_elements, doc=doc))
 
     def build(g, x, axes=None, keep_dims=False, name=None):
         x = g.as_tensor(x)
@@ -126,9 +127,11 @@ reduction_mean = _reduction("reduction_mean", _mean, float_only=True,
                             doc="Mean over `axes` (None: all).")
 reduction_maximum = _reduction("reduction_maximum", lambda x, a, k: torch.amax(x, dim=a, keepdim=k),
                                combine=Combine("-INF", "_maximum({a}, {b})", "tl.reduce({x}, 1, _maximum)"),
+                               needs_elements=True,
                                doc="Maximum over `axes`; NaN if any element is NaN.")
 reduction_minimum = _reduction("reduction_minimum", lambda x, a, k: torch.amin(x, dim=a, keepdim=k),
                                combine=Combine("INF", "_minimum({a}, {b})", "tl.reduce({x}, 1, _minimum)"),
+                               needs_elements=True,
                                doc="Minimum over `axes`; NaN if any element is NaN.")
 reduction_product = _reduction("reduction_product", _prod,
                                combine=Combine("1", "{a} * {b}", "tl.reduce({x}, 1, _product)"),
@@ -193,7 +196,7 @@ def _arg_reduction(name, fn):
         ax = normalize_axis(axis, t.rank)
         return TensorType(_reduced_shape(t.shape, (ax,), keep_dims), dtypes.int64)
 
-    prim = register(Primitive(name, REDUCTION, infer=infer, differentiable=False,
+    prim = register(Primitive(name, REDUCTION, infer=infer, differentiable=False, needs_elements=True,
                               impl=lambda x, axis, keep_dims: fn(x, dim=axis, keepdim=keep_dims),
                               doc=f"Index of the {name.split('_')[-1]} along `axis` (first on ties), as int64."))
 

@@ -33,9 +33,9 @@ from ..codegen.common import Layout
 from ..dtypes import float32
 from ..errors import StitchError
 from ..graph import Graph
-from ..ir import Operation
+from ..ir import Operation, built_at
 from ..registry import lookup
-from ..runtime.steps import Step, built_at
+from ..runtime.steps import Step
 from .memory import _is_view
 from .program import CompileError, Program, copy_op
 

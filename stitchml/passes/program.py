@@ -17,7 +17,7 @@ from typing import Callable
 
 from ..errors import ExecutionError, FeedError, GraphError, ShapeError
 from ..graph import Graph
-from ..ir import Operation, Tensor, TensorType, needed_ops
+from ..ir import Operation, Tensor, TensorType, built_at, needed_ops
 from ..registry import lookup
 
 
@@ -111,7 +111,7 @@ def extract(graph: Graph, feed_types: dict[Tensor, TensorType], targets: list[Te
             types = lookup(op.op).infer([t.type for t in inputs], **attrs)
         except ShapeError as e:  # what an op-by-op run of these feeds raises, at the line that built the op
             shapes = ", ".join(f"{t.name}: {t.shape} {t.dtype.torch}" for t in inputs)
-            raise ExecutionError(f"{op.op} ({op.name}, built at {op.location}) failed on inputs [{shapes}]: "
+            raise ExecutionError(f"{built_at(op)} failed on inputs [{shapes}]: "
                                  f"{e} (compiling for the given feed types)") from None
         new = g._emit(op.op, inputs, attrs, op.name, types=[types] if isinstance(types, TensorType) else types)
         new.location, new.scope = op.location, op.scope

@@ -7,7 +7,7 @@ inputs, and every shape is static (a program is specialised to one signature).
 from __future__ import annotations
 
 from ..errors import ShapeError
-from ..ir import TensorType
+from ..ir import TensorType, built_at
 from ..registry import REGISTRY
 from .program import CompileError, Program
 
@@ -15,7 +15,7 @@ from .program import CompileError, Program
 def verify(program: Program, ctx) -> Program:
     defined: set[int] = set()
     for op in program.operations:
-        where = f"{op.op} ({op.name}, built at {op.location})"
+        where = built_at(op)
         prim = REGISTRY.get(op.op)
         if prim is None:
             raise CompileError(f"verify: {where}: unknown op")

@@ -29,7 +29,7 @@ import os
 import torch
 
 from ..errors import ExecutionError, GraphError
-from .steps import built_at, failure, raise_flagged
+from .steps import built_at, raise_flagged, run_steps
 from . import cudart
 from .cudart import using
 
@@ -139,13 +139,7 @@ class BoundRun:
         env, exe = self.env, self.exe
         for bound, caller in self.stage_in:
             bound.copy_(caller)
-        try:
-            for step in exe.steps:
-                step.run(env)
-        except Exception as e:
-            raise failure(step, e, env, exe._checks, exe._flag_slot) from e
-        if exe._flag_slot is not None and not self._capturing:
-            raise_flagged(env, exe._checks, exe._flag_slot)
+        run_steps(exe.steps, env, exe._checks, exe._flag_slot, check_flag=not self._capturing)
         for slot, dst in self.results:
             if env[slot] is not dst:
                 dst.copy_(env[slot])

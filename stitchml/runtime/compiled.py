@@ -17,7 +17,7 @@ import torch
 
 from ..dtypes import as_dtype
 from ..errors import ExecutionError, FeedError
-from ..ir import Tensor, TensorType
+from ..ir import Tensor, TensorType, built_at
 from ..passes import CompileContext, extract, run_pipeline
 from ..tensor_data import TensorData, resolve_device
 from .eager import RunContext, check_request
@@ -71,24 +71,23 @@ def _check_types(feed_types: dict[Tensor, TensorType]) -> None:
             raise FeedError(f"compile: placeholder {t.name} is {t.type}; cannot compile it for {tt}")
 
 
-# Reductions with no value over zero elements (sum, mean and product have one: 0, NaN and 1, as in torch).
-_NEED_ELEMENTS = ("reduction_maximum", "reduction_minimum", "reduction_arg_maximum", "reduction_arg_minimum")
-
-
 def _check_reductions(program) -> None:
     """Refuse, before any device work, a maximum, minimum or arg-extremum over an empty axis: every shape
     is static here, and a kernel would return its neutral element (-inf for a maximum) where an op-by-op
     run raises. The error is the one an op-by-op run gives, at the line that built the op."""
     for op in program.operations:
-        if op.op not in _NEED_ELEMENTS:
+        if not op.primitive.needs_elements:
             continue
         shape = op.inputs[0].shape
+        if not shape:  # a scalar holds one element
+            continue
         axes = op.attrs["axes"] if "axes" in op.attrs else (op.attrs["axis"],)
-        axes = range(len(shape)) if axes is None else [a % len(shape) for a in axes] if shape else []
-        empty = [a for a in axes if shape[a] == 0]
+        if axes is None:
+            axes = range(len(shape))
+        empty = [a % len(shape) for a in axes if shape[a % len(shape)] == 0]
         if empty:
             t = op.inputs[0]
-            raise ExecutionError(f"{op.op} ({op.name}, built at {op.location}) failed on inputs "
+            raise ExecutionError(f"{built_at(op)} failed on inputs "
                                  f"[{t.name}: {t.shape} {t.dtype.torch}]: it reduces over axis {empty[0]}, "
                                  f"which has no elements")
 

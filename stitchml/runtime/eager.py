@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 import torch
 
 from ..errors import ExecutionError, FeedError, GraphError, StitchError
-from ..ir import Operation, Tensor, needed_ops
+from ..ir import Operation, Tensor, built_at, needed_ops
 from ..registry import lookup
 from ..tensor_data import TensorData, resolve_device
 
@@ -110,19 +110,19 @@ def execute(op: Operation, ctx: RunContext, inputs: list[torch.Tensor]) -> tuple
         raise
     except Exception as e:
         shapes = ", ".join(f"{t.name}: {tuple(v.shape)} {v.dtype}" for t, v in zip(op.inputs, inputs))
-        raise ExecutionError(f"{op.op} ({op.name}, built at {op.location}) failed on inputs [{shapes}]: {e}") from e
+        raise ExecutionError(f"{built_at(op)} failed on inputs [{shapes}]: {e}") from e
     outs = out if isinstance(out, tuple) else (out,)
     if len(outs) != len(op.outputs):
         raise ExecutionError(f"{op.op} ({op.name}) returned {len(outs)} results for {len(op.outputs)} outputs")
     for t, v in zip(op.outputs, outs):
         if v.dtype != t.dtype.torch:
             raise ExecutionError(
-                f"{op.op} ({op.name}, built at {op.location}) produced {v.dtype} where the graph says {t.type}: "
+                f"{built_at(op)} produced {v.dtype} where the graph says {t.type}: "
                 f"the op's implementation and its shape-and-dtype rule disagree"
             )
         if not t.type.accepts(tuple(v.shape)):
             raise ExecutionError(
-                f"{op.op} ({op.name}, built at {op.location}) produced {tuple(v.shape)} {v.dtype} where the graph "
+                f"{built_at(op)} produced {tuple(v.shape)} {v.dtype} where the graph "
                 f"says {t.type}: an unknown extent did not match at run time"
             )
     return outs

@@ -28,7 +28,7 @@ import torch
 from ..codegen.common import NO_FLAG
 from ..errors import ExecutionError, FeedError, GraphError
 from ..ir import Operation, Tensor
-from .steps import built_at, failure, raise_flagged
+from .steps import built_at, failure, raise_flagged, run_steps
 from ..tensor_data import TensorData
 from . import cudart
 
@@ -289,13 +289,7 @@ class Executable:
             device = self.device
             for slot, shape, dtype in self._outputs:
                 env[slot] = torch.empty(shape, dtype=dtype, device=device)
-            try:
-                for step in self.steps:
-                    step.run(env)
-            except Exception as e:
-                raise failure(step, e, env, self._checks, self._flag_slot) from e
-            if self._flag_slot is not None:
-                raise_flagged(env, self._checks, self._flag_slot)
+            run_steps(self.steps, env, self._checks, self._flag_slot)
             return self._finish(env, None, self._arena_for(None))
 
     def _finish(self, env: list, outputs: dict | None, arena: torch.Tensor) -> dict[Tensor, TensorData]:

@@ -19,7 +19,7 @@ import torch
 
 from ..codegen.common import NO_FLAG
 from ..errors import ExecutionError, StitchError
-from ..ir import Operation
+from ..ir import Operation, built_at
 
 
 @dataclass
@@ -35,9 +35,19 @@ class Step:
     inputs: tuple[tuple[str, int], ...] = ()  # (tensor name, slot) of what it reads, for errors
 
 
-def built_at(op: Operation) -> str:
-    """How errors name an op: `gather (gather_3, built at train.py:12)`, as an op-by-op run does."""
-    return f"{op.op} ({op.name}, built at {op.location})"
+
+def run_steps(steps: list[Step], env: list, checks: list[Operation], flag_slot: int | None,
+              check_flag: bool = True) -> None:
+    """Run `steps` over `env`; a failing step raises `failure`'s error, and (with `check_flag`) a zero
+    integer divisor a kernel flagged is raised at the end."""
+    step = None
+    try:
+        for step in steps:
+            step.run(env)
+    except Exception as e:
+        raise failure(step, e, env, checks, flag_slot) from e
+    if check_flag and flag_slot is not None:
+        raise_flagged(env, checks, flag_slot)
 
 
 def failure(step: Step, error: BaseException, env: list, checks: list[Operation], flag_slot: int | None):
