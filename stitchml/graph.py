@@ -287,7 +287,8 @@ class Graph:
 
     @property
     def compile_log(self) -> list[str]:
-        """One line per compile made by `run`, saying which part of the signature was new."""
+        """One line per compile made by `run`, saying which part of the signature was new (or that it was
+        evicted before), and one per eviction from the executable cache."""
         return [] if self._executables is None else list(self._executables.log)
 
     def run_async(self, feeds=None, targets=(), target_ops=(), device=None, on_complete=None):

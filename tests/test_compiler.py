@@ -364,9 +364,13 @@ def test_executable_cache_compiles_once_per_signature_and_says_why():
     assert get(2) is first  # a hit makes `first` the most recently used...
     get(4)
     assert get(2) is first  # ...so the bound of two dropped `second`
-    assert get(3) is not second and len(cache.log) == 4
+    assert cache.log[-1] == "evicted 'cached' x: float32[3, 8] (least recently used of 2)"
+    assert get(3) is not second and len(cache.log) == 6  # three compiles, an eviction, a compile, an eviction
+    assert "for a signature compiled before and evicted (the cache holds 2)" in cache.log[-2]
+    assert cache.log[-1].startswith("evicted 'cached' x: float32[4, 8]")
+    assert "feed" not in cache.log[-2]
     get(3, (y, z))
-    assert "targets or target operations changed" in cache.log[-1]
+    assert "targets or target operations changed" in cache.log[-2] and cache.log[-1].startswith("evicted")
     assert len(cache.entries) == 2
 
 

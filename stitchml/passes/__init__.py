@@ -41,6 +41,7 @@ class CompileContext:
     options: dict[str, Any] = field(default_factory=dict)
     run_context: Callable[[], Any] | None = None  # a run's RunContext (its run index), for random ops
     fusion_report: list = field(default_factory=list)  # stitch: kernels and refusals
+    boundaries: list = field(default_factory=list)  # stitch: a reason for every edge between steps
     memory_plan: Any = None  # plan_memory
     launches: list = field(default_factory=list)  # lower
     timings: dict[str, float] = field(default_factory=dict)

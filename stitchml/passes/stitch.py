@@ -19,16 +19,18 @@ import heapq
 
 from ..graph import Graph
 from ..ir import Tensor
+from .boundaries import explain
 from .legality import Kernel, can_fuse, join, start, template_of
 from .policy import choose, score
 from .program import Program, copy_op
 
 
-def _group(program: Program, report: list) -> tuple[list[Kernel], dict[int, Kernel]]:
+def _group(program: Program, report: list, boundaries: list) -> tuple[list[Kernel], dict[int, Kernel]]:
     kernels: list[Kernel] = []
     kernel_of: dict[int, Kernel] = {}
     depends: dict[int, frozenset[int]] = {}  # tensor id -> kernels it transitively depends on
     refusals: dict[int, list[tuple[str, str]]] = {}
+    reasons: dict[tuple[int, int], str] = {}  # (tensor id, consumer op id) -> why they stayed apart
     position = {op.id: i for i, op in enumerate(program.operations)}
     for op in program.operations:
         upstream = frozenset().union(*(depends.get(t.id, frozenset()) for t in op.inputs))
@@ -45,14 +47,20 @@ def _group(program: Program, report: list) -> tuple[list[Kernel], dict[int, Kern
                     scored.append((k, score(k, op)))
                 else:
                     refusals.setdefault(k.id, []).append((f"{op.op} ({op.name})", reason))
+                    _note(reasons, op, k, reason)
             chosen = choose(scored)
             if chosen is not None:
                 join(chosen, op)
                 for other, _ in scored:
-                    if other is not chosen and _merge(chosen, other, depends, refusals, position):
+                    if other is chosen:
+                        continue
+                    if _merge(chosen, other, depends, refusals, position):
                         for member in other.ops:
                             kernel_of[member.id] = chosen
                         kernels.remove(other)
+                    else:
+                        _note(reasons, op, other, f"{op.op} joined another kernel, and this one could not merge "
+                                                  f"into it: {refusals[chosen.id][-1][1]}")
             else:
                 chosen = start(max((k.id for k in kernels), default=-1) + 1, op)
                 kernels.append(chosen)
@@ -68,7 +76,14 @@ def _group(program: Program, report: list) -> tuple[list[Kernel], dict[int, Kern
     for k in kernels:
         report.append({"kernel": k.id, "template": k.template, "ops": [f"{o.op} ({o.name})" for o in k.ops],
                        "not_fused": refusals.get(k.id, [])})
+    boundaries.extend(explain(program.operations, kernel_of, reasons))
     return kernels, kernel_of
+
+
+def _note(reasons: dict, op, kernel: Kernel, reason: str) -> None:
+    for t in op.inputs:
+        if kernel.produces(t):
+            reasons.setdefault((t.id, op.id), reason)
 
 
 def _merge(into: Kernel, other: Kernel, depends: dict, refusals: dict, position: dict) -> bool:
@@ -161,7 +176,8 @@ def _build_kernel(g: Graph, k: Kernel, mapping: dict[int, Tensor], used_outside:
 
 def stitch(program: Program, ctx) -> Program:
     report: list = []
-    kernels, kernel_of = _group(program, report)
+    boundaries: list = []
+    kernels, kernel_of = _group(program, report, boundaries)
     used_outside = {t.id for t in program.outputs}
     for op in program.operations:
         for t in op.inputs:
@@ -177,4 +193,5 @@ def stitch(program: Program, ctx) -> Program:
                 mapping[old.id] = new
     if ctx is not None:
         ctx.fusion_report = report
+        ctx.boundaries = boundaries
     return Program(g, [mapping[t.id] for t in program.outputs], dict(program.notes))

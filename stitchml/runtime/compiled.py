@@ -114,6 +114,7 @@ class ExecutableCache:
     def __init__(self, size: int = CACHE_SIZE):
         self.size = size
         self.entries: OrderedDict[Signature, Executable] = OrderedDict()
+        self.evicted: OrderedDict[Signature, None] = OrderedDict()  # dropped signatures, newest last (bounded)
         self.log: list[str] = []
 
     def get(self, graph, feeds: dict, targets, target_ops, device) -> Executable:
@@ -123,17 +124,23 @@ class ExecutableCache:
         if exe is not None:
             self.entries.move_to_end(sig)
             return exe
-        if self.entries:
-            nearest = next(reversed(self.entries))
-            reason = sig.describe_change(nearest)
+        if sig in self.evicted:
+            del self.evicted[sig]
+            what = f"a signature compiled before and evicted (the cache holds {self.size})"
+        elif self.entries:
+            what = f"a new signature ({sig.describe_change(next(reversed(self.entries)))})"
         else:
-            reason = "first run"
+            what = "a new signature (first run)"
         exe = compile_graph(graph, feed_types, targets, target_ops, device, {})
-        message = f"compiled {graph.name!r} for a new signature ({reason}): {exe.kernel_count} kernels, " \
+        message = f"compiled {graph.name!r} for {what}: {exe.kernel_count} kernels, " \
                   f"heap {exe.intermediates_heap_size} bytes"
         self.log.append(message)
         log.info(message)
         self.entries[sig] = exe
         while len(self.entries) > self.size:
-            self.entries.popitem(last=False)
+            dropped, _ = self.entries.popitem(last=False)
+            self.evicted[dropped] = None
+            self.log.append(f"evicted {graph.name!r} {dropped.describe()} (least recently used of {self.size})")
+            while len(self.evicted) > 64 * self.size:  # remember enough to explain recompiles, not every shape
+                self.evicted.popitem(last=False)
         return exe

@@ -59,6 +59,10 @@ class Signature:
                 return f"feed {name}: {a[3]}{list(a[2])} -> {b[3]}{list(b[2])}"
         return "no change"
 
+    def describe(self) -> str:
+        """The feeds' types, as the compile log names a signature: "x: float32[3, 8], y: int64[3]"."""
+        return ", ".join(f"{name}: {dtype}{list(shape)}" for _, name, shape, dtype in self.feeds) or "(no feeds)"
+
 
 class Executable:
     """A compiled run of one graph; see the module docstring."""
@@ -73,6 +77,7 @@ class Executable:
         self.plan = ctx.memory_plan
         self.compile_times = dict(ctx.timings)
         self._report = ctx.fusion_report
+        self.boundaries: list[dict] = ctx.boundaries  # {producer, consumer, tensor, reason} per edge between steps
         self._poison = bool(ctx.options.get("poison"))
         slots = ctx.slots
         self._nslots = len(slots) + len(ctx.scratch_slots) + (ctx.flag_slot is not None)
@@ -152,6 +157,8 @@ class Executable:
         for s in self.steps:
             if s.kind in ("vendor", "view"):
                 lines.append(f"{s.kind} {s.name}")
+        for b in self.boundaries:
+            lines.append(f"boundary {b['producer']} -> {b['consumer']} ({b['tensor']}): {b['reason']}")
         return "\n".join(lines)
 
     def kernel_sources(self) -> dict[str, str]:
