@@ -62,6 +62,7 @@ class Graph:
         self.run_count = 0  # runs so far; random ops draw from (seed, run_count)
         self._fold_constants = False  # set while building gradients (autodiff.py)
         self._executables = None  # compiled executables by signature, made by the first compiled run
+        self.buckets: dict | None = None  # default shape buckets of compiled runs: {placeholder: {axis: rule}}
 
     # -- building ------------------------------------------------------------
     def _emit(
@@ -259,7 +260,8 @@ class Graph:
             self._variable_values[op.id] = data.to(device).clone(memory_format=torch.contiguous_format)
 
     # -- running ---------------------------------------------------------------
-    def run(self, feeds=None, targets=(), target_ops=(), device=None, compiled: bool | None = None):
+    def run(self, feeds=None, targets=(), target_ops=(), device=None, compiled: bool | None = None,
+            buckets: dict | None = None):
         """Run what `targets` and `target_ops` need; returns {target: TensorData}.
 
         Feeds map placeholders to TensorData (or arrays). On the CPU the graph
@@ -268,12 +270,17 @@ class Graph:
         device) into a cached executable (`compile_log` says why each compile
         happened). `compiled=False` forces the op-by-op path anywhere. The
         semantics are the same either way (docs/semantics.md).
+
+        `buckets` ({placeholder: {axis: rule}}, default `self.buckets`) rounds those extents up
+        (runtime/buckets.py: "pow2", multiples of N, or edges) so that one executable serves every size
+        of a bucket, with results equal to an unpadded run; runs with buckets are compiled, on the CPU too.
         """
         from .runtime.eager import run_graph
         from .tensor_data import resolve_device
 
         dev = resolve_device(device)
-        if compiled is False or (compiled is None and dev.type != "cuda"):
+        buckets = self.buckets if buckets is None else buckets
+        if compiled is False or (compiled is None and dev.type != "cuda" and not buckets):
             return run_graph(self, feeds, targets, target_ops, dev)
         from .runtime.compiled import ExecutableCache
         from .runtime.eager import check_request
@@ -282,7 +289,7 @@ class Graph:
         with self._run_lock:  # the cache is shared by every thread that runs this graph
             if self._executables is None:
                 self._executables = ExecutableCache()
-            exe = self._executables.get(self, feeds or {}, targets, target_ops, dev)
+            exe = self._executables.get(self, feeds or {}, targets, target_ops, dev, buckets)
         return exe.run(feeds)
 
     @property
@@ -290,6 +297,11 @@ class Graph:
         """One line per compile made by `run`, saying which part of the signature was new (or that it was
         evicted before), and one per eviction from the executable cache."""
         return [] if self._executables is None else list(self._executables.log)
+
+    @property
+    def bucket_log(self) -> list[str]:
+        """For the latest bucketed runs (up to 256), which bucket served which feed shapes."""
+        return [] if self._executables is None else list(self._executables.served)
 
     def run_async(self, feeds=None, targets=(), target_ops=(), device=None, on_complete=None):
         """Queue a run; returns a handle with .wait(), .result(), .done().
@@ -302,14 +314,19 @@ class Graph:
         return submit(self, lambda: self.run(feeds, targets, target_ops, device), on_complete)
 
     def compile(self, feeds: dict | None = None, targets=(), target_ops=(), device=None,
-                options: dict | None = None) -> "Executable":
+                options: dict | None = None, buckets: dict | None = None) -> "Executable":
         """Compile for one input signature: {placeholder: TensorType} (or example TensorData/arrays).
 
         Returns an Executable (runtime/executable.py) whose runs keep the eager
-        semantics exactly; see passes/__init__.py for the pipeline.
+        semantics exactly; see passes/__init__.py for the pipeline. With `buckets` (default
+        `self.buckets`; see `run`), a BucketedExecutable that runs every feed size rounding up to the
+        same buckets as `feeds`.
         """
-        from .runtime.compiled import compile_graph
+        from .runtime.compiled import compile_bucketed, compile_graph
 
+        buckets = self.buckets if buckets is None else buckets
+        if buckets:
+            return compile_bucketed(self, feeds or {}, targets, target_ops, device, options or {}, buckets)
         return compile_graph(self, feeds or {}, targets, target_ops, device, options or {})
 
     # -- autodiff -------------------------------------------------------------

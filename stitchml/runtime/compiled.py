@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 
 import torch
@@ -18,8 +18,9 @@ import torch
 from ..dtypes import as_dtype
 from ..errors import ExecutionError, FeedError
 from ..ir import Tensor, TensorType, built_at
-from ..passes import CompileContext, extract, run_pipeline
+from ..passes import CompileContext, CompileError, extract, run_pipeline
 from ..tensor_data import TensorData, resolve_device
+from .buckets import BucketedExecutable, Refused, bucket_types, check_spec, pad_graph
 from .eager import RunContext, check_request
 from .executable import Executable, Signature
 
@@ -108,6 +109,37 @@ def compile_graph(graph, feeds: dict, targets, target_ops, device, options: dict
     return Executable(graph, program, ctx, signature_of(graph, feed_types, targets, target_ops, device), targets)
 
 
+def _rules(spec) -> tuple:
+    return tuple(sorted((t.op.id, a, repr(r)) for t, axes in spec.items() for a, r in axes.items()))
+
+
+def _bucketed(graph, spec, feed_types, targets, device, options: dict) -> BucketedExecutable:
+    """Compile the padded twin of `graph` for the buckets of `feed_types` (Refused: it cannot be bucketed)."""
+    padded = pad_graph(graph, spec, feed_types, targets)
+    twin_types = {p: bucket_types(spec, feed_types)[user] for user, (p, _) in padded.feeds.items()}
+    twin_types.update({m: TensorType((padded.sizes[c],), as_dtype("bool")) for c, m in padded.masks.items()})
+    twin_types.update({n: TensorType((), as_dtype("float32")) for n in padded.counts.values()})
+    exe = compile_graph(padded.graph, twin_types, [t for t, _ in padded.targets], [], device, options)
+    label = ", ".join(f"{t.name}: {tt.dtype}{list(tt.shape)}" for t, tt in bucket_types(spec, feed_types).items())
+    return BucketedExecutable(padded, exe, spec, label, targets)
+
+
+def compile_bucketed(graph, feeds: dict, targets, target_ops, device, options: dict, buckets) -> BucketedExecutable:
+    """`Graph.compile` with buckets: an executable for every feed size that rounds up to the same buckets as
+    `feeds`; CompileError when the graph cannot be bucketed as asked."""
+    device = resolve_device(device)
+    targets, target_ops = check_request(graph, targets, target_ops)
+    spec = check_spec(graph, buckets)
+    feed_types = _feed_types(graph, feeds)
+    _check_types(feed_types)
+    if target_ops:
+        raise CompileError("compile: bucketed executables run targets only, not target operations")
+    try:
+        return _bucketed(graph, spec, feed_types, targets, device, options)
+    except Refused as e:
+        raise CompileError(f"compile: cannot bucket graph {graph.name!r}: {e}") from None
+
+
 class ExecutableCache:
     """A graph's compiled executables, least recently used dropped first."""
 
@@ -116,22 +148,62 @@ class ExecutableCache:
         self.entries: OrderedDict[Signature, Executable] = OrderedDict()
         self.evicted: OrderedDict[Signature, None] = OrderedDict()  # dropped signatures, newest last (bounded)
         self.log: list[str] = []
+        self.served: deque[str] = deque(maxlen=256)  # which bucket served each recent bucketed run
+        self.refused: dict[tuple, str] = {}  # (bucket rules, targets) -> why the graph cannot be bucketed
 
-    def get(self, graph, feeds: dict, targets, target_ops, device) -> Executable:
+    def get(self, graph, feeds: dict, targets, target_ops, device, buckets=None) -> Executable:
+        """The executable for these feeds (compiled on a miss); with `buckets`, one of the padded twin
+        that serves every size of the same buckets, unless the graph cannot be bucketed (then the
+        exact one, the log saying why once)."""
         feed_types = _feed_types(graph, feeds or {})
+        spec = check_spec(graph, buckets) if buckets else {}
+        if spec:
+            key = (_rules(spec), tuple(t.id for t in targets), tuple(op.id for op in target_ops))
+            if target_ops:
+                self.refused.setdefault(key, "target operations are run by exact-shape executables")
+            if key not in self.refused:
+                return self._get_bucketed(graph, spec, key, feed_types, targets, device)
         sig = signature_of(graph, feed_types, targets, target_ops, device)
         exe = self.entries.get(sig)
         if exe is not None:
             self.entries.move_to_end(sig)
             return exe
+        what = self._why(sig)
+        exe = compile_graph(graph, feed_types, targets, target_ops, device, {})
+        self._add(graph, sig, exe, what)
+        return exe
+
+    def _get_bucketed(self, graph, spec, key, feed_types, targets, device):
+        sig = signature_of(graph, bucket_types(spec, feed_types), targets, [], device)
+        sig = Signature(sig.feeds, sig.targets, sig.target_ops, sig.device, key[0])
+        exe = self.entries.get(sig)
+        if exe is None:
+            what = self._why(sig)
+            try:
+                exe = _bucketed(graph, spec, feed_types, targets, device, {})
+            except Refused as e:
+                self.refused[key] = str(e)
+                self.log.append(f"no buckets for {graph.name!r}: {e}; compiling for exact shapes")
+                return self.get(graph, feed_types, targets, [], device)
+            self._add(graph, sig, exe, what.replace("signature", "bucket", 1))
+        else:
+            self.entries.move_to_end(sig)
+        if exe.sizes(feed_types) is None:  # padded extents that must agree do not: the exact compile says why
+            return self.get(graph, feed_types, targets, [], device)
+        self.served.append(f"bucket {exe.label} served " +
+                           ", ".join(f"{t.name}: {list(tt.shape)}" for t, tt in feed_types.items()))
+        return exe
+
+    def _why(self, sig: Signature) -> str:
         if sig in self.evicted:
             del self.evicted[sig]
-            what = f"a signature compiled before and evicted (the cache holds {self.size})"
-        elif self.entries:
-            what = f"a new signature ({sig.describe_change(next(reversed(self.entries)))})"
-        else:
-            what = "a new signature (first run)"
-        exe = compile_graph(graph, feed_types, targets, target_ops, device, {})
+            return f"a signature compiled before and evicted (the cache holds {self.size})"
+        if self.entries:
+            alike = [s for s in self.entries if s.buckets == sig.buckets]  # compare bucketed with bucketed
+            return f"a new signature ({sig.describe_change((alike or list(self.entries))[-1])})"
+        return "a new signature (first run)"
+
+    def _add(self, graph, sig: Signature, exe, what: str) -> None:
         message = f"compiled {graph.name!r} for {what}: {exe.kernel_count} kernels, " \
                   f"heap {exe.intermediates_heap_size} bytes"
         self.log.append(message)
@@ -143,4 +215,3 @@ class ExecutableCache:
             self.log.append(f"evicted {graph.name!r} {dropped.describe()} (least recently used of {self.size})")
             while len(self.evicted) > 64 * self.size:  # remember enough to explain recompiles, not every shape
                 self.evicted.popitem(last=False)
-        return exe

@@ -41,6 +41,7 @@ class Signature:
     targets: tuple[int, ...]
     target_ops: tuple[int, ...]
     device: str
+    buckets: tuple = ()  # bucketed runs: the rules ((placeholder op id, axis, rule), ...); feeds hold bucket sizes
 
     def describe_change(self, other: "Signature") -> str:
         """Which part of the signature differs from `other` (for recompile explanations)."""
@@ -48,6 +49,8 @@ class Signature:
             return f"device {other.device} -> {self.device}"
         if self.targets != other.targets or self.target_ops != other.target_ops:
             return "targets or target operations changed"
+        if self.buckets != other.buckets:
+            return "bucket rules changed"
         mine = {f[0]: f for f in self.feeds}
         theirs = {f[0]: f for f in other.feeds}
         for key in sorted(set(mine) | set(theirs)):
