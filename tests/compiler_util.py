@@ -202,7 +202,8 @@ _POINTERS = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float
 def compile_for_cuda(jobs: list[str], workdir: pathlib.Path) -> dict[str, str]:
     """Compile kernels for sm_90 in a fresh process; returns {job: error} for those that fail.
 
-    A job is a JSON object: kernel name, source, dtypes of the pointer arguments, constexprs, warps.
+    A job is a JSON object: kernel name, source, dtypes of the pointer arguments, the extents passed after
+    them, constexprs, warps.
     A process of its own, because Triton's interpreter leaves `triton.language` patched after a kernel
     calls another jitted function (tl.sigmoid, our _maximum...), which breaks later compiles.
     """
@@ -228,6 +229,8 @@ def _compile_jobs(workdir: str) -> None:
         job = json.loads(text)
         fn = loader.load(job["name"], job["source"])
         signature = {name: _POINTERS[dt] for name, dt in zip(fn.arg_names, job["dtypes"])}
+        extents = fn.arg_names[len(job["dtypes"]):len(job["dtypes"]) + len(job.get("sizes", ()))]
+        signature.update({name: "i32" if abs(v) < 2**31 else "i64" for name, v in zip(extents, job.get("sizes", ()))})
         signature.update({name: "constexpr" for name in job["constexprs"]})
         try:
             triton.compile(ASTSource(fn, signature, constexprs=job["constexprs"]), target=GPUTarget("cuda", 90, 32),

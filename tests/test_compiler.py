@@ -471,7 +471,8 @@ def test_kernels_compile_for_cuda(batch, monkeypatch, tmp_path):
         interpreted = pathlib.Path(inspect.getsourcefile(self.fn.fn)).read_text()
         job = json.dumps({"name": self.fn.fn.__name__, "warps": self.warps, "constexprs": self.meta,
                           "source": interpreted.replace(LIBDEVICE_INTERPRET, LIBDEVICE_CUDA),
-                          "dtypes": [str(env[s].dtype).replace("torch.", "") for s in self.slots]}, sort_keys=True)
+                          "dtypes": [str(env[s].dtype).replace("torch.", "") for s in self.slots],
+                          "sizes": list(self.sizes)}, sort_keys=True)
         launches.setdefault(job, set()).add(case.name)
         original(self, env)
 

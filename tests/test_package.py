@@ -125,7 +125,9 @@ def test_kernels_found_for_matching_target_only(tmp_path):
     assert blob == mine
     blob, why = loaded.find_kernels("main", {"x": (8, 3)}, {"arch": "sm_80", "triton": "3.6.0"})
     assert blob is None and "sm_90" in why and "sm_80" in why
-    blob, why = loaded.find_kernels("main", {"x": (4, 3)}, here)
+    blob, why = loaded.find_kernels("main", {"x": (4, 3)}, here)  # other extents: the size-generic kernels serve
+    assert blob == mine and why.endswith("at x=[8, 3], serving other sizes")
+    blob, why = loaded.find_kernels("main", {"x": (4, 3, 1)}, here)
     assert blob is None and "no compiled kernels" in why
     assert "compiled kernels" in loaded.summary() and "sm_90" in loaded.summary()
 

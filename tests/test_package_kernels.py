@@ -337,6 +337,25 @@ def test_pipeline_installs_the_bundle_then_compiles_from_it(carried, tmp_path):
     np.testing.assert_allclose(y.numpy(), np.tanh(x) * 2, rtol=1e-6)
 
 
+def test_a_bundle_serves_another_batch_size_without_a_new_kernel(carried, tmp_path):
+    """The bundle was built for x: (2, 4); a pipeline for (8, 4) generates exactly the bundle's sources (the
+    kernels take their sizes as arguments; 8 and 32 elements launch the same block), so Triton finds every
+    binary the bundle carries and compiles nothing."""
+    fn, sources, entry = carried
+    written = loader.stats["written"]
+    desc = sm.MLPipelineDescriptor(fn)
+    desc.set_input_dimensions("x", (8, 4))
+    pipe = sm.Compiler(sm.device("cpu")).new_ml_pipeline(desc)
+    assert pipe.kernel_note.startswith("using the package's compiled kernels (1 kernels, built for cpu/triton") and \
+        pipe.kernel_note.endswith("at x=[2, 4], serving other sizes)"), pipe.kernel_note
+    assert {loader.file_name(s) for s in pipe.executable.kernel_sources().values()} == set(sources)
+    assert loader.stats["written"] == written, "the compile generated a kernel source the bundle does not carry"
+    assert os.listdir(tmp_path / "triton") == [entry]
+    x = np.linspace(-2, 2, 32, dtype=np.float32).reshape(8, 4)
+    y = pipe.executable.run({fn.input_tensor("x"): x})[fn.output_tensor("y")]
+    np.testing.assert_allclose(y.numpy(), np.tanh(x) * 2, rtol=1e-6)
+
+
 def test_pipeline_told_not_to_use_the_bundle_installs_nothing(carried, tmp_path):
     fn, _, _ = carried
     assert _pipeline(fn, use=False).kernel_note == "compiled here: the descriptor's use_package_kernels is off"

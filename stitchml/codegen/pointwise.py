@@ -25,6 +25,9 @@ class KernelSource:
     constexprs: dict
     template: str
     checks: tuple = ()  # integer divisions it flags a zero divisor of (codes from options["first_check"] on)
+    # Extents passed as arguments after the buffers (not written into the source), so that one source and
+    # one Triton binary serve every size with the same launch blocks; Triton does not specialise on them.
+    sizes: tuple = ()
 
 
 def _block(n: int) -> tuple[int, int]:
@@ -87,11 +90,12 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
     block, warps = options.get("pointwise_block", block), options.get("pointwise_warps", warps)
     params = ", ".join([arg_of[t.id] for t in placeholders] + outs + (["err"] if checks else []))
     start = "tl.program_id(0).to(tl.int64) * BLOCK" if wide else "tl.program_id(0) * BLOCK"
-    src = header(f"pointwise kernel {name} over {n} elements", interpret) + f'''
+    src = header(f"pointwise kernel {name}", interpret) + f'''
 
-@triton.jit
-def {name}({params}, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["n"])
+def {name}({params}, n, BLOCK: tl.constexpr):
     i = {start} + tl.arange(0, BLOCK)
-    mask = i < {n}
+    mask = i < n
 ''' + "\n".join(lines) + "\n"
-    return KernelSource(name, src, ((n + block - 1) // block,), warps, {"BLOCK": block}, "pointwise", tuple(checks))
+    return KernelSource(name, src, ((n + block - 1) // block,), warps, {"BLOCK": block}, "pointwise", tuple(checks),
+                        (n,))

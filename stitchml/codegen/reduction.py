@@ -143,16 +143,16 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
         body_lines = gen.looped(ops, body.outputs, op_space)
     outs = [f"out{j}" for j in range(len(body.outputs))] + (["err"] if gen.checks else [])
     params = ", ".join([arg_of[t.id] for t in placeholders] + outs)
-    src = header(f"reduction kernel {name}: {f.R} rows of {f.C}", interpret, reduction=True) + f'''
+    src = header(f"reduction kernel {name}: rows of {f.C}", interpret, reduction=True) + f'''
 
-@triton.jit
-def {name}({params}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+@triton.jit(do_not_specialize=["R"])
+def {name}({params}, R, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
-    rmask = rows < {f.R}
+    rmask = rows < R
 ''' + "\n".join(body_lines) + "\n"
     grid = ((f.R + block_r - 1) // block_r,)
     return KernelSource(name, src, grid, warps, {"BLOCK_R": block_r, "BLOCK_C": block_c}, "reduction",
-                        tuple(gen.checks))
+                        tuple(gen.checks), (f.R,))
 
 
 def _split(name, body, f, placeholders, ops, arg_of, layout_of, space, splits, interpret,

@@ -231,12 +231,22 @@ class Package:
 
     def find_kernels(self, function: str, input_dimensions: dict[str, Sequence[int]],
                      target: dict[str, str]) -> tuple[bytes | None, str]:
-        """The kernel cache matching function, dimensions and target, or None and the reason none fits."""
+        """The kernel cache matching function, dimensions and target, or None and the reason none fits.
+
+        Without a bundle for these dimensions, one built for other extents of the same ranks serves:
+        generated kernels take their sizes as arguments, so the sources it carries are those a compile for
+        these dimensions generates wherever the launch blocks agree, and Triton finds their binaries."""
         dims = {k: tuple(v) for k, v in input_dimensions.items()}
         candidates = [k for k in self.kernels if k.function == function and k.input_dimensions == dims]
         for k in candidates:
             if k.target == target:
                 return self._kernel_parts[k.part], f"built for {_describe(k.target)}"
+        ranks = {n: len(d) for n, d in dims.items()}
+        for k in self.kernels:
+            if k.function == function and k.target == target and \
+                    {n: len(d) for n, d in k.input_dimensions.items()} == ranks:
+                built = ", ".join(f"{n}={list(d)}" for n, d in sorted(k.input_dimensions.items()))
+                return self._kernel_parts[k.part], f"built for {_describe(k.target)} at {built}, serving other sizes"
         if not candidates:
             return None, f"the package has no compiled kernels for {function!r} with these input dimensions"
         built = ", ".join(_describe(k.target) for k in candidates)

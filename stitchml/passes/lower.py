@@ -67,6 +67,7 @@ class _Launch:
         self.meta = src.constexprs
         self.meta_values = list(src.constexprs.values())
         self.warps = src.num_warps
+        self.sizes = src.sizes  # extents the kernel takes as arguments, after its buffers
         self.slots = ins + outs
         self.compiled = None
         self.alignment = None
@@ -78,14 +79,15 @@ class _Launch:
             if tuple(a.data_ptr() % 16 == 0 for a in args) == self.alignment:
                 k = self.compiled
                 stream = _raw_stream(args[0].device.index) if _raw_stream else torch.cuda.current_stream().cuda_stream
-                k.run(*self.grid, stream, k.function, k.packed_metadata, None, None, None, *args, *self.meta_values)
+                k.run(*self.grid, stream, k.function, k.packed_metadata, None, None, None, *args, *self.sizes,
+                      *self.meta_values)
                 return
         if self.interpret:
             # masked lanes may compute log(0) and the like; the interpreter runs one launch at a time
             with loader.interpreter_lock, np.errstate(all="ignore"):
-                self.fn[self.grid](*args, num_warps=self.warps, **self.meta)
+                self.fn[self.grid](*args, *self.sizes, num_warps=self.warps, **self.meta)
             return
-        k = self.fn[self.grid](*args, num_warps=self.warps, **self.meta)
+        k = self.fn[self.grid](*args, *self.sizes, num_warps=self.warps, **self.meta)
         if self.compiled is None and all(hasattr(k, a) for a in ("run", "function", "packed_metadata")):
             self.compiled = k
             self.alignment = tuple(a.data_ptr() % 16 == 0 for a in args)
