@@ -164,6 +164,13 @@ class Executable:
             lines.append(f"boundary {b['producer']} -> {b['consumer']} ({b['tensor']}): {b['reason']}")
         return "\n".join(lines)
 
+    def profile(self, feeds: dict | None = None, repeats: int = 5):
+        """Per step: time, bytes and FLOPs (from the IR), achieved bandwidth and FLOP/s and their fractions
+        of the device's measured limits, sorted by the time left on the table (runtime/roofline.py)."""
+        from .roofline import profile
+
+        return profile(self, feeds, repeats)
+
     def kernel_sources(self) -> dict[str, str]:
         """Generated Triton source of every kernel, by kernel name."""
         return {s.name: s.source for s in self.steps if s.source}
