@@ -1,6 +1,6 @@
 """Compiled kernels carried in a package: does a process that loads it compile nothing?
 
-    $ python benchmarks/check_package_kernels.py [--model cnn] [--batch 8] [--json out.json]
+    $ python benchmarks/check_package_kernels.py [--model cnn] [--batch 8] [--load-batch 16] [--json out.json]
 
 Needs a CUDA GPU. Builds a package of a zoo network (stitchml/package/zoo.py, through torch.export),
 compiles its kernels for the batch size (`Package.compile_kernels`) and saves it. Then two fresh
@@ -9,6 +9,9 @@ pipeline and dispatch it once:
 
 * **with the bundle**: the pipeline installs the package's kernels before it compiles;
 * **without**: the descriptor's `use_package_kernels` is off, so everything compiles there.
+
+With `--load-batch`, the loading processes run another batch size than the bundle was built for: generated
+kernels take their sizes as arguments, so the bundle still serves every kernel whose launch blocks agree.
 
 Each reports the pipeline's `kernel_note`, the seconds from loading the package to the pipeline and
 to the first result, how many kernels Triton compiled and how many it found in its cache (Triton's
@@ -75,11 +78,13 @@ def child(args) -> int:
     dev = sm.device(args.device)
     desc = sm.MLPipelineDescriptor(fn)
     desc.use_package_kernels = args.child == "with"
+    example = np.load(os.path.join(args.work, "input.npy"))
+    desc.set_input_dimensions(fn.inputs[0].name, example.shape)
     pipeline = sm.Compiler(dev).new_ml_pipeline(desc)
     pipeline_s = time.perf_counter() - t0
     cache = kernels.triton_cache_dir()
     installed = _entries(cache)
-    x = sm.TensorData(torch.from_numpy(np.load(os.path.join(args.work, "input.npy"))).to(dev.torch_device))
+    x = sm.TensorData(torch.from_numpy(example).to(dev.torch_device))
     (out_name, shape), = pipeline.output_shapes.items()
     y = dev.new_tensor(shape, sm.float32)
     cb = dev.new_command_queue("check").command_buffer("first")
@@ -132,15 +137,21 @@ def parent(args) -> int:
         return 2
     model, (example,) = zoo.build(args.model)
     x = torch.randn(args.batch, *example.shape[1:], generator=torch.Generator().manual_seed(1))
-    pkg = sm.package.from_torch(model, (x,))
+    load_batch = args.load_batch or args.batch
+    dynamic = ({0: torch.export.Dim("batch", min=2, max=4096)},) if load_batch != args.batch else None
+    pkg = sm.package.from_torch(model, (x,), dynamic_shapes=dynamic)
     t0 = time.perf_counter()
-    entry = pkg.compile_kernels("main", {}, device=args.device)
+    entry = pkg.compile_kernels("main", {pkg.function().inputs[0].name: tuple(x.shape)} if dynamic else {},
+                                device=args.device)
     build_s = time.perf_counter() - t0
     blob, _ = pkg.find_kernels("main", entry.input_dimensions, entry.target)
     bundle = kernels.unpack(blob)
     pkg.save(os.path.join(args.work, "model.smpkg"))
+    x = torch.randn(load_batch, *example.shape[1:], generator=torch.Generator().manual_seed(2)) \
+        if load_batch != args.batch else x
     np.save(os.path.join(args.work, "input.npy"), x.numpy())
-    result = {"model": args.model, "batch": args.batch, "target": entry.target, "built_with": bundle.built_with,
+    result = {"model": args.model, "batch": args.batch, "load_batch": load_batch, "target": entry.target,
+              "built_with": bundle.built_with,
               "bundle_bytes": len(blob), "bundle_sources": len(bundle.sources),
               "bundle_kernels": bundle.kernel_count, "compile_kernels_s": build_s}
     for mode in MODES:
@@ -171,7 +182,7 @@ def parent(args) -> int:
 
 def _print(r: dict) -> None:
     t = r["target"]
-    print(f"{r['model']}, batch {r['batch']}: bundle of {r['bundle_sources']} kernel sources and "
+    print(f"{r['model']}, batch {r['batch']} (loaded for batch {r['load_batch']}): bundle of {r['bundle_sources']} kernel sources and "
           f"{r['bundle_kernels']} compiled kernels, {r['bundle_bytes'] / 1024:.0f} KiB, built in "
           f"{r['compile_kernels_s']:.1f} s for {t['arch']} / triton {t['triton']} ({r['built_with'].get('device')}, "
           f"torch {r['built_with'].get('torch')})")
@@ -195,6 +206,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="cnn", help="a zoo network (default: cnn)")
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--load-batch", type=int, default=None,
+                        help="the batch size the loading processes run (default: --batch)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--timeout", type=float, default=120, help="seconds each loading process may take")
