@@ -62,6 +62,7 @@ def explain(operations: list[Operation], kernel_of: dict[int, Kernel],
                 reason = _alone(op)
             if reason is None and not isinstance(producer, Kernel):
                 why = _alone(t.op)
-                reason = why and f"{why}; its result is read from memory"
+                view = lookup(t.op.op).view is not None and len(t.op.inputs) == 1
+                reason = why and f"{why}; {'the reader loads through it' if view else 'its result is read from memory'}"
             out.append({"producer": key[0], "consumer": key[1], "tensor": t.name, "reason": reason or SILENT})
     return out
