@@ -4,6 +4,7 @@ Triton cannot compile on the CPU, so the Triton entries here are written by Trit
 with made-up contents: the layout, names and group files are exactly Triton's.
 """
 import hashlib
+import importlib
 import json
 import os
 
@@ -354,6 +355,30 @@ def test_a_bundle_serves_another_batch_size_without_a_new_kernel(carried, tmp_pa
     x = np.linspace(-2, 2, 32, dtype=np.float32).reshape(8, 4)
     y = pipe.executable.run({fn.input_tensor("x"): x})[fn.output_tensor("y")]
     np.testing.assert_allclose(y.numpy(), np.tanh(x) * 2, rtol=1e-6)
+
+
+def test_kernels_are_the_same_for_sizes_with_the_same_launch_blocks(monkeypatch):
+    """Sizes are kernel arguments: 9 and 16 rows (36 and 64 elements) give the same sources and the same
+    constexprs, so Triton compiles each kernel once; 40 rows (160 elements) the same sources with other
+    blocks."""
+    lower = importlib.import_module("stitchml.passes.lower")  # the module; stitchml.passes.lower is the pass
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    g = sm.Graph()
+    x = g.placeholder((-1, 4), sm.float32, name="x")
+    y = [g.tanh(x) * 2.0, g.softmax(g.exponent(x))]
+
+    def kernels(rows):
+        exe = g.compile({x: sm.TensorType((rows, 4), sm.float32)}, y, device="cpu")
+        out = exe.run({x: np.linspace(-1, 1, rows * 4, dtype=np.float32).reshape(rows, 4)})
+        np.testing.assert_allclose(out[y[0]].numpy(), np.tanh(np.linspace(-1, 1, rows * 4)).reshape(rows, 4) * 2,
+                                   rtol=1e-6)
+        steps = [s for s in exe.steps if isinstance(s.run, lower._Launch)]
+        assert len(steps) == 2
+        return [(loader.file_name(s.source), s.run.meta) for s in steps]
+
+    nine, sixteen, forty = kernels(9), kernels(16), kernels(40)
+    assert nine == sixteen
+    assert [name for name, _ in forty] == [name for name, _ in nine] and forty != nine
 
 
 def test_pipeline_told_not_to_use_the_bundle_installs_nothing(carried, tmp_path):
