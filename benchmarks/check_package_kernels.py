@@ -182,7 +182,8 @@ def parent(args) -> int:
 
 def _print(r: dict) -> None:
     t = r["target"]
-    print(f"{r['model']}, batch {r['batch']} (loaded for batch {r['load_batch']}): bundle of {r['bundle_sources']} kernel sources and "
+    print(f"{r['model']}, batch {r['batch']} (loaded for batch {r['load_batch']}): "
+          f"bundle of {r['bundle_sources']} kernel sources and "
           f"{r['bundle_kernels']} compiled kernels, {r['bundle_bytes'] / 1024:.0f} KiB, built in "
           f"{r['compile_kernels_s']:.1f} s for {t['arch']} / triton {t['triton']} ({r['built_with'].get('device')}, "
           f"torch {r['built_with'].get('torch')})")

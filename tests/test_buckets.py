@@ -18,7 +18,8 @@ from stitchml.runtime.buckets import BucketedExecutable, bucket_size
 def _exact(got: dict, want: dict, targets, what: str) -> None:
     for t in targets:
         a, b = got[t].torch(), want[t].torch()
-        assert a.shape == b.shape and a.dtype == b.dtype, f"{what}: {t.name}: {a.shape} {a.dtype} vs {b.shape} {b.dtype}"
+        assert a.shape == b.shape and a.dtype == b.dtype, \
+            f"{what}: {t.name}: {a.shape} {a.dtype} vs {b.shape} {b.dtype}"
         assert torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))), \
             f"{what}: {t.name}: bucketed differs from unbucketed by {(a.double() - b.double()).abs().max()}"
 

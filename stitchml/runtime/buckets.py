@@ -235,9 +235,8 @@ def _matmul(twin: _Twin, op, a: Tensor, b: Tensor, sa: dict[int, int], sb: dict[
         twin.unify(ka, kb)
         a, b = twin.mask(a, a.rank - 1, ka, 0), twin.mask(b, b.rank - 2, kb, 0)
     (out,) = _emit(twin, op, [a, b])
-    result = _aligned(twin, op, [a.shape[:-2], b.shape[:-2]],
-                      [{i: s for i, s in sa.items() if i < a.rank - 2}, {i: s for i, s in sb.items() if i < b.rank - 2}],
-                      out.shape[:-2])
+    batch = [{i: s for i, s in sa.items() if i < a.rank - 2}, {i: s for i, s in sb.items() if i < b.rank - 2}]
+    result = _aligned(twin, op, [a.shape[:-2], b.shape[:-2]], batch, out.shape[:-2])
     if a.rank - 2 in sa:
         result[out.rank - 2] = sa[a.rank - 2]
     if b.rank - 1 in sb:
