@@ -129,9 +129,11 @@ class _Buckets:
         packed = flat[0] if len(flat) == 1 else g.concat(flat, axis=0)
         reduced = g.all_reduce(packed, "mean", group=self.group)
         parts = [reduced] if len(flat) == 1 else g.split(reduced, [int(np.prod(v.shape)) for v, _ in pending])
+        built = [reduced]
         for (variable, _), part in zip(pending, parts):
-            self.averaged[variable.id] = g.reshape(part, variable.shape)
-        return [reduced]
+            built.append(g.reshape(part, variable.shape))
+            self.averaged[variable.id] = built[-1]
+        return built
 
 
 def _nbytes(t: Tensor) -> int:
