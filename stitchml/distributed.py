@@ -4,9 +4,9 @@ Every process (launched by ``torchrun``, one per GPU, or several on a CPU
 with gloo) builds the same graph. `data_parallel` turns a one-device training
 step into a data-parallel one without touching the model code: the gradients
 are averaged over the group by collective ops in the graph (ops/collective.py),
-in buckets of about `bucket_bytes`, and each bucket's all-reduce is built as
-soon as the backward pass has built its last gradient, so it stands in program
-order before the rest of the backward pass. `synchronize_variables` makes every
+in buckets of about `bucket_bytes`; each bucket's all-reduce starts (without
+waiting) as soon as the backward pass has built its last gradient, and is
+waited for after the backward pass, so communication overlaps the rest of it. `synchronize_variables` makes every
 process start from rank 0's values, `shard` splits a dataset into equal parts
 per rank, and `save` writes a checkpoint once.
 
@@ -88,7 +88,9 @@ def data_parallel(graph, loss: Tensor, variables: Sequence[Tensor], group: str =
     Each process computes the gradient of its own batch; the average over the group equals the
     gradient of the mean loss over the whole (concatenated) batch when the per-process batches have
     equal sizes. Gradients are packed into buckets of about `bucket_bytes` (one flat all-reduce per
-    bucket and dtype), in the order the backward pass completes them: last layers first.
+    bucket and dtype), in the order the backward pass completes them: last layers first. Each
+    bucket's all-reduce starts as soon as its last gradient is built and is waited for after the
+    backward pass, so communication overlaps the rest of the backward pass.
     """
     if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or bucket_bytes <= 0:
         raise GraphError(f"data_parallel: bucket_bytes must be a positive int, got {bucket_bytes!r}")
@@ -98,6 +100,7 @@ def data_parallel(graph, loss: Tensor, variables: Sequence[Tensor], group: str =
     grads = autodiff.gradients(graph, loss, list(variables), on_ready=buckets.add)
     with graph.scope("gradients"):
         buckets.flush_all()
+        buckets.finish()
     return {v: buckets.averaged.get(v.id, grads[v]) for v in variables}
 
 
@@ -108,6 +111,7 @@ class _Buckets:
         self.graph, self.group, self.limit = graph, group, limit
         self.open: dict[object, list[tuple[Tensor, Tensor]]] = {}
         self.averaged: dict[int, Tensor] = {}
+        self.started: list[tuple[Tensor, list[tuple[Tensor, Tensor]]]] = []
 
     def add(self, variable: Tensor, gradient: Tensor) -> list[Tensor]:
         pending = self.open.setdefault(gradient.dtype, [])
@@ -121,19 +125,28 @@ class _Buckets:
             self.flush(dtype)
 
     def flush(self, dtype) -> list[Tensor]:
+        """Start the all-reduce of the open bucket of `dtype` (asynchronously: the ops built after it,
+        the rest of the backward pass, run while it travels); `finish` waits for it."""
         pending = self.open.pop(dtype, [])
         if not pending:
             return []
         g = self.graph
         flat = [g.reshape(grad, (-1,)) for _, grad in pending]
         packed = flat[0] if len(flat) == 1 else g.concat(flat, axis=0)
-        reduced = g.all_reduce(packed, "mean", group=self.group)
-        parts = [reduced] if len(flat) == 1 else g.split(reduced, [int(np.prod(v.shape)) for v, _ in pending])
-        built = [reduced]
-        for (variable, _), part in zip(pending, parts):
-            built.append(g.reshape(part, variable.shape))
-            self.averaged[variable.id] = built[-1]
-        return built
+        started = g.all_reduce(packed, "mean", group=self.group, asynchronous=True)
+        self.started.append((started, pending))
+        return [started]
+
+    def finish(self) -> None:
+        """Wait for every bucket, in the order they started, and unpack the averaged gradients."""
+        g = self.graph
+        for started, pending in self.started:
+            reduced = g.collective_wait(started)
+            sizes = [int(np.prod(v.shape)) for v, _ in pending]
+            parts = [reduced] if len(sizes) == 1 else g.split(reduced, sizes)
+            for (variable, _), part in zip(pending, parts):
+                self.averaged[variable.id] = g.reshape(part, variable.shape)
+        self.started = []
 
 
 def _nbytes(t: Tensor) -> int:

@@ -108,16 +108,17 @@ def train(rank: int, size: int, out: str, steps: int = 5, batch: int = 8) -> Non
     updates = sm.optim.SGD(0.5, momentum=0.9).minimize(g, loss, params, data_parallel="world", bucket_bytes=256)
     xs, ys = _data(steps, batch * size)
     exe = g.compile({x: sm.TensorType((batch, 6), sm.float32), y: sm.TensorType((batch,), sm.int64)}, [loss], updates)
+    losses = []
     for s in range(steps):
         part = slice(rank * batch, (rank + 1) * batch)
-        exe.run({x: xs[s, part], y: ys[s, part]})
+        losses.append(exe.run({x: xs[s, part], y: ys[s, part]})[loss].item())
     path = os.path.join(os.path.dirname(out), "checkpoint.smg")
     sm.distributed.save(g, path)
     loaded = sm.Graph.load(path)
     values = {p.name: g.variable_value(p).numpy() for p in params}
     np.savez(out, **values, **{f"loaded_{k}": loaded.variable_value(
         next(op.outputs[0] for op in loaded.operations if op.op == "variable" and op.outputs[0].name == k)).numpy()
-        for k in values}, reduces=np.array(sum(op.op == "all_reduce" for op in g.operations)))
+        for k in values}, reduces=np.array(sum(op.op == "all_reduce" for op in g.operations)), losses=np.array(losses))
 
 
 def dies(rank: int, size: int, out: str) -> None:

@@ -97,6 +97,7 @@ def test_data_parallel_training_equals_one_process_on_the_whole_batch(ran):
             np.testing.assert_array_equal(r[name], results[0][name])  # identical on every rank
             np.testing.assert_array_equal(r[f"loaded_{name}"], r[name])  # the checkpoint rank 0 wrote
         assert int(r["reduces"]) >= 2  # 256-byte buckets: several all-reduces, not one at the end
+    assert not np.array_equal(results[0]["losses"], results[1]["losses"])  # the ranks trained on different data
 
 
 def test_a_rank_that_dies_gives_the_others_a_typed_error_not_a_hang(tmp_path):
@@ -106,9 +107,9 @@ def test_a_rank_that_dies_gives_the_others_a_typed_error_not_a_hang(tmp_path):
     assert error.startswith("all_reduce") and "failed on inputs" in error, error
 
 
-def test_buckets_follow_the_backward_pass():
-    """Each bucket's all-reduce stands in program order right after its last gradient, before the
-    gradients of earlier layers are built: the order that lets communication overlap the backward pass."""
+def test_buckets_start_during_the_backward_pass_and_are_waited_for_after_it():
+    """Each bucket's all-reduce starts in program order right after its last gradient, and is waited for
+    after the backward pass: the ops between the two (earlier layers' gradients) overlap its travel."""
     g = sm.Graph()
     x = g.placeholder((4, 8), name="x")
     ws = [g.variable(np.full((8, 8), 0.1, np.float32), name=f"w{i}") for i in range(3)]
@@ -117,17 +118,24 @@ def test_buckets_follow_the_backward_pass():
         h = g.tanh(h @ w)
     loss = g.reduction_sum(h)
     grads = sm.distributed.data_parallel(g, loss, ws, bucket_bytes=8 * 8 * 4)
-    order = {op.id: i for i, op in enumerate(g.operations)}
-    reduces = [op for op in g.operations if op.op == "all_reduce"]
-    assert len(reduces) == 3
-    # the last layer's bucket is reduced before the first layer's gradient exists
-    first_layer_grad = grads[ws[0]]
-    assert order[reduces[0].id] < order[first_layer_grad.op.id]
-    # in one process the averaged gradient is the gradient
+    ops = [op.op for op in g.operations]
+    starts = [i for i, op in enumerate(ops) if op == "all_reduce"]
+    waits = [i for i, op in enumerate(ops) if op == "collective_wait"]
+    assert len(starts) == len(waits) == 3
+    assert all(g.operations[i].attrs["asynchronous"] for i in starts)
+    # the last layer's bucket starts before the gradients of the earlier layers are computed ...
+    assert ops[starts[0]:starts[-1]].count("matrix_multiplication") >= 2
+    # ... and nothing waits until the backward pass is done
+    assert max(starts) < min(waits)
+    # in one process the averaged gradient is the gradient, eager and compiled
     want = g.gradients(loss, ws)
-    got = g.run({x: np.ones((4, 8), np.float32)}, [*grads.values(), *want.values()], device="cpu")
+    feeds = {x: np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)}
+    got = g.run(feeds, [*grads.values(), *want.values()], device="cpu")
+    exe = g.compile({x: sm.TensorType((4, 8), sm.float32)}, list(grads.values()))
+    compiled = exe.run(feeds)
     for w in ws:
         np.testing.assert_allclose(got[grads[w]].numpy(), got[want[w]].numpy(), rtol=1e-6)
+        np.testing.assert_allclose(compiled[grads[w]].numpy(), got[want[w]].numpy(), rtol=1e-6)
 
 
 def test_shard_splits_each_epoch_into_equal_disjoint_parts(monkeypatch):

@@ -108,21 +108,33 @@ all_reduce = register(Primitive("all_reduce", OPAQUE, needs_context=True,
 
 
 @all_reduce.def_infer
-def _all_reduce_infer(types, reduce, group, world_size):
+def _all_reduce_infer(types, reduce, group, world_size, asynchronous=False):
     _check_reduce(reduce)
+    if asynchronous and reduce not in ("sum", "mean"):
+        raise ShapeError(f"asynchronous all_reduce supports reduce='sum' and 'mean', got {reduce!r}")
     if reduce == "mean" and not types[0].dtype.is_floating:
         raise ShapeError(f"reduce='mean' needs a floating-point input, got {types[0].dtype}")
     return types[0]
 
 
 @all_reduce.def_impl(needs_context=True)
-def _all_reduce_impl(ctx, x, reduce, group, world_size):
+def _all_reduce_impl(ctx, x, reduce, group, world_size, asynchronous=False):
     dist, pg = _live(group, world_size)
     out = x.clone(memory_format=torch.contiguous_format)
     if dist is None:
         return out
-    dist.all_reduce(out, op=_reduce_op(dist, reduce), group=pg)
-    return out / world_size if reduce == "mean" else out
+    if reduce == "mean":  # gloo has no average: divide first, so the sum is the mean (and no pass after)
+        out /= world_size
+    work = dist.all_reduce(out, op=_reduce_op(dist, reduce), group=pg, async_op=asynchronous)
+    if asynchronous:
+        with _pending_lock:
+            _pending[out.data_ptr()] = work
+    return out
+
+
+# Work handles of asynchronous all-reduces, by the address of the buffer they reduce into.
+_pending: dict[int, object] = {}
+_pending_lock = threading.Lock()
 
 
 @all_reduce.def_vjp
@@ -136,8 +148,12 @@ def _all_reduce_vjp(g, op, dy):
 
 
 @builder("all_reduce")
-def _all_reduce(g, x, reduce: str = "sum", group: str = WORLD, name=None) -> Tensor:
+def _all_reduce(g, x, reduce: str = "sum", group: str = WORLD, asynchronous: bool = False, name=None) -> Tensor:
     """The sum (or "mean", "max", "min") of `x` over the processes of `group`, on every process.
+
+    `asynchronous=True` issues it and goes on: the result must go through `collective_wait`, and
+    nothing else may read it (the builder of every other op refuses it), so that the ops between
+    the two overlap the communication.
 
     >>> import numpy as np, stitchml as sm
     >>> g = sm.Graph(); x = g.placeholder((2,), name="x")
@@ -146,8 +162,44 @@ def _all_reduce(g, x, reduce: str = "sum", group: str = WORLD, name=None) -> Ten
     [1.0, 2.0]
     """
     x = g.as_tensor(x)
-    return g._emit1("all_reduce", [x], {"reduce": reduce, "group": group, "world_size": _size(g, "all_reduce", group)},
-                    name)
+    attrs = {"reduce": reduce, "group": group, "world_size": _size(g, "all_reduce", group)}
+    if asynchronous:
+        attrs["asynchronous"] = True
+    return g._emit1("all_reduce", [x], attrs, name)
+
+
+collective_wait = register(Primitive(
+    "collective_wait", OPAQUE, needs_context=True,
+    doc="The result of an asynchronous all_reduce, once it has arrived (work.wait())."))
+
+
+@collective_wait.def_infer
+def _collective_wait_infer(types):
+    return types[0]
+
+
+@collective_wait.def_impl(needs_context=True)
+def _collective_wait_impl(ctx, x):
+    with _pending_lock:
+        work = _pending.pop(x.data_ptr(), None)
+    if work is not None:
+        work.wait()
+    return x
+
+
+@collective_wait.def_vjp
+def _collective_wait_vjp(g, op, dy):
+    return [dy]
+
+
+@builder("collective_wait")
+def _collective_wait(g, x, name=None) -> Tensor:
+    """Wait for the asynchronous all_reduce that produced `x`; its value, ready to read."""
+    x = g.as_tensor(x)
+    if x.op.op != "all_reduce" or not x.op.attrs.get("asynchronous"):
+        raise g._error("collective_wait", f"expects the result of all_reduce(..., asynchronous=True), got the "
+                                          f"result of {x.op.op}", [x])
+    return g._emit1("collective_wait", [x], {}, name)
 
 
 def _size(g, op: str, group) -> int:

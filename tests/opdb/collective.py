@@ -31,6 +31,24 @@ def _all_reduce_samples(record, dtype, rng):
             yield Sample((x,), {"reduce": reduce}, name=f"{name}-{reduce}")
 
 
+def _wait_samples(record, dtype, rng):
+    for x, name in _shapes(dtype, rng):
+        yield Sample((x,), {"reduce": "sum"}, name=name)
+        if dtype.is_floating:
+            yield Sample((x,), {"reduce": "mean"}, name=f"{name}-mean")
+
+
+def _wait_build(g, x, reduce):
+    return g.collective_wait(g.all_reduce(x, reduce, asynchronous=True))
+
+
+def _wait_errors():
+    return [ErrorInput((P((2, 3)),), build=lambda g, x: g.collective_wait(x),
+                       match="expects the result of all_reduce(..., asynchronous=True)"),
+            ErrorInput((P((2, 3)),), error=sm.GraphError, build=lambda g, x: g.negative(
+                g.all_reduce(x, asynchronous=True)), match="pass it through collective_wait", op="negative")]
+
+
 def _gather_samples(record, dtype, rng):
     for x, name in _shapes(dtype, rng):
         yield Sample((x,), {"axis": 0}, name=name)
@@ -53,7 +71,9 @@ def _all_reduce_errors():
     return [ErrorInput((P((2, 3)),), {"reduce": "product"}, match="reduce must be one of"),
             ErrorInput((P((2, 3), sm.int32),), {"reduce": "mean"}, match="needs a floating-point input"),
             ErrorInput((P((2, 3)),), {"group": "nobody"}, match="process group 'nobody' is not registered"),
-            ErrorInput((P((2, 3)),), {"group": 3}, match="must be a process group's name")]
+            ErrorInput((P((2, 3)),), {"group": 3}, match="must be a process group's name"),
+            ErrorInput((P((2, 3)),), {"reduce": "max", "asynchronous": True},
+                       match="asynchronous all_reduce supports reduce='sum' and 'mean'")]
 
 
 def _gather_errors():
@@ -79,6 +99,8 @@ RECORDS = [
            equivalent="torch.distributed.reduce_scatter_tensor / jax.lax.psum_scatter(tiled=True)"),
     OpInfo("broadcast", _rooted_samples, _identity, NUMERIC + (sm.bool,), errors=_rooted_errors, second_order=True,
            equivalent="torch.distributed.broadcast"),
+    OpInfo("collective_wait", _wait_samples, _identity, NUMERIC, build=_wait_build, errors=_wait_errors,
+           second_order=True, equivalent="torch.distributed.all_reduce(async_op=True) then work.wait()"),
     OpInfo("reduce_to_root", _rooted_samples, _identity, NUMERIC, errors=_rooted_errors, second_order=True,
            equivalent="torch.distributed.reduce (zeros off the root)"),
 ]
