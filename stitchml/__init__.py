@@ -12,7 +12,7 @@ or an NVIDIA GPU:
 """
 from . import ops as _ops  # registers every primitive
 from . import composites as _composites  # registers the composites
-from . import nn, optim  # layers; the update rules and SGD, Adam, AdamW
+from . import distributed, nn, optim  # data parallelism; layers; the update rules and SGD, Adam, AdamW
 from .dtypes import (DType, bfloat16, float16, float32, float64, int8, int16, int32, int64, uint8,
                      as_dtype, promote)
 from .dtypes import bool_ as bool  # noqa: A001  (stitchml.bool, like torch.bool)
@@ -41,7 +41,7 @@ __all__ = [
     "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
     "as_dtype", "promote",
     "StitchError", "ShapeError", "FeedError", "GraphError", "ExecutionError", "LayoutError", "SerializationError",
-    "DataError", "DeviceError", "nn", "optim",
+    "DataError", "DeviceError", "distributed", "nn", "optim",
     "PackageError", "PipelineError", "package", "load_package",
     "device", "Compiler", "MLPipelineDescriptor", "write_trace",
 ]

@@ -22,7 +22,7 @@ have rules of their own.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .errors import GraphError
 from .ir import Operation, Tensor, built_at, needed_ops
@@ -67,13 +67,18 @@ class _Folding:
         self.graph._fold_constants = self.previous
 
 
-def gradients(graph, of: Tensor, wrt: Sequence[Tensor], initial_gradient: Tensor | None = None
-              ) -> dict[Tensor, Tensor]:
+def gradients(graph, of: Tensor, wrt: Sequence[Tensor], initial_gradient: Tensor | None = None,
+              on_ready: Callable[[Tensor, Tensor], Sequence[Tensor]] | None = None) -> dict[Tensor, Tensor]:
     """d(of)/d(wrt) for each tensor of `wrt`, built into `graph`.
 
     `of` is a scalar loss, or any tensor with `initial_gradient` given: a tensor of `of`'s shape, the
     cotangent of `of` (torch.autograd.grad's grad_outputs). The result is then the vector-Jacobian
     product, the gradient of ``sum(of * initial_gradient)``.
+
+    `on_ready(t, gradient)` is called once per `wrt` tensor, as soon as the backward walk has built
+    its whole gradient, so that ops it builds stand in program order right there, before the rest of
+    the backward pass (a data-parallel step starts reducing the last layers' gradients while the first
+    layers' are still computed). It returns the tensors it built that must be kept.
     """
     if isinstance(wrt, Tensor):
         wrt = [wrt]
@@ -96,10 +101,20 @@ def gradients(graph, of: Tensor, wrt: Sequence[Tensor], initial_gradient: Tensor
 
     cotangents: dict[int, list[Tensor]] = {}
     first = len(graph.operations)
+    kept: list[Tensor] = []
     with graph.scope("gradients"), _Folding(graph):
         cotangents[of.id] = [graph.constant(1.0, of.dtype) if initial_gradient is None else initial_gradient]
         path, reach = _on_path(graph, of, wrt)
-        for op in reversed(path):
+        # The position in `path` of each wrt tensor's first consumer: the walk has its whole gradient after it.
+        complete_at: dict[int, list[Tensor]] = {}
+        done: set[int] = set()
+        if on_ready is not None:
+            for t in dict.fromkeys(wrt):
+                consumers = [i for i, op in enumerate(path) if any(x.id == t.id for x in op.inputs)]
+                if consumers and t.id != of.id:
+                    complete_at.setdefault(consumers[0], []).append(t)
+        for index in reversed(range(len(path))):
+            op = path[index]
             prim = lookup(op.op)
             dys = [_sum(graph, cotangents.get(t.id)) for t in op.outputs]
             if all(d is None for d in dys) or not prim.differentiable or prim.kind == STATE and prim.vjp is None:
@@ -123,11 +138,20 @@ def gradients(graph, of: Tensor, wrt: Sequence[Tensor], initial_gradient: Tensor
                 if ct.dtype != x.dtype:
                     ct = graph.cast(ct, x.dtype)
                 cotangents.setdefault(x.id, []).append(ct)
+            for t in complete_at.get(index, ()):
+                total = _sum(graph, cotangents.get(t.id))
+                if total is not None:
+                    cotangents[t.id] = [total]
+                    done.add(t.id)
+                    kept += [total, *on_ready(t, total)]
         out = {}
         for t in wrt:
             g = _sum(graph, cotangents.get(t.id))
             out[t] = g if g is not None else graph.broadcast_to(graph.constant(0.0, t.dtype), t)
-    _drop_unused(graph, first, list(out.values()))
+            if on_ready is not None and t.id not in done:
+                done.add(t.id)
+                kept += on_ready(t, out[t])
+    _drop_unused(graph, first, list(out.values()) + kept)
     return out
 
 

@@ -82,6 +82,10 @@ class Graph:
                 raise GraphError(f"{op}: expected a Tensor input, got {type(t).__name__}")
             if t.graph is not self:
                 raise GraphError(f"{op}: input {t.name} belongs to another graph")
+            if t.op.attrs.get("asynchronous") and op != "collective_wait":
+                # an asynchronous collective's buffer is still being written: only its wait may read it
+                raise GraphError(f"{op}: input {t.name} is an asynchronous {t.op.op}; pass it through "
+                                 f"collective_wait first")
         location = _user_location()
         if types is None:
             try:

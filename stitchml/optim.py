@@ -207,14 +207,24 @@ class Optimizer:
     def __init__(self) -> None:
         self.state: dict[Tensor, dict[str, Tensor]] = {}
 
-    def minimize(self, graph, loss: Tensor, variables: Sequence[Tensor]) -> list[Operation]:
+    def minimize(self, graph, loss: Tensor, variables: Sequence[Tensor], data_parallel: str | None = None,
+                 bucket_bytes: int | None = None) -> list[Operation]:
         """Gradients of `loss` with respect to `variables` only, and their updates.
 
         Returns the assignments to pass as ``target_ops``. Variables that are not listed
         are read but never changed, so two optimizers can train two networks that share
         one graph (the generator and the discriminator of a GAN).
+
+        `data_parallel` names a process group (``"world"``: every process torchrun started): the
+        gradients are averaged over its processes before the update (stitchml.distributed), in
+        buckets of `bucket_bytes`, so each process applies the same update to the same weights.
         """
         variables = _trainable(graph, variables, f"{type(self).__name__}.minimize")
+        if data_parallel is not None:
+            from .distributed import DEFAULT_BUCKET_BYTES, data_parallel as averaged  # same layer, on demand
+
+            grads = averaged(graph, loss, variables, data_parallel, bucket_bytes or DEFAULT_BUCKET_BYTES)
+            return self.apply_gradients(graph, {v: grads[v] for v in variables})
         grads = graph.gradients(loss, variables)
         return self.apply_gradients(graph, {v: grads[v] for v in variables})
 

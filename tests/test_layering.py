@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("ir", ("stitchml.ir",)),
     ("ops", ("stitchml.registry", "stitchml.ops")),
     ("builder", ("stitchml.graph", "stitchml.composites", "stitchml.serialize")),
-    ("transforms", ("stitchml.autodiff", "stitchml.optim", "stitchml.nn")),
+    ("transforms", ("stitchml.autodiff", "stitchml.optim", "stitchml.nn", "stitchml.distributed")),
     ("codegen", ("stitchml.codegen",)),
     ("runtime", ("stitchml.runtime",)),
     ("passes", ("stitchml.passes",)),

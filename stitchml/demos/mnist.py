@@ -3,6 +3,8 @@ softmax cross entropy and an optimizer, all in one graph; every training step is
 
     $ stitchml demo mnist                                  # scikit-learn's 8x8 digits, no download
     $ stitchml demo mnist --data ../shared/data/mnist --epochs 2 --out mnist.safetensors
+    $ stitchml demo mnist --distributed 2                  # data-parallel, two processes (gloo or NCCL)
+    $ torchrun --nproc-per-node 2 -m stitchml demo mnist   # the same, launched by torchrun
 
 Without --data it trains on scikit-learn's bundled 8x8 digits (a held-out fifth is the
 test set); with --data it reads the four MNIST IDX files from that folder.
@@ -47,9 +49,10 @@ class Classifier:
 
 
 def build(image_shape: tuple[int, int, int], classes: int = 10, *, seed: int = 0, optimizer: str = "adam",
-          learning_rate: float = 1e-3, dtype: sm.DType = sm.float32) -> Classifier:
+          learning_rate: float = 1e-3, dtype: sm.DType = sm.float32, data_parallel: str | None = None) -> Classifier:
     """Two convolution blocks (5x5, 16 and 32 channels, each ReLU and 2x2 max pooling), a hidden
     dense layer of 128 and the output layer; weights drawn from `seed`, images fed as `dtype`.
+    `data_parallel` names the process group whose processes average their gradients.
 
     >>> m = build((1, 8, 8), seed=0)
     >>> m.images.type.shape, m.loss.type.shape, len(m.parameters)
@@ -75,25 +78,36 @@ def build(image_shape: tuple[int, int, int], classes: int = 10, *, seed: int = 0
     loss = g.division(g.reduction_sum(losses), g.element_count(losses), name="loss")  # any batch size
     correct = g.reduction_sum(g.equal(g.reduction_arg_maximum(logits, axis=-1), labels), name="correct")
     parameters = conv1.parameters + conv2.parameters + hidden.parameters + output.parameters
-    updates = OPTIMIZERS[optimizer](learning_rate).minimize(g, loss, parameters)
+    updates = OPTIMIZERS[optimizer](learning_rate).minimize(g, loss, parameters, data_parallel=data_parallel)
     return Classifier(g, images, labels, loss, correct, updates, parameters)
 
 
 def train(model: Classifier, dataset: data.Dataset, epochs: int, batch_size: int, *, seed: int = 0,
-          device: str | None = None, progress: bool = True) -> list[float]:
-    """Train in place, one run per batch; returns each step's loss (taken before its update)."""
+          device: str | None = None, progress: bool = True, sharded: bool = False) -> list[float]:
+    """Train in place, one run per batch; returns each step's loss (taken before its update).
+
+    `sharded`: this process trains on its part of each epoch (stitchml.distributed.shard), in
+    batches of `batch_size` per process; the progress bar counts every process's images.
+    """
     from tqdm import tqdm
 
     rng = np.random.default_rng(seed)
     losses = []
-    total = epochs * len(dataset.train_labels)
+    size = sm.distributed.world_size() if sharded else 1
+    count = len(dataset.train_labels)
+    total = epochs * (count - count % size)
     with tqdm(total=total, unit="img", unit_scale=True, disable=not progress, desc="training") as bar:
         for epoch in range(epochs):
-            for images, labels in data.batches(dataset.train_images, dataset.train_labels, batch_size, rng):
+            if sharded:
+                part = sm.distributed.shard(count, epoch=epoch, seed=seed)
+                epoch_batches = data.batches(dataset.train_images[part], dataset.train_labels[part], batch_size)
+            else:
+                epoch_batches = data.batches(dataset.train_images, dataset.train_labels, batch_size, rng)
+            for images, labels in epoch_batches:
                 out = model.graph.run({model.images: images, model.labels: labels}, [model.loss], model.updates,
                                       device=device)
                 losses.append(out[model.loss].item())
-                bar.update(len(labels))
+                bar.update(len(labels) * size)
                 bar.set_postfix(epoch=epoch + 1, loss=f"{losses[-1]:.4f}", refresh=False)
     return losses
 
@@ -136,8 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=positive(int), help="CPU threads (default: 1 for the 8x8 digits; "
                                                               "for MNIST half the cores, at least 1)")
     parser.add_argument("--out", help="write the trained weights here (safetensors)")
+    parser.add_argument("--distributed", type=positive(int), metavar="N",
+                        help="train data-parallel in N processes on this machine (one per GPU with NCCL, "
+                             "else gloo on the CPU); under torchrun the processes are torchrun's")
     args = parser.parse_args(argv)
     _writable(parser, "--out", args.out)
+    if args.distributed and "WORLD_SIZE" not in os.environ:
+        return _launch(args.distributed, argv)
+    rank, size = sm.distributed.init()
+    main_process = rank == 0
 
     try:
         dataset = data.load_mnist(args.data) if args.data else data.load_digits(seed=args.seed)
@@ -148,20 +169,43 @@ def main(argv: list[str] | None = None) -> int:
     batch_size = args.batch_size or defaults["batch_size"]
     learning_rate = args.learning_rate or defaults["learning_rate"][args.optimizer]
     torch.set_num_threads(args.threads or defaults["threads"] or default_threads())
+    if batch_size % size:
+        parser.error(f"--batch-size {batch_size} does not split evenly over {size} processes")
     model = build(dataset.image_shape, dataset.classes, seed=args.seed, optimizer=args.optimizer,
-                  learning_rate=learning_rate)
-    print(f"{dataset.name}: {len(dataset.train_labels)} training and {len(dataset.test_labels)} test images of "
+                  learning_rate=learning_rate, data_parallel="world" if size > 1 else None)
+    if size > 1:
+        sm.distributed.synchronize_variables(model.graph)
+    say = print if main_process else (lambda *a, **k: None)
+    say(f"{dataset.name}: {len(dataset.train_labels)} training and {len(dataset.test_labels)} test images of "
           f"{dataset.image_shape}; {sum(int(np.prod(p.shape)) for p in model.parameters)} parameters, "
           f"{len(model.graph.operations)} operations in the graph")
     start = time.perf_counter()
-    train(model, dataset, epochs, batch_size, seed=args.seed, device=args.device)
+    train(model, dataset, epochs, batch_size // size, seed=args.seed, device=args.device, progress=main_process,
+          sharded=size > 1)
     seconds = time.perf_counter() - start
     accuracy = evaluate(model, dataset.test_images, dataset.test_labels, device=args.device)
     rate = epochs * len(dataset.train_labels) / seconds
-    print(f"trained {epochs} epochs in {seconds:.1f} s ({rate:.0f} images/s); "
-          f"test accuracy {accuracy:.2%} on {len(dataset.test_labels)} images")
-    if args.out:
+    processes = f" in {size} processes" if size > 1 else ""
+    say(f"trained {epochs} epochs{processes} in {seconds:.1f} s ({rate:.0f} images/s); "
+        f"test accuracy {accuracy:.2%} on {len(dataset.test_labels)} images")
+    if args.out and main_process:
         save_weights(model, args.out, {"dataset": dataset.name, "epochs": str(epochs),
                                        "test_accuracy": f"{accuracy:.4f}"})
         print(f"weights written to {args.out}")
+    sm.distributed.barrier()
     return 0
+
+
+def _launch(processes: int, argv: list[str] | None) -> int:
+    """Run this demo again in `processes` processes under torchrun (torch.distributed.run)."""
+    import subprocess
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--distributed" in argv:  # the processes find their group in torchrun's environment
+        i = argv.index("--distributed")
+        del argv[i:i + 2]
+    argv = [a for a in argv if not a.startswith("--distributed=")]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
+               "-m", "stitchml", "demo", "mnist", *argv]
+    return subprocess.call(command)

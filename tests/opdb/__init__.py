@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import composites, contraction, elementwise, image, indexing, movement, optim, reduction, scan, state
+from . import collective, composites, contraction, elementwise, image, indexing, movement, optim, reduction, scan, state
 from .core import ALL, FLOATS, INTS, NUMERIC, ErrorInput, KnownFailure, OpInfo, P, Sample, expected
 from .harness import Built, build, feeds_for, modes
 
@@ -24,7 +24,7 @@ torch.set_num_threads(1)
 
 _RECORDS = [*elementwise.RECORDS, *reduction.RECORDS, *movement.RECORDS, *indexing.RECORDS,
             *contraction.RECORDS, *scan.RECORDS, *image.RECORDS, *state.RECORDS, *composites.RECORDS,
-            *optim.RECORDS]
+            *optim.RECORDS, *collective.RECORDS]
 
 OPS: dict[str, OpInfo] = {}
 for _r in _RECORDS:

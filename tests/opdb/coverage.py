@@ -34,6 +34,9 @@ NOT_FUZZED: dict[str, str] = {
     "reduction_arg_minimum": _NOT_YET,
     **dict.fromkeys(["sum_to_shape", "slice_gradient", "convolution2d_weights_gradient", "max_pooling2d_gradient",
                      "avg_pooling2d_gradient", "max_pooling2d_select", "resize_gradient"], _GRADIENT_ONLY),
+    **dict.fromkeys(["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce_to_root", "collective_wait"],
+                    "collective: opaque between kernels, and the identity in the fuzzer's single process; "
+                    "tests/test_distributed.py runs them across gloo processes"),
     **dict.fromkeys(["element_count", "one_hot", "max_pooling2d", "avg_pooling2d", "resize", "cumulative_sum",
                      "top_k"], _OPAQUE),
     **dict.fromkeys(["concat", "split", "pad", "tile", "reverse", "gather", "scatter_add", "gather_along_axis",
