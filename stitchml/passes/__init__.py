@@ -5,6 +5,7 @@
     fold          ops of constants are evaluated (small results only)
     cse           identical pure ops computed once
     prune         ops no output or assignment needs are dropped
+    attention     softmax(Q Kᵀ · scale [+ mask]) V from primitives becomes one fused kernel
     stitch        adjacent ops grouped into kernels (legality, score, policy kept apart)
     plan_memory   every intermediate gets an offset in one arena, by liveness
     lower         each kernel becomes a pre-bound launch
@@ -27,6 +28,7 @@ from .simplify import simplify
 from .fold import fold
 from .cse import cse
 from .prune import prune
+from .attention import attention
 from .stitch import stitch
 from .memory import plan_memory
 from .lower import lower
@@ -41,6 +43,7 @@ class CompileContext:
     options: dict[str, Any] = field(default_factory=dict)
     run_context: Callable[[], Any] | None = None  # a run's RunContext (its run index), for random ops
     fusion_report: list = field(default_factory=list)  # stitch: kernels and refusals
+    attention_report: list = field(default_factory=list)  # attention: where it applied, or why not
     boundaries: list = field(default_factory=list)  # stitch: a reason for every edge between steps
     memory_plan: Any = None  # plan_memory
     launches: list = field(default_factory=list)  # lower
@@ -53,6 +56,7 @@ PIPELINE: list[tuple[str, Callable[[Program, CompileContext], Program]]] = [
     ("fold", fold),
     ("cse", cse),
     ("prune", prune),
+    ("attention", attention),
     ("stitch", stitch),
     ("plan_memory", plan_memory),
     ("lower", lower),

@@ -28,7 +28,7 @@ import functools
 import numpy as np
 import torch
 
-from ..codegen import choices, loader, pointwise, reduction
+from ..codegen import attention, choices, loader, pointwise, reduction
 from ..codegen.common import Layout
 from ..dtypes import float32
 from ..errors import StitchError
@@ -200,6 +200,10 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
             run = _chain(_Launch(src.partial, ins, [tmp] + outs + flag), _Launch(src.finish, ins + [tmp], outs + flag))
             return Step(op.name, template, run, src.partial.source)
         return Step(op.name, template, _Launch(src, ins, outs + flag), src.source)
+    if template == "attention":
+        src = attention.generate(op.name, body.notes["attention"], _layouts(op, plan), op.outputs[0].shape,
+                                 op.inputs[0].dtype.name, interpret)
+        return Step(op.name, template, _Launch(src, ins, outs), src.source)
     contraction, epi, used = _epilogue(body)
     placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
     if epi is None:

@@ -154,6 +154,9 @@ class Executable:
         """Each kernel with the ops inside it, and why each unfused neighbour stayed out."""
         lines = []
         for entry in self._report:
+            if "note" in entry:  # a line of a pass before stitching (attention)
+                lines.append(entry["note"])
+                continue
             lines.append(f"kernel {entry['kernel']} ({entry['template']}): {', '.join(entry['ops'])}")
             for who, why in entry["not_fused"]:
                 lines.append(f"    not fused: {who}: {why}")

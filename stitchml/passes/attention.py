@@ -1,0 +1,211 @@
+"""attention: recognise softmax(Q Kᵀ · scale [+ mask]) V written from primitives.
+
+Requires: a simplified, pruned program. Ensures: every matched pattern is one
+`fusion` op with template "attention" (codegen/attention.py) whose body holds
+the matched ops, so the reference backend and the debugger still run it op by
+op; the stitch pass leaves it alone.
+
+The pattern, read backwards from the second product:
+
+    matrix_multiplication(P, V)          P: softmax over the last axis, as
+    [cast]                               composites.softmax emits it (max,
+    division(e, reduction_sum(e))        subtract, exponent, sum, divide, with
+    e = exponent(x - reduction_max(x))   casts to and from float32 for halves)
+    [cast to float32]
+    [addition(·, mask)]                  an additive mask broadcastable to the scores
+    multiplication(·, c) | division(·, c) | none    c a one-element constant
+    matrix_multiplication(Q, Kᵀ)         Kᵀ any operand: a transpose view is read in place
+
+Every intermediate must be used by the pattern alone (the kernel never stores
+the scores or probabilities). A constant mask of -inf above the diagonal and
+0 elsewhere becomes a causal kernel, which skips the masked key tiles.
+Every near miss (a softmax feeding a product that fails one condition) is
+reported with its reason in `ctx.attention_report`, which
+`Executable.fusion_report()` prints.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..codegen.attention import MAX_HEAD_DIM, AttentionSpec
+from ..graph import Graph
+from ..ir import Operation, Tensor
+from .program import Program, copy_op
+
+FLOATS = ("float16", "bfloat16", "float32")
+
+
+class _Miss(Exception):
+    """The pattern does not apply; the message says why."""
+
+
+def _producer(t: Tensor, op: str) -> Operation:
+    if t.op.op != op:
+        raise _Miss(f"{t.name} is made by {t.op.op}, expected {op}")
+    return t.op
+
+
+def _scalar(t: Tensor) -> float | None:
+    if t.op.op == "constant" and t.type.numel() == 1:
+        return float(t.op.attrs["value"].reshape(()).item())
+    return None
+
+
+def _last_axis(op: Operation) -> bool:
+    rank = op.inputs[0].rank
+    axes = op.attrs["axes"]
+    return axes is not None and tuple(a % rank for a in axes) == (rank - 1,) and op.attrs["keep_dims"]
+
+
+def _is_causal(mask: Tensor, scores: tuple[int, ...]) -> bool:
+    """Whether `mask` is a constant with -inf strictly above the diagonal and 0 elsewhere."""
+    if mask.op.op != "constant" or mask.rank < 2 or any(d != 1 for d in mask.shape[:-2]):
+        return False
+    value = mask.op.attrs["value"]
+    if tuple(value.shape[-2:]) != scores[-2:]:
+        return False
+    value = value.reshape(value.shape[-2:]).double()
+    upper = torch.ones(value.shape, dtype=torch.bool).triu(1)
+    return bool((value[upper] == float("-inf")).all() and (value[~upper] == 0).all())
+
+
+def _match(out: Operation, uses: dict[int, int], outputs: set[int]) -> tuple[list[Operation], list[Tensor], AttentionSpec]:
+    """The ops of the pattern that ends in `out`, its inputs (Q, Kᵀ, V[, mask]) and its spec; _Miss if none."""
+    ops: list[Operation] = [out]
+
+    def inner(t: Tensor, readers: int = 1) -> Tensor:
+        if t.id in outputs:
+            raise _Miss(f"{t.name} is an output of the graph (the fused kernel does not store it)")
+        if uses.get(t.id, 0) != readers:
+            raise _Miss(f"{t.name} is also read outside the attention pattern")
+        return t
+
+    probs, v = out.inputs
+    if probs.op.op == "cast":
+        ops.append(probs.op)
+        probs = inner(probs).op.inputs[0]
+    div = _producer(inner(probs), "division")
+    e, total = div.inputs
+    sum_op = _producer(total, "reduction_sum")
+    if sum_op.inputs[0] is not e:
+        raise _Miss("the softmax's sum does not reduce its own exponentials")
+    if not _last_axis(sum_op):
+        raise _Miss(f"softmax over axes {sum_op.attrs['axes']} of a rank-{e.rank} tensor; attention normalises "
+                    "over the last (key) axis")
+    exp_op = _producer(inner(e, 2), "exponent")
+    inner(total)
+    sub = _producer(inner(exp_op.inputs[0]), "subtraction")
+    x, mx = sub.inputs
+    max_op = _producer(inner(mx), "reduction_maximum")
+    if max_op.inputs[0] is not x or not _last_axis(max_op):
+        raise _Miss("the softmax's maximum is not taken over the last axis of its input")
+    ops += [div, sum_op, exp_op, sub, max_op]
+    scores = inner(x, 2)
+    if scores.op.op == "cast":
+        ops.append(scores.op)
+        scores = inner(scores.op.inputs[0])
+    mask = None
+    if scores.op.op == "addition":
+        add = scores.op
+        a, b = add.inputs
+        left = a.op.op in ("multiplication", "division", "matrix_multiplication") and a.shape == scores.shape
+        scores, mask = (a, b) if left else (b, a)
+        if scores.shape != add.outputs[0].shape:
+            raise _Miss(f"the mask {mask.name} of shape {mask.shape} broadcasts the scores {scores.shape}")
+        if mask.rank > scores.rank or mask.shape[-2:] != scores.shape[-2:] and any(
+                m not in (1, s) for m, s in zip(mask.shape[::-1], scores.shape[::-1])):
+            raise _Miss(f"the mask {mask.name} of shape {mask.shape} does not broadcast to the scores {scores.shape}")
+        ops.append(add)
+        scores = inner(scores)
+    scale, divide = 1.0, False
+    if scores.op.op in ("multiplication", "division"):
+        op = scores.op
+        a, b = op.inputs
+        c = _scalar(b)
+        if c is None and op.op == "multiplication":
+            c, b, a = _scalar(a), a, b
+        if c is None:
+            raise _Miss(f"{op.op} ({op.name}) scales the scores by a tensor, not a one-element constant")
+        scale, divide = c, op.op == "division"
+        ops.append(op)
+        scores = inner(a)
+    first = _producer(scores, "matrix_multiplication")
+    ops.append(first)
+    q, kt = first.inputs
+    if not (2 <= q.rank and q.rank == kt.rank == v.rank) or q.rank > 4:
+        raise _Miss(f"operands of ranks {q.rank}, {kt.rank}, {v.rank}; attention takes 2- to 4-D Q, K and V alike")
+    names = {t.dtype.name for t in (q, kt, v)}
+    if len(names) != 1 or not names <= set(FLOATS):
+        raise _Miss(f"Q, K and V are {sorted(names)}; attention takes one of {', '.join(FLOATS)}")
+    if max(q.shape[-1], v.shape[-1]) > MAX_HEAD_DIM:
+        raise _Miss(f"head dimension {max(q.shape[-1], v.shape[-1])} exceeds {MAX_HEAD_DIM}")
+    if mask is not None and not mask.dtype.is_floating:
+        raise _Miss(f"the mask {mask.name} is {mask.dtype.name}, not a floating type")
+    causal = mask is not None and _is_causal(mask, x.shape)
+    inputs = [q, kt, v] + ([mask] if mask is not None and not causal else [])
+    return ops, inputs, AttentionSpec(scale, divide, mask is not None and not causal, causal)
+
+
+def _body(ops: list[Operation], inputs: list[Tensor], spec: AttentionSpec, position: dict[int, int]) -> Program:
+    g = Graph("attention")
+    inner = {t.id: g.placeholder(t.shape, t.dtype, name=f"in{i}") for i, t in enumerate(inputs)}
+    for op in sorted(ops, key=lambda o: position[o.id]):
+        for t in op.inputs:
+            if t.id not in inner:  # a constant of the pattern: the scale or a causal mask
+                inner[t.id] = copy_op(g, t.op, [])[0]
+        for old, new in zip(op.outputs, copy_op(g, op, [inner[t.id] for t in op.inputs])):
+            inner[old.id] = new
+    return Program(g, [inner[ops[0].outputs[0].id]], {"attention": spec})
+
+
+def attention(program: Program, ctx) -> Program:
+    if ctx is not None and ctx.options.get("attention", True) is False:
+        return program
+    uses: dict[int, int] = {}
+    for op in program.operations:
+        for t in op.inputs:
+            uses[t.id] = uses.get(t.id, 0) + 1
+    outputs = {t.id for t in program.outputs}
+    position = {op.id: i for i, op in enumerate(program.operations)}
+    report: list[str] = []
+    found: dict[int, tuple] = {}  # id of the final product -> (ops, inputs, spec)
+    for op in program.operations:
+        if op.op != "matrix_multiplication" or op.inputs[0].op.op not in ("cast", "division"):
+            continue
+        try:
+            ops, inputs, spec = _match(op, uses, outputs)
+        except _Miss as miss:
+            if _looks_like_softmax(op):
+                report.append(f"attention not applied at {op.name}: {miss}")
+            continue
+        found[op.id] = (ops, inputs, spec)
+        kind = "causal" if spec.causal else "additive mask" if spec.mask else "no mask"
+        report.append(f"attention applied at {op.name}: {len(ops)} ops in one kernel ({kind}, "
+                      f"Q {inputs[0].shape}, V {inputs[2].shape}, {inputs[0].dtype.name})")
+    if ctx is not None:
+        ctx.attention_report = report
+    if not found:
+        return program
+    absorbed = {o.id for ops, _, _ in found.values() for o in ops}
+    g = Graph(program.graph.name)
+    mapping: dict[int, Tensor] = {}
+    for op in program.operations:
+        if op.id in found:
+            ops, inputs, spec = found[op.id]
+            body = _body(ops, inputs, spec, position)
+            name = f"attention_{op.name}"
+            fused = g._emit("fusion", [mapping[t.id] for t in inputs], {"body": body, "template": "attention",
+                                                                       "name": name}, name)
+            mapping[op.outputs[0].id] = fused.outputs[0]
+        elif op.id not in absorbed:
+            for old, new in zip(op.outputs, copy_op(g, op, [mapping[t.id] for t in op.inputs])):
+                mapping[old.id] = new
+    return Program(g, [mapping[t.id] for t in program.outputs], dict(program.notes))
+
+
+def _looks_like_softmax(op: Operation) -> bool:
+    """Whether the first operand of a product is (a cast of) a softmax's division: a near miss worth a line."""
+    t = op.inputs[0]
+    if t.op.op == "cast":
+        t = t.op.inputs[0]
+    return t.op.op == "division" and t.op.inputs[1].op.op == "reduction_sum"
