@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .common import Layout, header
+from ..dtypes import as_dtype
+from .common import Layout, header, tl_type
 from .pointwise import KernelSource
 
 MAX_HEAD_DIM = 256  # beyond this one tile of Q, K and V outgrows the registers and shared memory of a GPU
@@ -66,11 +67,28 @@ def _batch_strides(lay: Layout, batch: tuple[int, ...]) -> tuple[int, ...]:
     return (0,) * lead + tuple(0 if d == 1 else s for d, s in zip(own, lay.strides[:-2]))
 
 
+def _product(dtype: str, split: bool, interpret: bool) -> str:
+    """The line that adds P V to `acc`. For half types P (float32 in [0, 1]) is rounded to V's type for
+    the tensor cores; with `split` it is carried as two halves, hi + lo, so P keeps about twice the
+    bits (an error of ~2**-22 instead of 2**-11 per probability, which the float32 tolerance of a
+    composite needs), at the cost of a second product per tile."""
+    precision = ', input_precision="ieee"' if dtype == "float32" else ""
+    if dtype == "float32":
+        return f" + tl.dot(p, vt{precision})"
+    elem = tl_type(as_dtype(dtype))
+    widen = ".to(tl.float32)" if interpret and dtype == "bfloat16" else ""
+    if not split:
+        return f" + tl.dot(p.to({elem}){widen}, vt)"
+    return (f"\n        p_hi = p.to({elem})\n        p_lo = (p - p_hi.to(tl.float32)).to({elem})\n"
+            f"        acc = tl.dot(p_hi{widen}, vt, acc)\n        acc = tl.dot(p_lo{widen}, vt, acc)")
+
+
 def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shape: tuple[int, ...], dtype: str,
-             interpret: bool) -> KernelSource:
+             interpret: bool, split: bool = True) -> KernelSource:
     """Triton source of the forward kernel for inputs of the given layouts (Q, Kᵀ, V[, mask]).
 
-    `dtype` is the element type name of Q, K and V ("float16", "bfloat16" or "float32")."""
+    `dtype` is the element type name of Q, K and V ("float16", "bfloat16" or "float32"). `split`: see
+    `_product`."""
     q, kt, v = layouts[:3]
     batch = tuple(out_shape[:-2])
     length, head = q.shape[-2], q.shape[-1]
@@ -94,6 +112,11 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shape: t
     end = f"tl.minimum({keys}, (pid_m + 1) * BLOCK_M)" if spec.causal else str(keys)
     scale = f"s / {spec.scale!r}" if spec.divide else f"s * {spec.scale!r}"
     out = Layout.contiguous(out_shape)
+    product = _product(dtype, split, interpret)
+    elem = tl_type(as_dtype(dtype))
+    # the interpreter holds bfloat16 as raw 16-bit integers, which its tl.dot multiplies as integers:
+    # there the operands are widened to float32 after loading (values unchanged, products exact)
+    widen = ".to(tl.float32)" if interpret and dtype == "bfloat16" else ""
     src = header(f"attention kernel {name}", interpret) + f'''
 
 @triton.jit
@@ -111,7 +134,7 @@ def {name}({", ".join(args)}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOC
     vdims = tl.arange(0, BLOCK_E)
     row_ok = rows < {length}
     q = tl.load(q_ptr + q_base + rows[:, None] * {q.strides[-2]} + dims[None, :] * {q.strides[-1]},
-                mask=row_ok[:, None] & (dims[None, :] < {head}), other=0.0)
+                mask=row_ok[:, None] & (dims[None, :] < {head}), other=0.0){widen}
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_E], tl.float32)
@@ -119,7 +142,7 @@ def {name}({", ".join(args)}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOC
         cols = start + tl.arange(0, BLOCK_N)
         col_ok = cols < {keys}
         kt = tl.load(kt_ptr + kt_base + dims[:, None] * {kt.strides[-2]} + cols[None, :] * {kt.strides[-1]},
-                     mask=(dims[:, None] < {head}) & col_ok[None, :], other=0.0)
+                     mask=(dims[:, None] < {head}) & col_ok[None, :], other=0.0){widen}
         s = tl.dot(q, kt{precision})
         s = {scale}{mask_lines}{causal}
         s = tl.where(col_ok[None, :], s, float("-inf"))
@@ -130,12 +153,12 @@ def {name}({", ".join(args)}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOC
         alpha = tl.exp(m_i - shift)
         l_i = l_i * alpha + tl.sum(p, 1)
         vt = tl.load(v_ptr + v_base + cols[:, None] * {v.strides[-2]} + vdims[None, :] * {v.strides[-1]},
-                     mask=col_ok[:, None] & (vdims[None, :] < {value_dim}), other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt{precision})
+                     mask=col_ok[:, None] & (vdims[None, :] < {value_dim}), other=0.0){widen}
+        acc = acc * alpha[:, None]{product}
         m_i = m_new
     o = acc / l_i[:, None]
     tl.store(out_ptr + out_base + rows[:, None] * {out.strides[-2]} + vdims[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (vdims[None, :] < {value_dim}))
+             o.to({elem}), mask=row_ok[:, None] & (vdims[None, :] < {value_dim}))
 '''
     constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": _pow2(head), "BLOCK_E": _pow2(value_dim)}
     grid = ((length + block_m - 1) // block_m, nbatch)

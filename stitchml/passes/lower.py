@@ -202,7 +202,7 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         return Step(op.name, template, _Launch(src, ins, outs + flag), src.source)
     if template == "attention":
         src = attention.generate(op.name, body.notes["attention"], _layouts(op, plan), op.outputs[0].shape,
-                                 op.inputs[0].dtype.name, interpret)
+                                 op.inputs[0].dtype.name, interpret, options.get("attention_split", True))
         return Step(op.name, template, _Launch(src, ins, outs), src.source)
     contraction, epi, used = _epilogue(body)
     placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]

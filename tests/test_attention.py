@@ -1,0 +1,148 @@
+"""Attention written from primitives runs as one fused kernel (passes/attention.py, codegen/attention.py).
+
+Results are held to the suite's tolerance rule (composite family) against the formula in float64 on the
+same, already rounded, inputs.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import math
+import pathlib
+
+import pytest
+import torch
+
+import stitchml as sm
+from compiler_util import compile_for_cuda
+from stitchml.codegen.common import LIBDEVICE_CUDA, LIBDEVICE_INTERPRET
+from tolerance import assert_within, sensitivity
+
+lowering = importlib.import_module("stitchml.passes.lower")  # the module; stitchml.passes.lower is the pass
+
+
+def _build(shape, dtype, mask=None, spelling="transpose", kv=None):
+    """softmax(Q Kᵀ · scale [+ mask]) V from primitives; returns (graph, q, k, v, output)."""
+    g = sm.Graph()
+    kv = kv or shape
+    q = g.placeholder(shape, dtype, name="q")
+    k = g.placeholder(kv, dtype, name="k")
+    v = g.placeholder(kv, dtype, name="v")
+    rank = len(shape)
+    scores = g.matrix_multiplication(q, g.transpose(k, rank - 2, rank - 1))
+    if spelling == "transpose":
+        scores = scores * (1 / math.sqrt(shape[-1]))
+    else:
+        scores = scores / math.sqrt(shape[-1])
+    if mask is not None:
+        scores = scores + g.constant(mask)
+    out = g.matrix_multiplication(g.softmax(scores, axis=-1), v)
+    return g, q, k, v, out
+
+
+def _reference(q, k, v, scale, mask):
+    s = q @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        s = s + mask
+    return torch.softmax(s, -1) @ v
+
+
+CASES = [  # (shape, kv shape, dtype, mask kind)
+    ((1, 2, 33, 16), None, sm.float32, None),
+    ((2, 1, 19, 12), (2, 1, 21, 12), sm.float16, "additive"),
+    ((2, 35, 16), None, sm.bfloat16, "causal"),
+    ((1, 1, 70, 32), None, sm.float32, "causal"),
+]
+
+
+@pytest.mark.parametrize("shape,kv,dtype,mask", CASES, ids=lambda c: str(c))
+def test_attention_forward_matches_float64(shape, kv, dtype, mask):
+    torch.manual_seed(0)
+    kv = kv or shape
+    length, keys = shape[-2], kv[-2]
+    bias = None
+    if mask == "additive":
+        bias = torch.randn(length, keys).to(dtype.torch)
+    elif mask == "causal":
+        bias = torch.full((length, keys), float("-inf")).triu(1).to(dtype.torch)
+    g, q, k, v, out = _build(shape, dtype, bias, spelling="divide" if dtype == sm.float16 else "transpose", kv=kv)
+    feeds = {q: torch.randn(shape).to(dtype.torch), k: torch.randn(kv).to(dtype.torch),
+             v: torch.randn(kv).to(dtype.torch)}
+    exe = g.compile(feeds, [out], device="cpu")
+    report = exe.fusion_report()
+    assert "attention applied" in report, report
+    kinds = [s.kind for s in exe.steps if s.kind not in ("view",)]
+    assert kinds == ["attention"], kinds  # one kernel where the unfused graph launches three
+    got = exe.run(feeds)[out].torch()
+    scale = float(torch.tensor(1 / math.sqrt(shape[-1])).to(dtype.torch)) if dtype != sm.float16 else \
+        1 / float(torch.tensor(math.sqrt(shape[-1])).to(dtype.torch))
+    args = [feeds[t].double() for t in (q, k, v)]
+    mask64 = None if bias is None else bias.double()
+    want = _reference(*args, scale, mask64)
+    scope = sensitivity(lambda a, b, c: _reference(a, b, c, scale, mask64), args)[0]
+    assert_within(got, want, "composite", f"attention {shape} {dtype.name} {mask}", scope)
+
+
+def test_unfused_graph_has_three_kernels():
+    """The same graph with the pass off: a matmul, a softmax and a matmul kernel (what the fusion replaces)."""
+    g, q, k, v, out = _build((1, 2, 16, 16), sm.float32)
+    feeds = {t: torch.randn(1, 2, 16, 16) for t in (q, k, v)}
+    exe = g.compile(feeds, [out], device="cpu", options={"attention": False})
+    assert [s.kind for s in exe.steps if s.kind != "view"] == ["matmul", "reduction", "matmul"]
+
+
+def test_softmax_over_wrong_axis_does_not_match():
+    g = sm.Graph()
+    q, k, v = (g.placeholder((2, 16, 16), sm.float32, name=n) for n in "qkv")
+    p = g.softmax(g.matrix_multiplication(q, g.transpose(k, 1, 2)) * 0.25, axis=-2)
+    out = g.matrix_multiplication(p, v)
+    feeds = {t: torch.randn(2, 16, 16) for t in (q, k, v)}
+    exe = g.compile(feeds, [out], device="cpu")
+    report = exe.fusion_report()
+    assert "attention not applied at" in report and "last (key) axis" in report, report
+    assert "attention" not in [s.kind for s in exe.steps]
+    args = [feeds[t].double() for t in (q, k, v)]
+    want = torch.softmax(args[0] @ args[1].transpose(1, 2) * 0.25, -2) @ args[2]
+    assert (exe.run(feeds)[out].torch().double() - want).abs().max().item() < 1e-5
+
+
+def test_probabilities_used_elsewhere_do_not_match():
+    """When the graph also returns the probabilities, the kernel (which never stores them) must not apply."""
+    g = sm.Graph()
+    q, k, v = (g.placeholder((16, 8), sm.float32, name=n) for n in "qkv")
+    p = g.softmax(g.matrix_multiplication(q, g.transpose(k, 0, 1)) * 0.5, axis=-1)
+    out = g.matrix_multiplication(p, v)
+    feeds = {t: torch.randn(16, 8) for t in (q, k, v)}
+    exe = g.compile(feeds, [out, p], device="cpu")
+    assert "is an output of the graph" in exe.fusion_report()
+
+
+def test_attention_kernels_compile_for_cuda(monkeypatch, tmp_path):
+    """The interpreter accepts what the GPU compiler may not: the attention kernels must compile for sm_90
+    for half and float32 operands, causal and additive masks, with the GPU's tile sizes."""
+
+    jobs = []
+
+    def record(self, env):
+        source = pathlib.Path(inspect.getsourcefile(self.fn.fn)).read_text()
+        jobs.append(json.dumps({"name": self.fn.fn.__name__, "warps": self.warps, "constexprs": self.meta,
+                                "source": source.replace(LIBDEVICE_INTERPRET, LIBDEVICE_CUDA),
+                                "dtypes": [str(env[s].dtype).replace("torch.", "") for s in self.slots],
+                                "sizes": list(self.sizes)}, sort_keys=True))
+
+    monkeypatch.setattr(lowering._Launch, "__call__", record)
+    monkeypatch.setattr("stitchml.codegen.attention.blocks", lambda length, keys, head, interpret:
+                        (64 if head > 64 else 128, 64, 4))
+    for dtype, mask, d in ((sm.float16, "causal", 128), (sm.float32, "additive", 40)):
+        bias = None
+        if mask == "causal":
+            bias = torch.full((64, 64), float("-inf")).triu(1).to(dtype.torch)
+        elif mask == "additive":
+            bias = torch.randn(64, 64).to(dtype.torch)
+        g, q, k, v, out = _build((1, 2, 64, d), dtype, bias)
+        feeds = {t: torch.zeros(1, 2, 64, d).to(dtype.torch) for t in (q, k, v)}
+        g.compile(feeds, [out], device="cpu").run(feeds)
+    assert len(jobs) == 2
+    failed = compile_for_cuda(jobs, tmp_path)
+    assert not failed, failed
