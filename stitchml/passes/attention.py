@@ -64,9 +64,9 @@ def _is_causal(mask: Tensor, scores: tuple[int, ...]) -> bool:
     value = mask.op.attrs["value"]
     if tuple(value.shape[-2:]) != scores[-2:]:
         return False
-    value = value.reshape(value.shape[-2:]).double()
+    value = value.reshape(value.shape[-2:])
     upper = torch.ones(value.shape, dtype=torch.bool).triu(1)
-    return bool((value[upper] == float("-inf")).all() and (value[~upper] == 0).all())
+    return bool(torch.equal(value.isneginf(), upper) and not value.masked_fill(upper, 0).any())
 
 
 def _match(out: Operation, uses: dict[int, int], outputs: set[int]) -> tuple[list[Operation], list[Tensor], AttentionSpec]:
