@@ -146,3 +146,34 @@ def test_attention_kernels_compile_for_cuda(monkeypatch, tmp_path):
     assert len(jobs) == 2
     failed = compile_for_cuda(jobs, tmp_path)
     assert not failed, failed
+
+
+def test_mask_fed_at_run_time_with_broadcast_batch():
+    """A mask placeholder of shape (1, L, S) over a (B, L, S) batch, scale written first: the kernel reads the
+    mask through stride 0 over the batch, and a new mask at run time changes the result."""
+    torch.manual_seed(1)
+    g = sm.Graph()
+    q, k, v = (g.placeholder((3, 20, 8), sm.float32, name=n) for n in "qkv")
+    m = g.placeholder((1, 20, 20), sm.float32, name="m")
+    scores = 0.5 * g.matrix_multiplication(q, g.transpose(k, 1, 2)) + m
+    out = g.matrix_multiplication(g.softmax(scores, axis=-1), v)
+    feeds = {t: torch.randn(3, 20, 8) for t in (q, k, v)}
+    exe = g.compile({**feeds, m: torch.zeros(1, 20, 20)}, [out], device="cpu")
+    assert "attention applied" in exe.fusion_report() and "additive mask" in exe.fusion_report()
+    args = [feeds[t].double() for t in (q, k, v)]
+    for mask in (torch.randn(1, 20, 20) * 3, torch.zeros(1, 20, 20)):
+        got = exe.run({**feeds, m: mask})[out].torch()
+        want = _reference(*args, 0.5, mask.double())
+        scope = sensitivity(lambda a, b, c: _reference(a, b, c, 0.5, mask.double()), args)[0]
+        assert_within(got, want, "composite", "attention with a fed mask", scope)
+
+
+def test_mask_that_broadcasts_the_scores_does_not_match():
+    g = sm.Graph()
+    q, k, v = (g.placeholder((16, 8), sm.float32, name=n) for n in "qkv")
+    scores = g.matrix_multiplication(q, g.transpose(k, 0, 1)) * 0.5 + g.placeholder((2, 16, 16), sm.float32)
+    out = g.matrix_multiplication(g.softmax(scores, axis=-1), g.broadcast_to(v, (2, 16, 8)))
+    feeds = {t: torch.randn(16, 8) for t in (q, k, v)}
+    feeds[scores.op.inputs[1]] = torch.randn(2, 16, 16)
+    exe = g.compile(feeds, [out], device="cpu")
+    assert "broadcasts the scores" in exe.fusion_report(), exe.fusion_report()

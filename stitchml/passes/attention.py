@@ -108,7 +108,7 @@ def _match(out: Operation, uses: dict[int, int], outputs: set[int]) -> tuple[lis
     if scores.op.op == "addition":
         add = scores.op
         a, b = add.inputs
-        left = a.op.op in ("multiplication", "division", "matrix_multiplication") and a.shape == scores.shape
+        left = a.op.op in ("multiplication", "division", "matrix_multiplication")
         scores, mask = (a, b) if left else (b, a)
         if scores.shape != add.outputs[0].shape:
             raise _Miss(f"the mask {mask.name} of shape {mask.shape} broadcasts the scores {scores.shape}")

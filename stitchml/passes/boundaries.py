@@ -28,6 +28,8 @@ def _alone(op: Operation) -> str:
     prim = lookup(op.op)
     if prim.view is not None and len(op.inputs) == 1:
         return f"{op.op} is a view: it runs as a zero-copy strided view, not inside a kernel"
+    if op.op == "fusion":  # made before stitching: the attention pass's kernel
+        return f"{op.attrs['template']} is a kernel of its own (softmax(Q Kᵀ) V fused by the attention pass)"
     if prim.kind == ELEMENTWISE:
         dtypes = ", ".join(sorted({str(t.dtype) for t in op.inputs}))
         return f"{op.op} has no Triton expression for {dtypes}: it runs its reference implementation"
