@@ -1,6 +1,6 @@
 """Attention written from primitives, softmax(Q Kᵀ/√d) V, against SDPA, torch.compile and JAX.
 
-    python benchmarks/bench_attention.py --json attention.json      # CUDA, fp16, (4,16,1k,64) (2,16,4k,128) (1,8,16k,64)
+    python benchmarks/bench_attention.py --json attention.json      # CUDA, float16, the three shapes below
     python benchmarks/bench_attention.py --device cpu --quick       # CPU, small sizes
 
 Per shape, causal and not, forward and forward+backward (gradients of sum(O * dO) with respect to Q, K

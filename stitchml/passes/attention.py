@@ -69,7 +69,8 @@ def _is_causal(mask: Tensor, scores: tuple[int, ...]) -> bool:
     return bool(torch.equal(value.isneginf(), upper) and not value.masked_fill(upper, 0).any())
 
 
-def _match(out: Operation, uses: dict[int, int], outputs: set[int]) -> tuple[list[Operation], list[Tensor], AttentionSpec]:
+def _match(out: Operation, uses: dict[int, int],
+           outputs: set[int]) -> tuple[list[Operation], list[Tensor], AttentionSpec]:
     """The ops of the pattern that ends in `out`, its inputs (Q, Kᵀ, V[, mask]) and its spec; _Miss if none."""
     ops: list[Operation] = [out]
 
