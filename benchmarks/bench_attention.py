@@ -6,7 +6,8 @@
 Per shape, causal and not, forward and forward+backward (gradients of sum(O * dO) with respect to Q, K
 and V): StitchML compiles the formula from primitives (the attention pass fuses the forward into one
 kernel), F.scaled_dot_product_attention with the flash backend, torch.compile of the same formula in
-PyTorch, and JAX (jax.nn.dot_product_attention under jit) when it imports. Medians of CUDA-event
+PyTorch, and JAX (jax.nn.dot_product_attention under jit) when it imports. The forward is also timed with
+`options={"attention_split": False}` (probabilities rounded once to float16, one product fewer per tile). Medians of CUDA-event
 timings after warm-up (the wall clock on the CPU, block_until_ready for JAX). StitchML's forward is
 checked against SDPA in float32 first; the kernels it launches are counted.
 """
@@ -23,6 +24,7 @@ import time
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares the GPU with PyTorch here
 
 import torch  # noqa: E402
+import torch.nn.attention  # noqa: E402  (sdpa_kernel, to pin the flash backend)
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -63,7 +65,7 @@ def formula(q, k, v, causal: bool):
     return torch.softmax(s.float(), -1).to(q.dtype) @ v
 
 
-def stitch_graph(shape, dtype, causal: bool, device: str, backward: bool):
+def stitch_graph(shape, dtype, causal: bool, device: str, backward: bool, options: dict | None = None):
     """(executable, feeds, outputs) of the formula built from primitives."""
     g = sm.Graph("attention")
     sdt = sm.as_dtype(dtype)
@@ -81,7 +83,7 @@ def stitch_graph(shape, dtype, causal: bool, device: str, backward: bool):
         feeds[do] = torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
         grads = g.gradients(g.reduction_sum(o * do), [q, k, v])
         outs += [grads[q], grads[k], grads[v]]
-    return g.compile(feeds, outs, device=device), feeds, outs
+    return g.compile(feeds, outs, device=device, options=options), feeds, outs
 
 
 def jax_runner(shape, causal: bool, backward: bool):
@@ -147,6 +149,10 @@ def main(argv=None) -> int:
                         return F.scaled_dot_product_attention(a, b, c, is_causal=causal)
 
                 row["stitchml_ms"] = timed(lambda: exe.run(feeds), device, reps)
+                if not backward:  # the probabilities rounded once to float16 (as FlashAttention does)
+                    once, once_feeds, _ = stitch_graph(shape, dtype, causal, device, False, {"attention_split": False})
+                    row["stitchml_one_rounding_ms"] = timed(lambda: once.run(once_feeds), device, reps)
+                    del once, once_feeds
                 row["sdpa_ms"] = timed(torch_run(sdpa), device, reps)
                 row["torch_eager_formula_ms"] = timed(torch_run(lambda a, b, c: formula(a, b, c, causal)), device, reps)
                 if compiled is not None:
@@ -159,8 +165,8 @@ def main(argv=None) -> int:
                 if device == "cuda":
                     torch.cuda.empty_cache()
     print(f"attention, {str(dtype).replace('torch.', '')}, {device}; median ms")
-    cols = ["stitchml_ms", "sdpa_ms", "torch_compile_ms", "torch_eager_formula_ms", "jax_ms"]
-    print(f"{'shape':>20} {'causal':>6} {'pass':>7} {'steps':>5} " + " ".join(f"{c[:-3]:>14}" for c in cols)
+    cols = ["stitchml_ms", "stitchml_one_rounding_ms", "sdpa_ms", "torch_compile_ms", "torch_eager_formula_ms", "jax_ms"]
+    print(f"{'shape':>20} {'causal':>6} {'pass':>7} {'steps':>5} " + " ".join(f"{c[:-3][:14]:>14}" for c in cols)
           + "  x SDPA")
     for r in rows:
         cells = " ".join(f"{r[c]:14.4f}" if c in r else f"{'-':>14}" for c in cols)

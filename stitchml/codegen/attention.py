@@ -21,6 +21,7 @@ from ..dtypes import as_dtype
 from .common import Layout, header, tl_type
 from .pointwise import KernelSource
 
+LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256  # beyond this one tile of Q, K and V outgrows the registers and shared memory of a GPU
 
 
@@ -107,10 +108,12 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shape: t
         mask_lines = f"""
         bias = tl.load(mask_ptr + mask_base + rows[:, None] * {m.strides[-2]} + cols[None, :] * {m.strides[-1]},
                        mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-        s = s + bias.to(tl.float32)"""
+        s = s + bias.to(tl.float32) * {LOG2E!r}"""
     causal = "\n        s = tl.where(rows[:, None] >= cols[None, :], s, float(\"-inf\"))" if spec.causal else ""
     end = f"tl.minimum({keys}, (pid_m + 1) * BLOCK_M)" if spec.causal else str(keys)
-    scale = f"s / {spec.scale!r}" if spec.divide else f"s * {spec.scale!r}"
+    # scores are kept in base-2 units, s * log2(e), so each exponential is one exp2 (the scale folds it in)
+    factor = (1 / spec.scale if spec.divide else spec.scale) * LOG2E
+    scale = f"s * {factor!r}"
     out = Layout.contiguous(out_shape)
     product = _product(dtype, split, interpret)
     elem = tl_type(as_dtype(dtype))
@@ -149,8 +152,8 @@ def {name}({", ".join(args)}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOC
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # a row with every score -inf so far shifts by 0, not by -inf (which would make NaN of exp(-inf + inf))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - shift[:, None])
-        alpha = tl.exp(m_i - shift)
+        p = tl.exp2(s - shift[:, None])
+        alpha = tl.exp2(m_i - shift)
         l_i = l_i * alpha + tl.sum(p, 1)
         vt = tl.load(v_ptr + v_base + cols[:, None] * {v.strides[-2]} + vdims[None, :] * {v.strides[-1]},
                      mask=col_ok[:, None] & (vdims[None, :] < {value_dim}), other=0.0){widen}
