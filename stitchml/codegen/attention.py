@@ -85,11 +85,12 @@ def _product(dtype: str, split: bool, interpret: bool) -> str:
 
 
 def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shape: tuple[int, ...], dtype: str,
-             interpret: bool, split: bool = True) -> KernelSource:
+             interpret: bool, split: bool = True, lse: bool = False) -> KernelSource:
     """Triton source of the forward kernel for inputs of the given layouts (Q, Kᵀ, V[, mask]).
 
     `dtype` is the element type name of Q, K and V ("float16", "bfloat16" or "float32"). `split`: see
-    `_product`."""
+    `_product`. `lse`: the kernel also stores each row's log-sum-exp of the scores, in base-2 units, as a
+    float32 (batch..., L) output after O, which the backward kernels (attention_backward.py) read."""
     q, kt, v = layouts[:3]
     batch = tuple(out_shape[:-2])
     length, head = q.shape[-2], q.shape[-1]
@@ -101,7 +102,7 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shape: t
     # float32 operands: full-precision products (tf32 would round them to 10 bits)
     precision = ', input_precision="ieee"' if dtype == "float32" else ""
     offsets = [_batch_offset(batch, _batch_strides(lay, batch)) for lay in layouts]
-    args = ["q_ptr", "kt_ptr", "v_ptr"] + (["mask_ptr"] if spec.mask else []) + ["out_ptr"]
+    args = ["q_ptr", "kt_ptr", "v_ptr"] + (["mask_ptr"] if spec.mask else []) + ["out_ptr"] + (["lse_ptr"] if lse else [])
     mask_lines = ""
     if spec.mask:
         m = layouts[3].broadcast_to(out_shape)
@@ -120,6 +121,8 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shape: t
     # the interpreter holds bfloat16 as raw 16-bit integers, which its tl.dot multiplies as integers:
     # there the operands are widened to float32 after loading (values unchanged, products exact)
     widen = ".to(tl.float32)" if interpret and dtype == "bfloat16" else ""
+    store_lse = f"""
+    tl.store(lse_ptr + pid_b.to(tl.int64) * {length} + rows, m_i + tl.log2(l_i), mask=row_ok)""" if lse else ""
     src = header(f"attention kernel {name}", interpret) + f'''
 
 @triton.jit
@@ -161,7 +164,7 @@ def {name}({", ".join(args)}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOC
         m_i = m_new
     o = acc / l_i[:, None]
     tl.store(out_ptr + out_base + rows[:, None] * {out.strides[-2]} + vdims[None, :],
-             o.to({elem}), mask=row_ok[:, None] & (vdims[None, :] < {value_dim}))
+             o.to({elem}), mask=row_ok[:, None] & (vdims[None, :] < {value_dim})){store_lse}
 '''
     constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": _pow2(head), "BLOCK_E": _pow2(value_dim)}
     grid = ((length + block_m - 1) // block_m, nbatch)

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import torch
 
-from ..codegen.attention import MAX_HEAD_DIM, AttentionSpec
+from ..codegen.attention import LOG2E, MAX_HEAD_DIM, AttentionSpec
+from ..dtypes import float32
 from ..graph import Graph
 from ..ir import Operation, Tensor
+from . import attention_grad
 from .program import Program, copy_op
 
 FLOATS = ("float16", "bfloat16", "float32")
@@ -69,12 +71,15 @@ def _is_causal(mask: Tensor, scores: tuple[int, ...]) -> bool:
     return bool(torch.equal(value.isneginf(), upper) and not value.masked_fill(upper, 0).any())
 
 
-def _match(out: Operation, uses: dict[int, int],
-           outputs: set[int]) -> tuple[list[Operation], list[Tensor], AttentionSpec]:
-    """The ops of the pattern that ends in `out`, its inputs (Q, Kᵀ, V[, mask]) and its spec; _Miss if none."""
+def _match(out: Operation, uses: dict[int, int], outputs: set[int],
+           strict: bool = True) -> tuple[list[Operation], list[Tensor], AttentionSpec]:
+    """The ops of the pattern that ends in `out`, its inputs (Q, Kᵀ, V[, mask]) and its spec; _Miss if none.
+    Not `strict`: intermediates may be read elsewhere (by the pattern's backward, which the caller checks)."""
     ops: list[Operation] = [out]
 
     def inner(t: Tensor, readers: int = 1) -> Tensor:
+        if not strict:
+            return t
         if t.id in outputs:
             raise _Miss(f"{t.name} is an output of the graph (the fused kernel does not store it)")
         if uses.get(t.id, 0) != readers:
@@ -147,16 +152,95 @@ def _match(out: Operation, uses: dict[int, int],
     return ops, inputs, AttentionSpec(scale, divide, mask is not None and not causal, causal)
 
 
-def _body(ops: list[Operation], inputs: list[Tensor], spec: AttentionSpec, position: dict[int, int]) -> Program:
-    g = Graph("attention")
-    inner = {t.id: g.placeholder(t.shape, t.dtype, name=f"in{i}") for i, t in enumerate(inputs)}
+def _placeholders(g: Graph, inputs: list[Tensor]) -> dict[int, Tensor]:
+    return {t.id: g.placeholder(t.shape, t.dtype, name=f"in{i}") for i, t in enumerate(inputs)}
+
+
+def _copy(g: Graph, ops: list[Operation], inner: dict[int, Tensor], inputs: list[Tensor],
+          position: dict[int, int]) -> None:
+    """Copy `ops` into `g` in program order. An operand made outside them is a constant of the pattern (the
+    scale, a causal mask) or a transpose of an input (the backward's Vᵀ, Qᵀ, K), re-made from the input."""
+    def get(t: Tensor) -> Tensor:
+        if t.id in inner:
+            return inner[t.id]
+        if t.op.op == "constant":
+            inner[t.id] = copy_op(g, t.op, [])[0]
+            return inner[t.id]
+        base, perm = attention_grad._resolve(t)
+        for x in inputs:
+            xb, xp = attention_grad._resolve(x)
+            if xb.id == base.id:
+                inner[t.id] = g._emit("transpose", [inner[x.id]], {"permutation": tuple(xp.index(p) for p in perm)}
+                                      ).outputs[0]
+                return inner[t.id]
+        if base.id in inner:  # the backward's Pᵀ
+            inner[t.id] = g._emit("transpose", [inner[base.id]], {"permutation": perm}).outputs[0]
+            return inner[t.id]
+        raise attention_grad.Miss(f"the backward reads {t.name}, made outside the pattern")
+
     for op in sorted(ops, key=lambda o: position[o.id]):
-        for t in op.inputs:
-            if t.id not in inner:  # a constant of the pattern: the scale or a causal mask
-                inner[t.id] = copy_op(g, t.op, [])[0]
-        for old, new in zip(op.outputs, copy_op(g, op, [inner[t.id] for t in op.inputs])):
+        for old, new in zip(op.outputs, copy_op(g, op, [get(t) for t in op.inputs])):
             inner[old.id] = new
-    return Program(g, [inner[ops[0].outputs[0].id]], {"attention": spec})
+
+
+def _body(ops: list[Operation], inputs: list[Tensor], spec: AttentionSpec, position: dict[int, int],
+          lse: bool = False) -> Program:
+    """The forward kernel's body: the matched ops, and with `lse` each row's log-sum-exp in base 2 (float32,
+    (batch..., L)), the second output, which the backward kernels read."""
+    g = Graph("attention")
+    inner = _placeholders(g, inputs)
+    _copy(g, ops, inner, inputs, position)
+    outs = [inner[ops[0].outputs[0].id]]
+    if lse:
+        top = next(inner[o.outputs[0].id] for o in ops if o.op == "reduction_maximum")
+        total = next(inner[o.outputs[0].id] for o in ops if o.op == "reduction_sum")
+        outs.append(g.reshape((g.logarithm(total) + top) * LOG2E, top.shape[:-1]))
+    return Program(g, outs, {"attention": spec})
+
+
+def _backward_body(fwd: list[Operation], bwd: list[Operation], inputs: list[Tensor], out: Tensor,
+                   cotangent: Tensor, grads: list[Tensor], spec: AttentionSpec, position: dict[int, int]) -> Program:
+    """The backward kernel's body: the forward recomputed, then the backward ops. Inputs: Q, Kᵀ, V[, mask], O,
+    lse, dO (the reference backend ignores O and lse)."""
+    g = Graph("attention_backward")
+    inner = _placeholders(g, inputs)
+    g.placeholder(out.shape, out.dtype, name="out")
+    g.placeholder(out.shape[:-1], float32, name="lse")
+    inner[cotangent.id] = g.placeholder(cotangent.shape, cotangent.dtype, name="cotangent")
+    _copy(g, fwd + bwd, inner, inputs, position)
+    return Program(g, [inner[t.id] for t in grads], {"attention": spec})
+
+
+def _training(op: Operation, program: Program, uses: dict, outputs: set, position: dict):
+    """The pattern ending in `op` together with its backward, or _Miss / attention_grad.Miss."""
+    ops, inputs, spec = _match(op, uses, outputs, strict=False)
+    fwd, bwd, (cotangent, perm), gradients = attention_grad.match(program, ops, inputs, position)
+    if perm != tuple(range(cotangent.rank)):
+        raise _Miss("the output's gradient is read transposed")
+    grads = [t for t, _ in gradients]
+    absorbed = {o.id for o in fwd + bwd}
+    keep = {op.outputs[0].id} | {t.id for t in grads}
+    made = {t.id for o in fwd + bwd for t in o.outputs}
+    views: set[int] = set()
+    for user in reversed(program.operations):  # transposes only absorbed ops (or dropped views) read
+        if user.op == "transpose" and user.id not in absorbed and all(
+                r in absorbed or r in views for r in _readers(program, user.outputs[0])) and \
+                user.outputs[0].id not in outputs and all(user.outputs[0] is not t for t in inputs):
+            views.add(user.id)
+    for user in program.operations:
+        if user.id in absorbed or user.id in views:
+            continue
+        for t in user.inputs:
+            if t.id in made and t.id not in keep:
+                raise _Miss(f"{t.name} is also read outside the attention pattern and its gradient ({user.name})")
+    for t in program.outputs:
+        if t.id in made and t.id not in keep:
+            raise _Miss(f"{t.name} is an output of the graph (the fused kernels do not store it)")
+    return fwd, bwd, inputs, spec, cotangent, grads, views
+
+
+def _readers(program: Program, t: Tensor) -> list[int]:
+    return [o.id for o in program.operations if any(x is t for x in o.inputs)]
 
 
 def attention(program: Program, ctx) -> Program:
@@ -169,36 +253,65 @@ def attention(program: Program, ctx) -> Program:
     outputs = {t.id for t in program.outputs}
     position = {op.id: i for i, op in enumerate(program.operations)}
     report: list[str] = []
-    found: dict[int, tuple] = {}  # id of the final product -> (ops, inputs, spec)
+    found: dict[int, tuple] = {}  # id of the op the replacement stands at -> ("forward" | "backward", ...)
+    absorbed: set[int] = set()
     for op in program.operations:
-        if op.op != "matrix_multiplication" or op.inputs[0].op.op not in ("cast", "division"):
+        if op.op != "matrix_multiplication" or op.inputs[0].op.op not in ("cast", "division") or op.id in absorbed:
             continue
         try:
             ops, inputs, spec = _match(op, uses, outputs)
+            training = None
         except _Miss as miss:
-            if _looks_like_softmax(op):
-                report.append(f"attention not applied at {op.name}: {miss}")
-            continue
-        found[op.id] = (ops, inputs, spec)
+            if not _looks_like_softmax(op):
+                continue
+            try:
+                fwd, bwd, inputs, spec, cotangent, grads, views = _training(op, program, uses, outputs, position)
+            except (_Miss, attention_grad.Miss) as why:
+                report.append(f"attention not applied at {op.name}: {miss}" + (
+                    "" if str(why) == str(miss) else f"; as a training step: {why}"))
+                continue
+            ops, training = fwd, (bwd, cotangent, grads, views)
         kind = "causal" if spec.causal else "additive mask" if spec.mask else "no mask"
-        report.append(f"attention applied at {op.name}: {len(ops)} ops in one kernel ({kind}, "
-                      f"Q {inputs[0].shape}, V {inputs[2].shape}, {inputs[0].dtype.name})")
+        shapes = f"Q {inputs[0].shape}, V {inputs[2].shape}, {inputs[0].dtype.name}"
+        absorbed |= {o.id for o in ops}
+        if training is None:
+            found[op.id] = ("forward", ops, inputs, spec, False)
+            report.append(f"attention applied at {op.name}: {len(ops)} ops in one kernel ({kind}, {shapes})")
+            continue
+        bwd, cotangent, grads, views = training
+        found[op.id] = ("forward", ops, inputs, spec, True)
+        first = min(grads, key=lambda t: position[t.op.id]).op
+        found[first.id] = ("backward", ops, bwd, inputs, spec, op.outputs[0], cotangent, grads)
+        absorbed |= {o.id for o in bwd} | views
+        report.append(f"attention applied at {op.name} with its gradient: {len(ops)} ops in one forward kernel, "
+                      f"{len(bwd)} in two backward kernels ({kind}, {shapes})")
     if ctx is not None:
         ctx.attention_report = report
     if not found:
         return program
-    absorbed = {o.id for ops, _, _ in found.values() for o in ops}
     g = Graph(program.graph.name)
     mapping: dict[int, Tensor] = {}
+    lse_of: dict[int, Tensor] = {}  # forward output id -> its log-sum-exp
     for op in program.operations:
-        if op.id in found:
-            ops, inputs, spec = found[op.id]
-            body = _body(ops, inputs, spec, position)
+        entry = found.get(op.id)
+        if entry is not None and entry[0] == "forward":
+            _, ops, inputs, spec, lse = entry
+            body = _body(ops, inputs, spec, position, lse)
             name = f"attention_{op.name}"
             fused = g._emit("fusion", [mapping[t.id] for t in inputs], {"body": body, "template": "attention",
                                                                        "name": name}, name)
             mapping[op.outputs[0].id] = fused.outputs[0]
-        elif op.id not in absorbed:
+            if lse:
+                lse_of[op.outputs[0].id] = fused.outputs[1]
+        if entry is not None and entry[0] == "backward":
+            _, ops, bwd, inputs, spec, out, cotangent, grads = entry
+            body = _backward_body(ops, bwd, inputs, out, cotangent, grads, spec, position)
+            name = f"attention_backward_{op.name}"
+            feeds = [mapping[t.id] for t in inputs] + [mapping[out.id], lse_of[out.id], mapping[cotangent.id]]
+            fused = g._emit("fusion", feeds, {"body": body, "template": "attention_backward", "name": name}, name)
+            for t, new in zip(grads, fused.outputs):
+                mapping[t.id] = new
+        if op.id not in absorbed:
             for old, new in zip(op.outputs, copy_op(g, op, [mapping[t.id] for t in op.inputs])):
                 mapping[old.id] = new
     return Program(g, [mapping[t.id] for t in program.outputs], dict(program.notes))

@@ -28,7 +28,7 @@ import functools
 import numpy as np
 import torch
 
-from ..codegen import attention, choices, loader, pointwise, reduction
+from ..codegen import attention, attention_backward, choices, loader, pointwise, reduction
 from ..codegen.common import Layout
 from ..dtypes import float32
 from ..errors import StitchError
@@ -202,8 +202,14 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         return Step(op.name, template, _Launch(src, ins, outs + flag), src.source)
     if template == "attention":
         src = attention.generate(op.name, body.notes["attention"], _layouts(op, plan), op.outputs[0].shape,
-                                 op.inputs[0].dtype.name, interpret, options.get("attention_split", True))
+                                 op.inputs[0].dtype.name, interpret, options.get("attention_split", True),
+                                 lse=len(op.outputs) == 2)
         return Step(op.name, template, _Launch(src, ins, outs), src.source)
+    if template == "attention_backward":
+        kv, dq = attention_backward.generate(op.name, body.notes["attention"], _layouts(op, plan),
+                                             [t.shape for t in op.outputs], op.inputs[0].dtype.name, interpret,
+                                             options.get("attention_split", True))
+        return Step(op.name, template, _chain(_Launch(kv, ins, outs), _Launch(dq, ins, outs)), kv.source)
     contraction, epi, used = _epilogue(body)
     placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
     if epi is None:
