@@ -214,7 +214,8 @@ def _backward_body(fwd: list[Operation], bwd: list[Operation], inputs: list[Tens
 def _training(op: Operation, program: Program, uses: dict, outputs: set, position: dict):
     """The pattern ending in `op` together with its backward, or _Miss / attention_grad.Miss."""
     ops, inputs, spec = _match(op, uses, outputs, strict=False)
-    fwd, bwd, (cotangent, perm), gradients = attention_grad.match(program, ops, inputs, position)
+    _, bwd, (cotangent, perm), gradients = attention_grad.match(program, ops, inputs, position)
+    fwd = ops  # the final product first, as _body expects
     if perm != tuple(range(cotangent.rank)):
         raise _Miss("the output's gradient is read transposed")
     grads = [t for t, _ in gradients]
