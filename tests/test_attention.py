@@ -177,3 +177,62 @@ def test_mask_that_broadcasts_the_scores_does_not_match():
     feeds[scores.op.inputs[1]] = torch.randn(2, 16, 16)
     exe = g.compile(feeds, [out], device="cpu")
     assert "broadcasts the scores" in exe.fusion_report(), exe.fusion_report()
+
+
+def _training(shape, dtype, mask):
+    g = sm.Graph()
+    q, k, v, do = (g.placeholder(shape, dtype, name=n) for n in ("q", "k", "v", "do"))
+    rank = len(shape)
+    scores = g.matrix_multiplication(q, g.transpose(k, rank - 2, rank - 1)) * 0.25
+    if mask is not None:
+        scores = scores + g.constant(mask)
+    out = g.matrix_multiplication(g.softmax(scores, axis=-1), v)
+    grads = g.gradients(g.reduction_sum(out * do), [q, k, v])
+    return g, (q, k, v, do), [out, grads[q], grads[k], grads[v]]
+
+
+@pytest.mark.parametrize("shape,dtype,mask", [((1, 2, 19, 8), sm.float32, None), ((2, 17, 8), sm.float16, "causal"),
+                                              ((1, 1, 66, 4), sm.bfloat16, "additive")], ids=str)
+def test_training_step_fuses_forward_and_backward(shape, dtype, mask):
+    """The gradient graph of the pattern becomes a forward kernel (which also stores the log-sum-exp) and the
+    two backward kernels; O, dQ, dK and dV obey the tolerance rule against float64 autograd."""
+    torch.manual_seed(2)
+    length = shape[-2]
+    bias = None
+    if mask == "causal":
+        bias = torch.full((length, length), float("-inf")).triu(1).to(dtype.torch)
+    elif mask == "additive":
+        bias = torch.randn(length, length).to(dtype.torch)
+    g, leaves, outs = _training(shape, dtype, bias)
+    feeds = {t: torch.randn(shape).to(dtype.torch) for t in leaves}
+    exe = g.compile(feeds, outs, device="cpu")
+    assert "with its gradient" in exe.fusion_report(), exe.fusion_report()
+    assert [s.kind for s in exe.steps if s.kind in ("attention", "attention_backward", "matmul", "reduction")] == \
+        ["attention", "attention_backward"]
+    got = exe.run(feeds)
+    mask64 = None if bias is None else bias.double()
+
+    def reference(q, k, v, do):
+        o = _reference(q, k, v, 0.25, mask64)
+        return (o, *torch.autograd.grad((o * do).sum(), (q, k, v), create_graph=True))
+
+    args = [feeds[t].double().requires_grad_() for t in leaves]
+    wants = reference(*args)
+    scopes = sensitivity(reference, [a.detach() for a in args])
+    for name, t, want, scope in zip(("O", "dQ", "dK", "dV"), outs, wants, scopes):
+        assert_within(got[t].torch(), want.detach(), "composite", f"{name} {shape} {dtype.name} {mask}", scope)
+
+
+def test_training_step_with_probabilities_read_elsewhere_stays_unfused():
+    """A graph that also returns the probabilities: neither the forward nor the backward fuses, and the report
+    says why."""
+    g = sm.Graph()
+    q, k, v = (g.placeholder((16, 8), sm.float32, name=n) for n in "qkv")
+    p = g.softmax(g.matrix_multiplication(q, g.transpose(k, 0, 1)) * 0.5, axis=-1)
+    out = g.matrix_multiplication(p, v)
+    grads = g.gradients(g.reduction_sum(out), [q, k, v])
+    feeds = {t: torch.randn(16, 8) for t in (q, k, v)}
+    exe = g.compile(feeds, [out, p, grads[q]], device="cpu")
+    report = exe.fusion_report()
+    assert "attention not applied" in report and "as a training step" in report, report
+    assert "attention" not in [s.kind for s in exe.steps]

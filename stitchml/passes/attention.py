@@ -200,11 +200,10 @@ def _body(ops: list[Operation], inputs: list[Tensor], spec: AttentionSpec, posit
 
 def _backward_body(fwd: list[Operation], bwd: list[Operation], inputs: list[Tensor], out: Tensor,
                    cotangent: Tensor, grads: list[Tensor], spec: AttentionSpec, position: dict[int, int]) -> Program:
-    """The backward kernel's body: the forward recomputed, then the backward ops. Inputs: Q, Kᵀ, V[, mask], O,
-    lse, dO (the reference backend ignores O and lse)."""
+    """The backward kernels' body: the forward recomputed, then the backward ops. Inputs: Q, Kᵀ, V[, mask],
+    lse, dO (the reference backend ignores lse)."""
     g = Graph("attention_backward")
     inner = _placeholders(g, inputs)
-    g.placeholder(out.shape, out.dtype, name="out")
     g.placeholder(out.shape[:-1], float32, name="lse")
     inner[cotangent.id] = g.placeholder(cotangent.shape, cotangent.dtype, name="cotangent")
     _copy(g, fwd + bwd, inner, inputs, position)
@@ -308,7 +307,7 @@ def attention(program: Program, ctx) -> Program:
             _, ops, bwd, inputs, spec, out, cotangent, grads = entry
             body = _backward_body(ops, bwd, inputs, out, cotangent, grads, spec, position)
             name = f"attention_backward_{op.name}"
-            feeds = [mapping[t.id] for t in inputs] + [mapping[out.id], lse_of[out.id], mapping[cotangent.id]]
+            feeds = [mapping[t.id] for t in inputs] + [lse_of[out.id], mapping[cotangent.id]]
             fused = g._emit("fusion", feeds, {"body": body, "template": "attention_backward", "name": name}, name)
             for t, new in zip(grads, fused.outputs):
                 mapping[t.id] = new

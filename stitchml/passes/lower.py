@@ -209,7 +209,9 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         kv, dq = attention_backward.generate(op.name, body.notes["attention"], _layouts(op, plan),
                                              [t.shape for t in op.outputs], op.inputs[0].dtype.name, interpret,
                                              options.get("attention_split", True))
-        return Step(op.name, template, _chain(_Launch(kv, ins, outs), _Launch(dq, ins, outs)), kv.source)
+        delta = [scratch_slots[op.id]]  # Δ per query row: the dQ kernel writes it, the dK/dV kernel reads it
+        return Step(op.name, template, _chain(_Launch(dq, ins, outs + delta), _Launch(kv, ins, outs + delta)),
+                    dq.source + kv.source)
     contraction, epi, used = _epilogue(body)
     placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
     if epi is None:
