@@ -5,7 +5,7 @@
 
 Per shape, causal and not, forward and forward+backward (gradients of sum(O * dO) with respect to Q, K
 and V): StitchML compiles the formula from primitives (the attention pass fuses the forward into one
-kernel), F.scaled_dot_product_attention with the flash backend, torch.compile of the same formula in
+kernel, and a training step's backward into two), F.scaled_dot_product_attention with the flash backend, torch.compile of the same formula in
 PyTorch, and JAX (jax.nn.dot_product_attention under jit) when it imports. The forward is also timed with
 `options={"attention_split": False}` (probabilities rounded once to float16, one product fewer per tile). Medians of CUDA-event
 timings after warm-up (the wall clock on the CPU, block_until_ready for JAX). StitchML's forward is
