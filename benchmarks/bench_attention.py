@@ -5,11 +5,12 @@
 
 Per shape, causal and not, forward and forward+backward (gradients of sum(O * dO) with respect to Q, K
 and V): StitchML compiles the formula from primitives (the attention pass fuses the forward into one
-kernel, and a training step's backward into two), F.scaled_dot_product_attention with the flash backend, torch.compile of the same formula in
-PyTorch, and JAX (jax.nn.dot_product_attention under jit) when it imports. The forward is also timed with
-`options={"attention_split": False}` (probabilities rounded once to float16, one product fewer per tile). Medians of CUDA-event
-timings after warm-up (the wall clock on the CPU, block_until_ready for JAX). StitchML's forward is
-checked against SDPA in float32 first; the kernels it launches are counted.
+kernel, and a training step's backward into two), F.scaled_dot_product_attention with the flash
+backend, torch.compile of the same formula in PyTorch, and JAX (jax.nn.dot_product_attention under
+jit) when it imports. The forward is also timed with `options={"attention_split": False}`
+(probabilities rounded once to float16, one product fewer per tile). Medians of CUDA-event timings
+after warm-up (the wall clock on the CPU, block_until_ready for JAX). StitchML's forward is checked
+against SDPA in float32 first; the steps it launches are counted.
 """
 from __future__ import annotations
 
@@ -152,7 +153,7 @@ def main(argv=None) -> int:
                 if not backward:  # the probabilities rounded once to float16 (as FlashAttention does)
                     once, once_feeds, _ = stitch_graph(shape, dtype, causal, device, False, {"attention_split": False})
                     row["stitchml_one_rounding_ms"] = timed(lambda: once.run(once_feeds), device, reps)
-                    del once, once_feeds
+                    once = once_feeds = None
                 row["sdpa_ms"] = timed(torch_run(sdpa), device, reps)
                 row["torch_eager_formula_ms"] = timed(torch_run(lambda a, b, c: formula(a, b, c, causal)), device, reps)
                 if compiled is not None:
@@ -161,11 +162,12 @@ def main(argv=None) -> int:
                 if jax_fn is not None:
                     row["jax_ms"] = timed(jax_fn, "cpu", reps)  # wall clock around block_until_ready
                 rows.append(row)
-                del exe, feeds
+                exe = feeds = outs = None  # free the arena before the next compile
                 if device == "cuda":
                     torch.cuda.empty_cache()
     print(f"attention, {str(dtype).replace('torch.', '')}, {device}; median ms")
-    cols = ["stitchml_ms", "stitchml_one_rounding_ms", "sdpa_ms", "torch_compile_ms", "torch_eager_formula_ms", "jax_ms"]
+    cols = ["stitchml_ms", "stitchml_one_rounding_ms", "sdpa_ms", "torch_compile_ms", "torch_eager_formula_ms",
+            "jax_ms"]
     print(f"{'shape':>20} {'causal':>6} {'pass':>7} {'steps':>5} " + " ".join(f"{c[:-3][:14]:>14}" for c in cols)
           + "  x SDPA")
     for r in rows:

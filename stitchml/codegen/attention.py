@@ -102,7 +102,8 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shape: t
     # float32 operands: full-precision products (tf32 would round them to 10 bits)
     precision = ', input_precision="ieee"' if dtype == "float32" else ""
     offsets = [_batch_offset(batch, _batch_strides(lay, batch)) for lay in layouts]
-    args = ["q_ptr", "kt_ptr", "v_ptr"] + (["mask_ptr"] if spec.mask else []) + ["out_ptr"] + (["lse_ptr"] if lse else [])
+    args = ["q_ptr", "kt_ptr", "v_ptr"] + (["mask_ptr"] if spec.mask else []) + ["out_ptr"] + \
+        (["lse_ptr"] if lse else [])
     mask_lines = ""
     if spec.mask:
         m = layouts[3].broadcast_to(out_shape)
