@@ -17,7 +17,10 @@ The pattern, read backwards from the second product:
     matrix_multiplication(Q, Kᵀ)         Kᵀ any operand: a transpose view is read in place
 
 Every intermediate must be used by the pattern alone (the kernel never stores
-the scores or probabilities). A constant mask of -inf above the diagonal and
+the scores or probabilities), or by the pattern's backward in a training
+graph: attention_grad.py finds that backward, and forward and backward are
+replaced together by a forward kernel that also stores the log-sum-exp and a
+backward fusion of two kernels (codegen/attention_backward.py). A constant mask of -inf above the diagonal and
 0 elsewhere becomes a causal kernel, which skips the masked key tiles.
 Every near miss (a softmax feeding a product that fails one condition) is
 reported with its reason in `ctx.attention_report`, which
@@ -222,9 +225,13 @@ def _training(op: Operation, program: Program, uses: dict, outputs: set, positio
     keep = {op.outputs[0].id} | {t.id for t in grads}
     made = {t.id for o in fwd + bwd for t in o.outputs}
     views: set[int] = set()
+    readers: dict[int, list[int]] = {}
+    for user in program.operations:
+        for t in user.inputs:
+            readers.setdefault(t.id, []).append(user.id)
     for user in reversed(program.operations):  # transposes only absorbed ops (or dropped views) read
         if user.op == "transpose" and user.id not in absorbed and all(
-                r in absorbed or r in views for r in _readers(program, user.outputs[0])) and \
+                r in absorbed or r in views for r in readers.get(user.outputs[0].id, [])) and \
                 user.outputs[0].id not in outputs and all(user.outputs[0] is not t for t in inputs):
             views.add(user.id)
     for user in program.operations:
@@ -237,10 +244,6 @@ def _training(op: Operation, program: Program, uses: dict, outputs: set, positio
         if t.id in made and t.id not in keep:
             raise _Miss(f"{t.name} is an output of the graph (the fused kernels do not store it)")
     return fwd, bwd, inputs, spec, cotangent, grads, views
-
-
-def _readers(program: Program, t: Tensor) -> list[int]:
-    return [o.id for o in program.operations if any(x is t for x in o.inputs)]
 
 
 def attention(program: Program, ctx) -> Program:
