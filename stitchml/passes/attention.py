@@ -232,7 +232,7 @@ def _training(op: Operation, program: Program, uses: dict, outputs: set, positio
     for user in reversed(program.operations):  # transposes only absorbed ops (or dropped views) read
         if user.op == "transpose" and user.id not in absorbed and all(
                 r in absorbed or r in views for r in readers.get(user.outputs[0].id, [])) and \
-                user.outputs[0].id not in outputs and all(user.outputs[0] is not t for t in inputs):
+                user.outputs[0].id not in outputs and all(user.outputs[0].id != t.id for t in inputs):
             views.add(user.id)
     for user in program.operations:
         if user.id in absorbed or user.id in views:
