@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     device = args.device
     dtype = torch.float16 if device == "cuda" else torch.float32
     shapes = QUICK if args.quick else SHAPES
-    reps = 3 if args.quick else 20
+    reps = 3 if args.quick else 10
     compiled = torch.compile(formula, dynamic=True) if device == "cuda" else None
     rows = []
     for shape in shapes:
