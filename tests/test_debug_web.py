@@ -366,3 +366,40 @@ def test_timeline_view_and_a_broken_capture(browser, server, tmp_path):
     Select(browser.find_element(By.ID, "file")).select_by_index(2)
     error = _wait(browser, lambda d: d.find_element(By.ID, "error") if d.find_element(By.ID, "error").text else None)
     assert "Cannot open" in error.text and "capture file" in error.text
+
+
+@pytest.fixture(scope="module")
+def neural_ao(tmp_path_factory):
+    """The neural-AO walk-through's capture (seeded weights, no training) and bisection, served."""
+    import torch
+    from werkzeug.serving import make_server
+
+    from stitchml.demos import neural_ao as ao
+
+    torch.manual_seed(0)
+    net = ao.UNet().eval()
+    broken = ao.import_network(ao.broken_copy(net), 24, 32)
+    g, s, out = ao.gbuffer_graph(24, 32, ao.SCENE.shape[0])
+    gbuffer = g.run({s: ao.SCENE}, [out], device="cpu")[out].numpy()
+    result = ao.bisect_typo(net, broken, gbuffer)
+    path = tmp_path_factory.mktemp("neural_ao") / "neural_ao.capture"
+    debug.capture_bisection(broken.graph, {broken.inputs[0].name: gbuffer}, result).save(path)
+    srv = make_server("127.0.0.1", 0, debug.create_app([path]), threaded=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_port}", result
+    srv.shutdown()
+
+
+def test_the_neural_ao_capture_opens_on_the_typo(browser, neural_ao, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    url, result = neural_ao
+    _open(browser, url + "/?view=bisect")
+    assert _wait(browser, lambda d: d.find_element(By.ID, "bisect-op")).text == result.op.name
+    body = browser.find_element(By.ID, "bisect-body").text
+    assert "(power)" in body and result.op.location in body and "enc1.act" in body
+    browser.save_screenshot(str(tmp_path / "neural_ao_bisect.png"))
+    browser.find_element(By.ID, "bisect-locate").click()
+    assert _wait(browser, lambda d: d.find_element(By.ID, "op-name").text == result.op.name or None)
+    assert browser.find_element(By.ID, "op-location").text == result.op.location

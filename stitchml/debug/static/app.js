@@ -58,7 +58,7 @@ function drawNetwork() {
     }
     const label = `${op.name}: ${op.op}`;
     g.setNode(op.name, { width: Math.max(80, label.length * 6.3 + 14), height: 30, kind: "op", op });
-    if (k) {
+    if (k && k !== op.name) {  // a vendor call or view step is named after its one op: no region around it
       if (!g.hasNode(k)) g.setNode(k, { kind: "cluster", label: k });
       g.setParent(op.name, k);
     }
