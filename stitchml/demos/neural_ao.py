@@ -198,10 +198,9 @@ class UNet(nn.Module):
         return torch.sigmoid(self.head(d1))
 
 
-def train(gbuffer, steps: int, size: tuple[int, int] = (48, 64), scenes: int = 8, seed: int = 0,
-          log_every: int = 0) -> tuple[UNet, list[float]]:
-    """The UNet fitted with Adam to NumPy SSAO on G-buffers of random scenes that `gbuffer(spheres)`
-    renders at `size` (h, w)."""
+def train(gbuffer, steps: int, scenes: int = 8, seed: int = 0, log_every: int = 0) -> tuple[UNet, list[float]]:
+    """The UNet fitted with Adam to NumPy SSAO on the G-buffers (1, 4, h, w) that `gbuffer(spheres)` renders
+    of `scenes` random scenes, all of them each step."""
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     frames = np.stack([gbuffer(random_scene(rng, SCENE.shape[0]))[0] for _ in range(scenes)])
@@ -358,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     small = gbuffer_graph(48, 64, SCENE.shape[0])
     net, losses = train(lambda s: small[0].run({small[1]: s}, [small[2]], device="cpu")[small[2]].numpy(),
                         args.steps, seed=args.seed, log_every=max(args.steps // 3, 1))
+    print(f"trained: mean squared error to the NumPy SSAO {losses[-1]:.4f} (from {losses[0]:.4f})")
     broken = broken_copy(net)
     fixed_fn, broken_fn = import_network(net, h, w), import_network(broken, h, w)
     frames = {"fixed": Frame.build(fixed_fn, h, w, dev, SCENE, "unet"),
@@ -404,4 +404,5 @@ def main(argv: list[str] | None = None) -> int:
     print(f"done in {time.perf_counter() - start:.1f} s")
     if args.serve:
         debug.serve([stem + ".capture", stem + ".trace.json"], port=args.port)
-    return 0 if error < 1e-3 and result.op is not None and result.op.op == "power" else 1
+    # On a GPU the convolutions may run in TF32, as PyTorch's own do by default.
+    return 0 if error < (1e-2 if dev.is_cuda else 1e-4) and result.op is not None and result.op.op == "power" else 1
