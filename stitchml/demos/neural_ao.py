@@ -1,7 +1,7 @@
 """Neural ambient occlusion: a G-buffer from our kernels, a UNet from PyTorch on a command buffer, then a typo
 in its activation found by bisection.
 
-    $ stitchml demo neural-ao                             # 96x64 on the CPU: about a minute on two cores
+    $ stitchml demo neural-ao                             # 96x64 on the CPU: under a minute on two cores
     $ stitchml demo neural-ao --size 1920x1080 --device cuda
     $ stitchml demo neural-ao --serve                     # then the web debugger on the broken network
 
@@ -9,7 +9,8 @@ One frame is one command buffer: a compute encoder runs the G-buffer pass (a Sti
 ray-casts spheres on a floor into depth and normals; stitched Triton kernels on a GPU, the same graph
 op by op on the CPU), a barrier, an ML encoder dispatches the UNet (written in PyTorch, imported with
 `package.from_torch`), a barrier, and a compute encoder runs the compositing graph. The UNet is trained
-for a few seconds in PyTorch to reproduce a screen-space AO computed in NumPy from the G-buffer.
+in PyTorch (100 steps, about 10 s of one core) to reproduce a screen-space AO computed in NumPy from
+G-buffers of random scenes.
 
 Then the same weights in a network whose `SignedSmoothstep` helper has `t * t` typed `t ** t` (the
 clamped value raised to itself): the demo renders that frame too, bisects the broken package against the
