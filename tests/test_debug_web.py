@@ -191,6 +191,20 @@ def test_api_shows_packages_with_their_kernels_when_shapes_are_known(tmp_path):
     assert {o["op"] for o in net["ops"]} >= {"placeholder", "tanh", "multiplication"}
 
 
+def test_api_shows_which_model_value_each_tensor_of_an_imported_package_holds(tmp_path):
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="act"), helper.make_node("Neg", ["r"], ["y"], name="flip")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    pkg = sm.package.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    pkg.save(tmp_path / "model.smpkg")
+    net = debug.create_app([tmp_path / "model.smpkg"]).test_client().get("/api/network").get_json()
+    kinds = {o["outputs"][0]: o["op"] for o in net["ops"]}
+    assert {kinds[t]: [(o["value"], o["op"]) for o in v] for t, v in net["origins"].items()} == {
+        "relu": [("r", "Relu")], "negative": [("y", "Neg")]}
+
+
 def test_api_serves_a_pipeline_trace_as_written(files):
     client = debug.create_app([files / "trace.json"]).test_client()
     assert client.get("/api/files").get_json()[0]["kind"] == "trace"
