@@ -108,7 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device (use --device cpu --quick to check the script)")
     import stitchml as sm
+    from stitchml.demos import default_threads
     from stitchml.demos.neural_ao import SCENE, Frame, UNet, import_network
+
+    if args.device == "cpu":
+        torch.set_num_threads(default_threads())  # spare threads only spin on a shared machine
 
     w, h = (int(v) for v in (args.size or ("96x64" if args.quick else "1920x1080")).lower().split("x"))
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 10)
