@@ -396,19 +396,21 @@ def neural_ao(tmp_path_factory):
     g, s, out = ao.gbuffer_graph(24, 32, ao.SCENE.shape[0])
     gbuffer = g.run({s: ao.SCENE}, [out], device="cpu")[out].numpy()
     result = ao.bisect_typo(net, broken, gbuffer)
-    path = tmp_path_factory.mktemp("neural_ao") / "neural_ao.capture"
-    debug.capture_bisection(broken.graph, {broken.inputs[0].name: gbuffer}, result).save(path)
-    srv = make_server("127.0.0.1", 0, debug.create_app([path]), threaded=True)
+    folder = tmp_path_factory.mktemp("neural_ao")
+    debug.capture_bisection(broken.graph, {broken.inputs[0].name: gbuffer}, result).save(folder / "neural_ao.capture")
+    broken.package.save(folder / "broken.smpkg")
+    srv = make_server("127.0.0.1", 0, debug.create_app([folder / "neural_ao.capture", folder / "broken.smpkg"]),
+                      threaded=True)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{srv.server_port}", result
+    yield f"http://127.0.0.1:{srv.server_port}", result, broken
     srv.shutdown()
 
 
 def test_the_neural_ao_capture_opens_on_the_typo(browser, neural_ao, tmp_path):
     from selenium.webdriver.common.by import By
 
-    url, result = neural_ao
+    url, result, _ = neural_ao
     _open(browser, url + "/?view=bisect")
     assert _wait(browser, lambda d: d.find_element(By.ID, "bisect-op")).text == result.op.name
     body = browser.find_element(By.ID, "bisect-body").text
@@ -417,3 +419,20 @@ def test_the_neural_ao_capture_opens_on_the_typo(browser, neural_ao, tmp_path):
     browser.find_element(By.ID, "bisect-locate").click()
     assert _wait(browser, lambda d: d.find_element(By.ID, "op-name").text == result.op.name or None)
     assert browser.find_element(By.ID, "op-location").text == result.op.location
+
+
+def test_an_op_of_the_imported_package_shows_the_model_value_it_holds(browser, neural_ao):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    url, result, fn = neural_ao
+    pow_ = fn.origins["enc1.act#4"]  # the first activation's fifth ATen op: the typo's power
+    assert (pow_.op, pow_.tensor, pow_.location) == ("aten.pow.Tensor_Tensor", result.tensor, result.op.location)
+    _open(browser, url)
+    Select(browser.find_element(By.ID, "file")).select_by_index(1)  # the broken network's package
+    _wait(browser, lambda d: (d.find_element(By.ID, "graph").get_attribute("data-file") or "").endswith("broken.smpkg"))
+    kernel = browser.execute_script(f"return state.net.ops.find((o) => o.name === {result.op.name!r}).kernel")
+    browser.find_element(By.CSS_SELECTOR, f'g.kernel[data-kernel="{kernel}"]').click()  # expands it
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f'g.op[data-op="{result.op.name}"]'))[0].click()
+    origin = _wait(browser, lambda d: d.find_elements(By.ID, "op-origin"))[0].text
+    assert origin == f"{pow_.value} (aten.pow.Tensor_Tensor, {result.op.location})"
