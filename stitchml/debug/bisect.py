@@ -139,11 +139,11 @@ def torch_program_reference(module: torch.nn.Module, example_inputs, inputs: Ite
     """A PyTorch module as a reference op by op: the value of every ATen node by its origin key.
 
     The module is exported as `stitchml.package.from_torch` exports it (`example_inputs` fix the
-    shapes) and its nodes run in PyTorch one by one in float32, as eager PyTorch would run them.
+    shapes) and its nodes run in PyTorch one by one, in the module's dtypes, as eager PyTorch runs them.
     Keys are `Origin.key`s (``module#k``, `package.torch_import.origin_keys`); the feeds are passed in
     the order of `inputs` (default: the order they are given in), the program's output also as "output".
     """
-    from ..package.torch_import import program_weights, export_program, origin_keys
+    from ..package.torch_import import export_program, origin_keys, program_weights
 
     program = export_program(module, example_inputs)
     keys = origin_keys(program)
