@@ -343,6 +343,11 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda was asked for but no CUDA device is available (see `stitchml doctor`)")
+    if args.serve:
+        try:
+            import flask  # noqa: F401
+        except ImportError:
+            parser.error("--serve needs the web debugger's Flask: pip install 'stitchml[debug]'")
     folder = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(folder):
         parser.error(f"--out {args.out!r}: the folder {folder!r} does not exist")
