@@ -116,7 +116,7 @@ def composite_graph(h: int, w: int) -> tuple[sm.Graph, sm.Tensor, sm.Tensor, sm.
 
 def ssao(gbuffer: np.ndarray, radius: float = 0.5, samples: int = 24, seed: int = 0) -> np.ndarray:
     """Screen-space AO (h, w) in [0, 1] from a (4, h, w) G-buffer, in float64: for fixed disc offsets
-    (scaled so that they span about `radius` world units at the image's centre depth), the mean over
+    (scaled so that they span about `radius` world units at the median depth of what the rays hit), the mean over
     samples of how far each neighbour rises above the pixel's tangent plane, faded with distance."""
     depth, normal = gbuffer[0].astype(np.float64), np.moveaxis(gbuffer[1:].astype(np.float64), 0, -1)
     h, w = depth.shape
