@@ -7,7 +7,7 @@ See docs/packages.md for the format and the importers' coverage.
 """
 from .kernels import current_target
 from .limits import Limits, default_limits, set_default_limits
-from .package import Function, KernelEntry, Package, Port, load_package
+from .package import Function, KernelEntry, Origin, Package, Port, load_package
 
 
 def from_onnx(model, name: str = "main", bind=None, limits: Limits | None = None) -> Package:
@@ -25,5 +25,5 @@ def from_torch(module, example_inputs, dynamic_shapes=None, name: str = "main",
     return build(module, example_inputs, dynamic_shapes=dynamic_shapes, name=name, limits=limits)
 
 
-__all__ = ["Package", "Function", "Port", "KernelEntry", "load_package", "from_onnx", "from_torch", "current_target",
+__all__ = ["Package", "Function", "Port", "Origin", "KernelEntry", "load_package", "from_onnx", "from_torch", "current_target",
            "Limits", "default_limits", "set_default_limits"]

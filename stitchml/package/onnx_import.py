@@ -8,6 +8,8 @@ on symbolic extents (``Shape(x)`` where x has a ``dim_param``) is tracked as
 ``Reshape(x, Concat(Shape(x)[0:1], [-1]))`` becomes a reshape that copies the
 batch extent at run time. The op handlers live in onnx_ops.py (with
 onnx_nn.py and onnx_rnn.py), one per ONNX operator, in a table keyed by op type.
+The function's `origins` map each ONNX value a node computed, by its name, to
+the graph tensor that holds it (`Function.origin_names()`).
 
     pkg = sm.package.from_onnx("resnet18.onnx")
     print(pkg.function("main").inputs[0])      # input: float32[batch, 3, 224, 224]
@@ -29,7 +31,7 @@ from . import onnx_nn, onnx_rnn  # noqa: F401  (each registers its handlers in o
 from .limits import Limits, known_elements, resolve
 from .onnx_ops import HANDLERS
 from .onnx_values import Dims, onnx_dtype
-from .package import Package
+from .package import Origin, Package
 
 MIN_OPSET = 1  # handlers read both the attribute and the operand forms; 13+ is what docs/packages.md promises
 
@@ -54,6 +56,7 @@ class Importer:
         self.bind = dict(bind or {})
         self.g = Graph(model.graph.name or name)
         self.values: dict[str, Any] = {}  # ONNX name -> Tensor | Dims
+        self.origins: dict[str, Origin] = {}  # ONNX value a node computed -> where it lives in the graph
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         self.node = None
 
@@ -168,6 +171,8 @@ class Importer:
                 self.check_size(value)
                 if out_name:
                     self.values[out_name] = value
+                    if isinstance(value, Tensor):
+                        self.origins[out_name] = Origin(out_name, out_name, node.op_type, value.name)
             if len(self.g.operations) > self.limits.max_operations:
                 raise self.over("max_operations", len(self.g.operations), "operations built so far")
         self.node = None
@@ -357,4 +362,5 @@ def from_onnx(model: Any, name: str = "main", bind: dict[str, Any] | None = None
     producer = {"name": "stitchml.onnx", "version": __version__,
                 "source": f"ONNX opset {importer.opset}, from {proto.producer_name or 'unknown'} "
                           f"{proto.producer_version}".rstrip()}
-    return Package.from_graph(importer.g, inputs, outputs, name=name, producer=producer, dim_names=dim_names)
+    return Package.from_graph(importer.g, inputs, outputs, name=name, producer=producer, dim_names=dim_names,
+                              origins=importer.origins)
