@@ -48,6 +48,7 @@ class GAN:
     g_loss: sm.Tensor  # the generator's non-saturating loss
     updates: list[sm.Operation]  # both optimizers' steps and the running statistics
     samples: sm.Tensor  # the generator in inference mode on `noise`, in [-1, 1]
+    fake: sm.Tensor  # the generator in training mode (the batch's statistics), as the step uses it
     generator_variables: list[sm.Tensor] = field(default_factory=list)
     discriminator_variables: list[sm.Tensor] = field(default_factory=list)
     running_statistics: list[sm.Tensor] = field(default_factory=list)
@@ -110,7 +111,7 @@ def build(image_shape: tuple[int, int, int], *, width: int = 32, latent: int = 3
     updates += [op for norm in norms for op in norm.updates]
     samples = g.identity(generator(noise, False), name="samples")
     running = [t for norm in norms for t in (norm.running_mean, norm.running_variance)]
-    return GAN(g, real, noise, d_loss, g_loss, updates, samples, generator_variables, discriminator_variables,
+    return GAN(g, real, noise, d_loss, g_loss, updates, samples, fake, generator_variables, discriminator_variables,
                running)
 
 
