@@ -93,8 +93,9 @@ def build(image_shape: tuple[int, int, int], *, width: int = 32, latent: int = 3
         return g.tanh(g_up2(x))
 
     def discriminator(x):
-        x = g.dropout(g.leaky_relu(d_conv1(x), 0.2), dropout)
-        x = g.dropout(g.leaky_relu(d_conv2(x), 0.2), dropout)
+        # Masks seeded from `seed` (a dropout without one draws its seed when built): runs repeat exactly.
+        x = g.dropout(g.leaky_relu(d_conv1(x), 0.2), dropout, seed=int(rng.integers(2**31)))
+        x = g.dropout(g.leaky_relu(d_conv2(x), 0.2), dropout, seed=int(rng.integers(2**31)))
         return d_dense(g.reshape(x, (-1, wide * base[0] * base[1])))
 
     fake = generator(noise, True)
