@@ -1,6 +1,6 @@
 """Step time of `stitchml demo gan`'s GAN against the same GAN in PyTorch eager and torch.compile.
 
-Run on a CUDA machine:  python benchmarks/bench_gan.py [--json out.json]
+Run on a CUDA machine:  python benchmarks/bench_gan.py [--large] [--json out.json]
 Here, to know it works:  python benchmarks/bench_gan.py --device cpu --quick
 
 One training step of each contender is the same work: the generator on a batch of noise (batch
@@ -29,8 +29,9 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from stitchml.demos import gan as stitch_gan  # noqa: E402
 
-# (name, image side, batch, width, latent): the demo's two configurations and a larger batch.
-CONFIGS = [("digits 8x8", 8, 64, 32, 32), ("mnist 28x28", 28, 128, 64, 100), ("mnist 28x28", 28, 512, 64, 100)]
+# (name, image side, batch, width, latent): the demo's two configurations; --large adds a larger batch.
+CONFIGS = [("digits 8x8", 8, 64, 32, 32), ("mnist 28x28", 28, 128, 64, 100)]
+LARGE = [("mnist 28x28", 28, 512, 64, 100)]
 QUICK = [("digits 8x8", 8, 16, 8, 8)]
 
 
@@ -144,6 +145,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="one small configuration, few repetitions")
+    parser.add_argument("--large", action="store_true", help="also MNIST at batch 512")
     parser.add_argument("--no-torch-compile", action="store_true", help="leave torch.compile out")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
@@ -151,7 +153,8 @@ def main() -> int:
     reps, inner = (3, 2) if args.quick else (15, 10)
     rows = []
     print(f"{'config':<12} {'batch':>5}  {'contender':<14} {'ms/step':>9}  {'d_loss':>7} {'g_loss':>7}  note")
-    for name, side, batch, width, latent in QUICK if args.quick else CONFIGS:
+    failed = False
+    for name, side, batch, width, latent in QUICK if args.quick else CONFIGS + (LARGE if args.large else []):
         rng = np.random.default_rng(0)
         real = torch.as_tensor(rng.uniform(-1, 1, (batch, 1, side, side)).astype(np.float32), device=args.device)
         z = torch.as_tensor(rng.standard_normal((batch, latent)).astype(np.float32), device=args.device)
@@ -163,23 +166,27 @@ def main() -> int:
         if not args.no_torch_compile:
             contenders["torch.compile"] = (torch_step(side, width, latent, args.device, True), "")
         for who, (fn, note) in contenders.items():
-            start = time.perf_counter()
-            d_loss, g_loss = (float(v.torch() if hasattr(v, "torch") else v.detach()) for v in fn(real, z))
-            if who == "torch.compile":
-                note = f"first step (compiling) {time.perf_counter() - start:.1f} s"
-            ms = median_ms(lambda: fn(real, z), args.device, reps, inner)
+            try:
+                start = time.perf_counter()
+                d_loss, g_loss = (float(v.torch() if hasattr(v, "torch") else v.detach()) for v in fn(real, z))
+                if who == "torch.compile":
+                    note = f"first step (compiling) {time.perf_counter() - start:.1f} s"
+                ms = median_ms(lambda: fn(real, z), args.device, reps, inner)
+            except Exception as e:  # noqa: BLE001  (one contender failing leaves the others' rows)
+                print(f"{name:<12} {batch:>5}  {who:<14} failed: {type(e).__name__}: {e}", flush=True)
+                rows.append({"config": name, "batch": batch, "who": who, "error": f"{type(e).__name__}: {e}"})
+                failed = True
+                continue
             row = {"config": name, "batch": batch, "width": width, "who": who, "ms_per_step": ms,
                    "d_loss": d_loss, "g_loss": g_loss, "note": note}
             rows.append(row)
             print(f"{name:<12} {batch:>5}  {who:<14} {ms:9.3f}  {d_loss:7.3f} {g_loss:7.3f}  {note}", flush=True)
-            if not (np.isfinite(d_loss) and np.isfinite(g_loss)):
-                print(f"{who}: the losses are not finite")
-                return 1
+            failed |= not (np.isfinite(d_loss) and np.isfinite(g_loss))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
                        "torch": torch.__version__, "rows": rows}, f, indent=1)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -138,7 +138,7 @@ def _nearest_distance(samples: np.ndarray, images: np.ndarray) -> float:
 
 
 def test_tiny_gan_trains_in_one_run_per_step():
-    """A small GAN on the 8x8 digits for 240 steps: the losses stay finite, each run updates both networks
+    """A small GAN on the 8x8 digits for 160 steps: the losses stay finite, each run updates both networks
     and the running statistics, and the samples move from the untrained generator's toward the digits:
     nearer to their nearest training image than before and than uniform noise, and not all alike."""
     dataset = data.load_digits(seed=0)
@@ -158,8 +158,9 @@ def test_tiny_gan_trains_in_one_run_per_step():
     real = dataset.train_images
     uniform = np.random.default_rng(6).uniform(0, 1, after.shape)
     trained, untrained, noisy = (_nearest_distance(s, real) for s in (after, before, uniform))
-    # Measured: 2.07 trained, 2.84 untrained, 3.54 noise (held-out real digits: 1.07).
-    assert trained < 0.8 * untrained and trained < 0.7 * noisy, (trained, untrained, noisy)
+    # Measured with seeds 0-3: trained 0.60-0.72 of the untrained distance and 0.48-0.66 of noise's; the
+    # untrained generator is 0.77-0.97 of noise's (held-out real digits are 1.07 from a training digit, noise 3.54).
+    assert trained < 0.8 * untrained and trained < 0.75 * noisy, (trained, untrained, noisy)
     assert after.std(axis=0).mean() > 0.05, "every sample looks the same"
 
 

@@ -25,7 +25,7 @@ import stitchml as sm
 from stitchml.cli import device_argument, positive
 from stitchml.demos import default_threads
 
-GPU_SIZES = tuple(4 ** k * 4096 for k in range(10))  # 4K, 16K, ... 256M elements
+GPU_SIZES = tuple(4 ** k * 4096 for k in range(9))  # 4K, 16K, ... 256M elements
 CPU_SIZES = (4096, 65536, 1 << 20)
 SQRT_2 = math.sqrt(2.0)
 
