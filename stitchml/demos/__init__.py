@@ -6,6 +6,7 @@ import os
 import sys
 
 DEMOS = {
+    "gan": "a DCGAN whose generator and discriminator train in one graph run; samples scored by the classifier",
     "gelu": "GeLU built from primitives, checked against torch on every device",
     "mnist": "the digit classifier: convolutions, pooling, dense layers, trained with Adam or SGD",
     "neural-materials": "material channels as quantized latents + an MLP decoded in a Triton kernel, against BC1/BC7",
