@@ -268,33 +268,36 @@ class Graph:
             buckets: dict | None = None):
         """Run what `targets` and `target_ops` need; returns {target: TensorData}.
 
-        Feeds map placeholders to TensorData (or arrays). On the CPU the graph
-        runs op by op through the reference implementations; on CUDA it is
+        Feeds map placeholders to TensorData (or arrays). On CUDA the graph is
         compiled once per input signature (feed shapes and dtypes, targets,
         device) into a cached executable (`compile_log` says why each compile
-        happened). `compiled=False` forces the op-by-op path anywhere. The
-        semantics are the same either way (docs/semantics.md).
+        happened). On the CPU it runs op by op through the reference
+        implementations, and a signature run a third time is compiled to native
+        CPU kernels when a C++ compiler is there (STITCHML_CPU_COMPILE_AFTER
+        sets after how many runs). `compiled=False` forces the op-by-op path
+        anywhere, `compiled=True` compiles at once. The semantics are the same
+        either way (docs/semantics.md).
 
         `buckets` ({placeholder: {axis: rule}}, default `self.buckets`) rounds those extents up
         (runtime/buckets.py: "pow2", multiples of N, or edges) so that one executable serves every size
         of a bucket, with results equal to an unpadded run; runs with buckets are compiled, on the CPU too.
         """
-        from .runtime.eager import run_graph
+        from .runtime.compiled import ExecutableCache, compiles_by_default
+        from .runtime.eager import check_request, run_graph
         from .tensor_data import resolve_device
 
         dev = resolve_device(device)
         buckets = self.buckets if buckets is None else buckets
-        if compiled is False or (compiled is None and dev.type != "cuda" and not buckets):
+        if compiled is False or (compiled is None and not compiles_by_default(dev) and not buckets):
             return run_graph(self, feeds, targets, target_ops, dev)
-        from .runtime.compiled import ExecutableCache
-        from .runtime.eager import check_request
-
         targets, target_ops = check_request(self, targets, target_ops)
         with self._run_lock:  # the cache is shared by every thread that runs this graph
             if self._executables is None:
                 self._executables = ExecutableCache()
-            exe = self._executables.get(self, feeds or {}, targets, target_ops, dev, buckets)
-        return exe.run(feeds)
+            cold = compiled is None and dev.type != "cuda" and not buckets and not self._executables.warm(
+                self, feeds or {}, targets, target_ops, dev)
+            exe = None if cold else self._executables.get(self, feeds or {}, targets, target_ops, dev, buckets)
+        return run_graph(self, feeds, targets, target_ops, dev) if cold else exe.run(feeds)
 
     @property
     def compile_log(self) -> list[str]:

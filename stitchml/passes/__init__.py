@@ -37,7 +37,7 @@ class CompileContext:
     """What the passes share: the target, options, and what each pass reports."""
 
     device: torch.device
-    backend: str  # "triton" (CUDA or TRITON_INTERPRET on the CPU) or "reference"
+    backend: str  # "triton" (CUDA), "interpret" (TRITON_INTERPRET on the CPU), "native" (C++, CPU) or "reference"
     options: dict[str, Any] = field(default_factory=dict)
     run_context: Callable[[], Any] | None = None  # a run's RunContext (its run index), for random ops
     fusion_report: list = field(default_factory=list)  # stitch: kernels and refusals

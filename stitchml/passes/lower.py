@@ -24,11 +24,12 @@ reads once at its end (`raise_flagged`): a kernel cannot raise.
 from __future__ import annotations
 
 import functools
+import logging
 
 import numpy as np
 import torch
 
-from ..codegen import choices, loader, pointwise, reduction
+from ..codegen import choices, cpu, loader, pointwise, reduction
 from ..codegen.common import Layout
 from ..dtypes import float32
 from ..errors import StitchError
@@ -38,6 +39,8 @@ from ..registry import lookup
 from ..runtime.steps import Step
 from .memory import _is_view
 from .program import CompileError, Program, copy_op
+
+log = logging.getLogger("stitchml.compile")
 
 
 def _layouts(op: Operation, plan) -> list[Layout]:
@@ -147,11 +150,13 @@ def lower(program: Program, ctx) -> Program:
     flag_slot = len(slots) + len(temps)  # used only when a kernel divides integers
     checks: list[Operation] = []
     steps: list[Step] = []
+    module = cpu.Module()  # the native CPU backend's kernels, compiled together below
+    options = {**ctx.options, "native_module": module} if ctx.backend == "native" else ctx.options
     for op in program.operations:
         if op.op in ("placeholder", "variable", "constant", "assign_variable"):
             continue
         try:
-            step = _step(op, plan, slots, scratch_slots, ctx.backend, ctx.options, ctx.run_context, (checks, flag_slot))
+            step = _step(op, plan, slots, scratch_slots, ctx.backend, options, ctx.run_context, (checks, flag_slot))
         except StitchError:
             raise
         except Exception as e:  # a kernel the code generator cannot make: name the user's ops and lines
@@ -161,6 +166,9 @@ def lower(program: Program, ctx) -> Program:
         step.ops = _computes(op)
         step.inputs = tuple((t.name, slots[t.id]) for t in op.inputs)
         steps.append(step)
+    module.build()
+    for kernel, reason in module.errors.items():
+        log.info("kernel %s runs through its reference implementation on the CPU: %s", kernel, reason)
     ctx.launches = steps
     ctx.slots = slots
     ctx.scratch_slots = scratch_slots
@@ -187,6 +195,8 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     body, template = op.attrs["body"], op.attrs["template"]
     if backend == "reference":
         return Step(op.name, "reference", _opaque(op, ins, outs, into=True))
+    if backend == "native":
+        return _native_step(op, plan, ins, outs, scratch_slots, flags, options["native_module"])
     interpret = backend == "interpret"
     checks, flag_slot = flags
     options = {**options, "first_check": len(checks)}
@@ -218,6 +228,41 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         key = f"matmul:{a.shape}x{b.shape}:{a.dtype}:{kind}:{torch.cuda.get_device_name()}"
         run = choices.Chooser(key, {"cublas+epilogue-kernel": run, f"cublaslt-{kind}": fused_run})
     return Step(op.name, template, run, src.source)
+
+
+def _native_step(op: Operation, plan, ins: list[int], outs: list[int], scratch_slots: dict, flags,
+                 module: cpu.Module) -> Step:
+    """A fusion as a C++ loop nest (codegen/cpu.py) compiled with the executable's other kernels; its
+    reference implementation when the C++ generator has no form for it or it does not compile (the
+    reason is logged)."""
+    body, template = op.attrs["body"], op.attrs["template"]
+    checks, flag_slot = flags
+    reference = _opaque(op, ins, outs, into=True)
+    try:
+        if template == "pointwise" or template == "reduction" and cpu.fits(body):
+            gen = cpu.pointwise if template == "pointwise" else cpu.reduction
+            src = gen(op.name, body, _layouts(op, plan), len(checks))
+            module.add(src)
+            run = cpu.NativeLaunch(module, src, ins, outs + ([flag_slot] if src.checks else []), reference)
+            checks.extend(src.checks)
+            return Step(op.name, template, run, src.source)
+        if template in ("pointwise", "reduction"):
+            raise NotImplementedError(f"its rows need more than {cpu.MAX_SCRATCH} scratch elements per thread")
+        contraction, epi, used = _epilogue(body)
+        placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
+        if epi is None:
+            return Step(op.name, template, _vendor(contraction, placeholders, ins, outs[0]))
+        tmp = scratch_slots[op.id]
+        layouts = [Layout.contiguous(contraction.outputs[0].shape)] + [_layouts(op, plan)[i] for i in used]
+        src = cpu.pointwise(op.name, epi, layouts, len(checks))
+        module.add(src)
+        launch = cpu.NativeLaunch(module, src, [tmp] + [ins[i] for i in used],
+                                  outs + ([flag_slot] if src.checks else []), reference)
+        checks.extend(src.checks)
+        return Step(op.name, template, _chain(_vendor(contraction, placeholders, ins, tmp), launch), src.source)
+    except NotImplementedError as e:
+        log.info("kernel %s runs through its reference implementation on the CPU: %s", op.name, e)
+        return Step(op.name, "reference", reference)
 
 
 def _cublaslt_epilogue(body: Program, contraction: Operation, placeholders, ins: list[int], outs: list[int]):

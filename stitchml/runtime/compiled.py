@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import torch
 
+from ..codegen import cpu
 from ..dtypes import as_dtype
 from ..errors import ExecutionError, FeedError
 from ..ir import Tensor, TensorType, built_at
@@ -26,6 +27,14 @@ from .executable import Executable, Signature
 
 log = logging.getLogger("stitchml.compile")
 CACHE_SIZE = int(os.environ.get("STITCHML_EXECUTABLE_CACHE", "16"))
+# Graph.run on the CPU compiles a signature on its run after this many op-by-op runs (native backend only).
+CPU_COMPILE_AFTER = int(os.environ.get("STITCHML_CPU_COMPILE_AFTER", "2"))
+
+
+def compiles_by_default(device: torch.device) -> bool:
+    """Whether Graph.run compiles on `device` when not told: always on CUDA; on the CPU when kernels
+    compile to native code (the Triton interpreter and the reference backend are slower than op by op)."""
+    return device.type == "cuda" or _backend(device) == "native"
 
 
 def _backend(device: torch.device) -> str:
@@ -35,7 +44,22 @@ def _backend(device: torch.device) -> str:
         except ImportError:
             return "reference"
         return "triton"
-    return "interpret" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "reference"
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return "interpret"
+    return "native" if native_available() else "reference"
+
+
+def native_available() -> bool:
+    """Whether CPU kernels compile to native code (codegen/cpu.py): a C++ compiler works, and
+    STITCHML_CPU_BACKEND does not ask for the reference backend."""
+    if os.environ.get("STITCHML_CPU_BACKEND", "native") == "reference":
+        return False
+    try:
+        cpu.compiler()
+    except cpu.CompilerUnavailable as e:
+        log.info("CPU kernels run through their reference implementations: %s", e)
+        return False
+    return True
 
 
 def _feed_types(graph, feeds) -> dict[Tensor, TensorType]:
@@ -150,6 +174,20 @@ class ExecutableCache:
         self.log: list[str] = []
         self.served: deque[str] = deque(maxlen=256)  # which bucket served each recent bucketed run
         self.refused: dict[tuple, str] = {}  # (bucket rules, targets) -> why the graph cannot be bucketed
+        self.runs: dict[Signature, int] = {}  # CPU runs op by op so far, per signature (warm)
+
+    def warm(self, graph, feeds: dict, targets, target_ops, device) -> bool:
+        """Whether a CPU run of this signature should compile: it has an executable already, or this is
+        at least its CPU_COMPILE_AFTER + 1-th run (compiling costs a compiler run, so a signature run
+        once or twice stays op by op)."""
+        sig = signature_of(graph, _feed_types(graph, feeds or {}), targets, target_ops, device)
+        if sig in self.entries:
+            return True
+        seen = self.runs.get(sig, 0) + 1
+        self.runs[sig] = seen
+        if len(self.runs) > 4 * self.size:  # a stream of one-off signatures: forget the oldest counts
+            self.runs.pop(next(iter(self.runs)))
+        return seen > CPU_COMPILE_AFTER
 
     def get(self, graph, feeds: dict, targets, target_ops, device, buckets=None) -> Executable:
         """The executable for these feeds (compiled on a miss); with `buckets`, one of the padded twin
