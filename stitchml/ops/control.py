@@ -22,7 +22,7 @@ Bodies are pure functions of their inputs: no placeholders of their own, no
 variables and no random draws (draw before the loop and index the draws by
 the iteration). Gradients flow through `if_then_else` and `for_loop`; the
 for loop's rule reruns the loop once keeping every iteration's carried
-values (`keep_history`), then runs the transposed body backwards over them.
+values (`history`), then runs the transposed body backwards over them.
 """
 from __future__ import annotations
 
@@ -299,12 +299,13 @@ def _while_loop(g, initial, before_fn: Callable, after_fn: Callable, name: str |
 for_loop = register(Primitive(
     "for_loop", OPAQUE,
     doc="For i = lower; i < upper; i += step: the carried values become `body`(i, carried...); returns the "
-        "last ones (and with `keep_history` each carried value at the start of every iteration, stacked).",
+        "last ones (and with `history`, the trip count or -1, each carried value at the start of every "
+        "iteration, stacked).",
 ))
 
 
 @for_loop.def_infer
-def _for_infer(types, body, keep_history):
+def _for_infer(types, body, history):
     for tt, what in zip(types[:3], ("lower", "upper", "step")):
         _scalar(tt, dtypes.int32, what)
     n = len(body.outputs)
@@ -313,8 +314,8 @@ def _for_infer(types, body, keep_history):
     for i, (got, want) in enumerate(zip(body.out_types, carried)):
         _fits(got, want, f"body_fn result {i} (the loop-carried value {i})")
     outs = [TensorType(t.shape, t.dtype) for t in carried]
-    if keep_history:
-        outs += [TensorType(None if t.shape is None else (UNKNOWN,) + t.shape, t.dtype) for t in carried]
+    if history is not None:
+        outs += [TensorType(None if t.shape is None else (int(history),) + t.shape, t.dtype) for t in carried]
     return outs
 
 
@@ -326,21 +327,23 @@ def trip_count(lower: int, upper: int, step: int) -> int:
 
 
 @for_loop.def_impl
-def _for_impl(lower, upper, step, *inputs, body, keep_history):
+def _for_impl(lower, upper, step, *inputs, body, history):
     n = len(body.outputs)
     lo, count, st = int(lower), trip_count(int(lower), int(upper), int(step)), int(step)
     carried, captured = list(inputs[:n]), list(inputs[n:])
-    history: list[list[torch.Tensor]] = [[] for _ in range(n)]
+    if history not in (None, UNKNOWN, count):
+        raise ValueError(f"the loop was built to run {history} times, its bounds give {count}")
+    kept: list[list[torch.Tensor]] = [[] for _ in range(n)]
     for k in range(count):
-        if keep_history:
-            for h, v in zip(history, carried):
+        if history is not None:
+            for h, v in zip(kept, carried):
                 h.append(v)
         index = torch.tensor(lo + k * st, dtype=torch.int32, device=lower.device)
         carried = run_body(body, [index, *carried, *captured])
-    if not keep_history:
+    if history is None:
         return tuple(carried)
     stacked = [torch.stack(h) if h else torch.empty((0, *x.shape), dtype=x.dtype, device=x.device)
-               for h, x in zip(history, inputs[:n])]
+               for h, x in zip(kept, inputs[:n])]
     return (*carried, *stacked)
 
 
@@ -363,7 +366,7 @@ def _for_loop(g, lower, upper, step, initial, body_fn: Callable, name: str | Non
     names = ["index"] + [f"carried{i}" for i in range(len(initial))]
     body, captured, _ = build_body(g, "body", [TensorType((), dtypes.int32)] + [t.type for t in initial], body_fn,
                                    "for_loop body_fn", names)
-    op = g._emit("for_loop", [*bounds, *initial, *captured], {"body": body, "keep_history": False}, name)
+    op = g._emit("for_loop", [*bounds, *initial, *captured], {"body": body, "history": None}, name)
     return _single(list(op.outputs), single)
 
 
@@ -440,8 +443,11 @@ def _for_vjp(g, op, *dys):
     reads = [k for k, t in enumerate(captured) if t.dtype.is_floating]
     if not carried:
         return [None] * len(op.inputs)
-    # Forward again, keeping the carried values each iteration starts from: O(trip count) memory.
-    histories = g._emit("for_loop", op.inputs, {"body": body, "keep_history": True}).outputs[n:]
+    # Forward again, keeping the carried values each iteration starts from: O(trip count) memory. Bounds
+    # known while building give the history a static length (a compiled program needs one).
+    known = [t.op.attrs["value"] if t.op.op == "constant" else None for t in (lower, upper, step)]
+    length = trip_count(*(int(v) for v in known)) if all(v is not None for v in known) else UNKNOWN
+    histories = g._emit("for_loop", op.inputs, {"body": body, "history": length}).outputs[n:]
     count = g.maximum(g.floor_division(upper - lower + step - 1, step), 0)
 
     def backward(j, *state):

@@ -1,0 +1,132 @@
+"""Compiled control-flow blocks: a body's steps run on tensors, and a loop of them on CUDA graphs.
+
+The compiler (passes/control.py) compiles each body of a control-flow op once
+per input signature into a program and its pre-bound steps; a `BlockRun`
+binds that program's constants and arena once and runs it on a list of input
+tensors, returning fresh output tensors, as often as a loop asks.
+
+`LoopGraphs` runs a for loop of known trip count on CUDA without a host
+round trip per iteration: the body, followed by copies of its results into
+its own input buffers and the index increment, is captured as CUDA graphs of
+`CHUNK` iterations and of one, and a run replays them (trip count // CHUNK
+and trip count % CHUNK times). Inside an enclosing capture (the executable
+records its whole run once the kernels are warm) the loop is simply
+unrolled into that capture instead, so replays of the enclosing run contain
+the whole loop.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..codegen.common import NO_FLAG
+from . import cudart
+from .steps import raise_flagged, run_steps
+
+CHUNK = 16  # iterations per replayed CUDA graph: a launch per 16 iterations, a capture 16 bodies long
+
+
+class BlockRun:
+    """One compiled body: `run(inputs)` -> outputs. `program` and `ctx` are what the pass pipeline gave;
+    `inputs` are the body's placeholders in order (the program keeps those its outputs need)."""
+
+    def __init__(self, program, ctx, inputs):
+        slots = ctx.slots
+        plan = ctx.memory_plan
+        self.device = ctx.device
+        self.steps = ctx.launches
+        self.checks, self.flag_slot = ctx.checks, ctx.flag_slot
+        env: list = [None] * (len(slots) + len(ctx.scratch_slots) + (ctx.flag_slot is not None))
+        fed = {}
+        self.held: set[int] = set()  # slots holding constants: results read from them are copied
+        for op in program.operations:
+            if op.op == "placeholder":
+                fed[op.attrs["source"]] = slots[op.outputs[0].id]
+            elif op.op == "constant":
+                env[slots[op.outputs[0].id]] = op.attrs["value"].to(self.device)
+                self.held.add(slots[op.outputs[0].id])
+        self.feed_slots = [fed.get(t.op.id) for t in inputs]
+        if self.flag_slot is not None:
+            env[self.flag_slot] = torch.full((1,), NO_FLAG, dtype=torch.int32, device=self.device)
+        arena = torch.empty(max(plan.arena_size, 1), dtype=torch.uint8, device=self.device)
+        scratch_of = {v: k for k, v in plan.scratch.items()}
+        self.fresh: list[tuple[int, tuple, torch.dtype]] = []
+        for b in plan.buffers.values():
+            if b.kind in ("vendor", "variable"):
+                continue
+            slot = ctx.scratch_slots[scratch_of[b.id]] if b.kind == "scratch" else slots[b.id]
+            if b.kind == "output":
+                self.fresh.append((slot, b.shape, b.dtype))
+            else:
+                env[slot] = arena[b.offset:b.offset + b.nbytes].view(b.dtype).view(b.shape)
+        self.arena = arena
+        self.template = env
+        self.result_slots = [slots[t.id] for t in program.outputs]
+
+    def run(self, inputs: list[torch.Tensor], check_flag: bool = True) -> list[torch.Tensor]:
+        """The body's outputs on `inputs` (contiguous tensors on the device). A zero integer divisor a kernel
+        flagged is raised at once, or (``check_flag=False``, inside a capture) left for the caller."""
+        env = self.template.copy()
+        for slot, value in zip(self.feed_slots, inputs):
+            if slot is not None:
+                env[slot] = value if value.is_contiguous() else value.contiguous()
+        for slot, shape, dtype in self.fresh:
+            env[slot] = torch.empty(shape, dtype=dtype, device=self.device)
+        run_steps(self.steps, env, self.checks, self.flag_slot, check_flag)
+        return [env[s].clone() if s in self.held else env[s] for s in self.result_slots]
+
+    def raise_flagged(self) -> None:
+        if self.flag_slot is not None:
+            raise_flagged(self.template, self.checks, self.flag_slot)
+
+
+class LoopGraphs:
+    """A for loop's body captured as CUDA graphs over static buffers (see the module docstring)."""
+
+    def __init__(self, block: BlockRun, index: torch.Tensor, carried: list[torch.Tensor],
+                 reads: list[torch.Tensor], step: int):
+        # Static buffers: the index, the carried values and the loop-invariant tensors the body reads.
+        self.block, self.step = block, step
+        self.index = torch.empty_like(index)
+        self.carried = [torch.empty_like(c, memory_format=torch.contiguous_format) for c in carried]
+        self.reads = [torch.empty_like(r, memory_format=torch.contiguous_format) for r in reads]
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+
+    def _iteration(self) -> None:
+        outs = self.block.run([self.index, *self.carried, *self.reads], check_flag=False)
+        for dst, src in zip(self.carried, outs):
+            dst.copy_(src)
+        self.index.add_(self.step)
+
+    def _graph(self, iterations: int) -> torch.cuda.CUDAGraph:
+        graph = self.graphs.get(iterations)
+        if graph is None:
+            graph = torch.cuda.CUDAGraph()
+            torch.cuda.synchronize(self.block.device)
+            with cudart.capture(graph):
+                for _ in range(iterations):
+                    self._iteration()
+            self.graphs[iterations] = graph
+        return graph
+
+    def run(self, lower: int, count: int, carried: list[torch.Tensor], reads: list[torch.Tensor]
+            ) -> list[torch.Tensor]:
+        """`count` iterations from index `lower` on the given values; returns the last carried values."""
+        self.index.fill_(lower)
+        for dst, src in zip(self.carried, carried):
+            dst.copy_(src)
+        for dst, src in zip(self.reads, reads):
+            dst.copy_(src)
+        if not self.graphs and count:  # the first iteration runs uncaptured: kernels compile, choices decide
+            self._iteration()
+            count -= 1
+        chunks, rest = divmod(count, CHUNK)
+        if chunks:
+            graph = self._graph(CHUNK)
+            for _ in range(chunks):
+                graph.replay()
+        if rest:
+            graph = self._graph(1)
+            for _ in range(rest):
+                graph.replay()
+        self.block.raise_flagged()
+        return [c.clone() for c in self.carried]
