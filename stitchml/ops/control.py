@@ -360,6 +360,8 @@ def _for_loop(g, lower, upper, step, initial, body_fn: Callable, name: str | Non
     >>> g.run({}, [y], device="cpu")[y].numpy().tolist()
     27.0
     """
+    if isinstance(step, int) and step <= 0:
+        raise g._error("for_loop", f"the step must be positive, got {step}")
     bounds = [_int32(g, v, what) for v, what in ((lower, "lower"), (upper, "upper"), (step, "step"))]
     initial, single = _as_list(initial, "for_loop")
     initial = [g.as_tensor(v) for v in initial]
