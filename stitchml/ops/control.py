@@ -20,9 +20,11 @@ a body reads.
 
 Bodies are pure functions of their inputs: no placeholders of their own, no
 variables and no random draws (draw before the loop and index the draws by
-the iteration). Gradients flow through `if_then_else` and `for_loop`; the
-for loop's rule reruns the loop once keeping every iteration's carried
-values (`history`), then runs the transposed body backwards over them.
+the iteration). Gradients flow through `if_then_else` and `for_loop`: the
+for loop's rule runs the transposed body backwards over the carried values
+each iteration started from, which a second forward loop stores (`history`)
+when the bounds are known while building, and which are recomputed from the
+initial values otherwise (see `_history`).
 """
 from __future__ import annotations
 
@@ -433,6 +435,28 @@ def _if_vjp(g, op, *dys):
     return out
 
 
+def _history(g, op, lower, upper, step, initial, captured) -> Callable[[Tensor], list[Tensor]]:
+    """How the reverse loop gets the carried values iteration k started from.
+
+    With bounds known while building, the loop runs once more keeping them all (O(trip count) memory,
+    a static history a compiled program can hold); otherwise iteration k recomputes them from the
+    initial values (k iterations of the body: O(trip count squared) work, no history).
+    """
+    body = op.attrs["body"]
+    known = [t.op.attrs["value"] if t.op.op == "constant" else None for t in (lower, upper, step)]
+    if all(v is not None for v in known) and int(known[2]) > 0:
+        length = trip_count(*(int(v) for v in known))
+        histories = g._emit("for_loop", op.inputs, {"body": body, "history": length}).outputs[len(initial):]
+        return lambda k: [g.gather(h, k, axis=0) for h in histories]
+
+    def recompute(k):
+        values = g.for_loop(lower, lower + k * step, step, list(initial),
+                            lambda i, *v: inline(g.innermost(), body, [i, *v, *captured]))
+        # Values to differentiate at, not functions of the reads the gradient is taken for.
+        return [g.stop_gradient(v) for v in values]
+    return recompute
+
+
 @for_loop.def_vjp
 def _for_vjp(g, op, *dys):
     body = op.attrs["body"]
@@ -445,19 +469,14 @@ def _for_vjp(g, op, *dys):
     reads = [k for k, t in enumerate(captured) if t.dtype.is_floating]
     if not carried:
         return [None] * len(op.inputs)
-    # Forward again, keeping the carried values each iteration starts from: O(trip count) memory. Bounds
-    # known while building give the history a static length (a compiled program needs one).
-    known = [t.op.attrs["value"] if t.op.op == "constant" else None for t in (lower, upper, step)]
-    length = trip_count(*(int(v) for v in known)) if all(v is not None for v in known) else UNKNOWN
-    histories = g._emit("for_loop", op.inputs, {"body": body, "history": length}).outputs[n:]
     count = g.maximum(g.floor_division(upper - lower + step - 1, step), 0)
+    values_at = _history(g, op, lower, upper, step, initial, captured)
 
     def backward(j, *state):
         cts, sums = state[:len(carried)], state[len(carried):]
         k = count - 1 - j
-        values = [g.gather(h, k, axis=0) for h in histories]
         wrt = [1 + c for c in carried] + [1 + n + r for r in reads]
-        grads = _transposed(g, body, [lower + k * step, *values, *captured],
+        grads = _transposed(g, body, [lower + k * step, *values_at(k), *captured],
                             {c: ct for c, ct in zip(carried, cts)}, wrt)
         return grads[:len(carried)] + [s + d for s, d in zip(sums, grads[len(carried):])]
 

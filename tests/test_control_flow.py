@@ -1,0 +1,137 @@
+"""Control flow (stitchml/ops/control.py, passes/control.py) beyond the op database's generic checks:
+blocks that read enclosing graphs, nesting, gradients of nested loops against torch.autograd and
+float64 finite differences, compiled runs (the Triton interpreter) against eager ones with each block
+compiled once, and the errors a block can cause."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import stitchml as sm
+import stitchml.passes as passes
+
+F64 = sm.float64
+
+
+def _nested(g, x, w, n):
+    """for i < n: v = if sum(v) > 0 then tanh(v * w) else v + (for j < i: u = u * 0.5 + w)."""
+    def inner(i, v):
+        halves = g.for_loop(0, i, 1, v, lambda j, u: u * 0.5 + w)
+        return g.if_then_else(g.reduction_sum(v) > 0.0, lambda: g.tanh(v * w), lambda: v + halves)
+
+    return g.for_loop(0, n, 1, x, inner)
+
+
+def _nested_torch(x, w, n):
+    v = x
+    for i in range(n):
+        u = v
+        for _ in range(i):
+            u = u * 0.5 + w
+        v = torch.tanh(v * w) if v.sum() > 0 else v + u
+    return v
+
+
+def _inputs():
+    rng = np.random.default_rng(7)
+    return rng.standard_normal((2, 3)), rng.standard_normal((3,))
+
+
+def test_nested_blocks_read_the_enclosing_graphs():
+    g = sm.Graph()
+    x, w = g.placeholder((2, 3), F64, name="x"), g.placeholder((3,), F64, name="w")
+    y = _nested(g, x, w, 5)
+    xv, wv = _inputs()
+    got = g.run({x: xv, w: wv}, [y], device="cpu")[y].numpy()
+    np.testing.assert_allclose(got, _nested_torch(torch.tensor(xv), torch.tensor(wv), 5).numpy(), rtol=1e-12)
+    # The inner loop reads w from two graphs out: through a capture of the outer body, then its own.
+    outer_body = y.op.attrs["body"]
+    assert [t.name for t in outer_body.graph.captures] == ["w"]
+    assert y.op.inputs[-1] is w
+
+
+def test_gradients_of_nested_loops_and_branches_match_torch_and_finite_differences():
+    g = sm.Graph()
+    x, w = g.placeholder((2, 3), F64, name="x"), g.placeholder((3,), F64, name="w")
+    y = _nested(g, x, w, 4)
+    loss = g.reduction_sum(y * y)
+    grads = g.gradients(loss, [x, w])
+    xv, wv = _inputs()
+    got = g.run({x: xv, w: wv}, [grads[x], grads[w]], device="cpu")
+    xt, wt = torch.tensor(xv, requires_grad=True), torch.tensor(wv, requires_grad=True)
+    want = torch.autograd.grad((_nested_torch(xt, wt, 4) ** 2).sum(), [xt, wt])
+    for a, b in zip((got[grads[x]].numpy(), got[grads[w]].numpy()), want):
+        np.testing.assert_allclose(a, b.numpy(), rtol=1e-9, atol=1e-12)
+    rng = np.random.default_rng(1)
+    dx, dw = rng.standard_normal(xv.shape), rng.standard_normal(wv.shape)
+
+    def at(h):
+        return g.run({x: xv + h * dx, w: wv + h * dw}, [loss], device="cpu")[loss].numpy()
+
+    numeric = (at(1e-6) - at(-1e-6)) / 2e-6
+    analytic = float((got[grads[x]].numpy() * dx).sum() + (got[grads[w]].numpy() * dw).sum())
+    assert abs(numeric - analytic) <= 1e-6 * (1 + abs(analytic))
+
+
+def test_compiled_loops_compile_each_block_once_and_match_eager(monkeypatch):
+    g = sm.Graph()
+    x, w = g.placeholder((2, 3), F64, name="x"), g.placeholder((3,), F64, name="w")
+    n = g.placeholder((), sm.int32, name="n")  # a data-dependent trip count
+    y = _nested(g, x, w, n)
+    z = g.while_loop(y, lambda v: (g.reduction_sum(g.absolute(v)) < 50.0, v), lambda v: v * 1.5 + 0.1)
+    dx = g.gradients(g.reduction_sum(_nested(g, x, w, 3) ** 2.0), [x])[x]
+    compiles = []
+    real = passes.run_pipeline
+    monkeypatch.setattr(passes, "run_pipeline", lambda p, ctx: compiles.append(p) or real(p, ctx))
+    exe = g.compile({x: sm.TensorType((2, 3), F64), w: sm.TensorType((3,), F64), n: sm.TensorType((), sm.int32)},
+                    [y, z, dx], device="cpu")
+    assert any(s.kind == "control" for s in exe.steps)
+    compiled = len(compiles)
+    xv, wv = _inputs()
+    for count in (0, 1, 6):
+        feeds = {x: xv, w: wv, n: np.array(count, np.int32)}
+        got = exe.run(feeds)
+        want = g.run(feeds, [y, z, dx], device="cpu", compiled=False)
+        for t in (y, z, dx):
+            np.testing.assert_allclose(got[t].numpy(), want[t].numpy(), rtol=1e-12, atol=1e-14, err_msg=t.name)
+    assert len(compiles) == compiled, "a run compiled a block again"
+
+
+def test_compiled_for_loop_reports_a_bad_step_as_eager_does():
+    g = sm.Graph()
+    x, s = g.placeholder((2,), F64, name="x"), g.placeholder((), sm.int32, name="s")
+    y = g.for_loop(0, 3, s, x, lambda i, v: v + 1.0)
+    exe = g.compile({x: sm.TensorType((2,), F64), s: sm.TensorType((), sm.int32)}, [y], device="cpu")
+    with pytest.raises(sm.ExecutionError, match=r"for_loop \(for_loop_\d+, built at .*test_control_flow.py.*step "
+                                                r"must be positive, got 0"):
+        exe.run({x: np.zeros(2), s: np.array(0, np.int32)})
+
+
+def test_blocks_are_pure():
+    g = sm.Graph()
+    x = g.placeholder((2,), sm.float32, name="x")
+    with pytest.raises(sm.GraphError, match="random_uniform .* is a random draw; .*draw random values before"):
+        g.for_loop(0, 2, 1, x, lambda i, v: v + g.random_uniform((2,)))
+    with pytest.raises(sm.GraphError, match="is a placeholder"):
+        g.if_then_else(g.constant(True), lambda: g.placeholder((2,)), lambda: x)
+    inside = []
+    g.for_loop(0, 2, 1, x, lambda i, v: inside.append(v * 2.0) or inside[0])
+    with pytest.raises(sm.GraphError, match="another graph"):
+        g.exponent(inside[0])  # a block's tensor does not leak out of it
+
+
+def test_while_loop_gradients_are_refused_with_the_reason():
+    g = sm.Graph()
+    x = g.placeholder((2,), F64, name="x")
+    y = g.while_loop(x, lambda v: (g.reduction_sum(v) < 10.0, v), lambda v: v * 2.0)
+    with pytest.raises(sm.GraphError, match="data-dependent trip count .* write the loop as a for_loop"):
+        g.gradients(g.reduction_sum(y), [x])
+
+
+def test_text_dump_shows_the_blocks():
+    g = sm.Graph()
+    x = g.placeholder((2,), sm.float32, name="x")
+    g.for_loop(0, 2, 1, x, lambda i, v: g.tanh(v))
+    text = str(g)
+    assert 'body=graph "graph/body" {' in text and "tanh(%carried0)" in text
