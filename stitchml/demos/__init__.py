@@ -8,6 +8,7 @@ import sys
 DEMOS = {
     "gelu": "GeLU built from primitives, checked against torch on every device",
     "mnist": "the digit classifier: convolutions, pooling, dense layers, trained with Adam or SGD",
+    "lstm": "a character-level LSTM trained on Shakespeare, sampling text in one graph run with for_loop",
     "neural-materials": "material channels as quantized latents + an MLP decoded in a Triton kernel, against BC1/BC7",
 }
 
