@@ -1,0 +1,219 @@
+"""Character generation with the 2x512 LSTM: StitchML's one-run sampling loop against PyTorch.
+
+Run on a CUDA machine:  python benchmarks/bench_lstm.py --json lstm.json
+Here, to see that it works:  python benchmarks/bench_lstm.py --device cpu --quick
+
+Tokens per second of generating `--length` characters at each batch size, the model's weights
+random (the speed does not depend on them), every contender sampling with the same rule
+(Gumbel-max at temperature 0.8, the draws made on the device, no host read per token):
+
+* stitchml: `stitchml.demos.lstm.build_generator`, the whole loop one compiled graph run
+  (for_loop; on CUDA its body replayed from CUDA graphs);
+* torch-eager-cudnn: nn.LSTM (cuDNN) called once per token from a Python loop;
+* torch-compile: the same step written with matmuls and pointwise ops, torch.compile'd, Python loop;
+* torch-cuda-graph: one token step (nn.LSTM) captured as a CUDA graph, replayed once per token.
+
+Times are CUDA-event medians of whole generation runs after warm-up (wall clock on the CPU). Before
+timing, StitchML's greedy text (temperature 0) is compared with PyTorch's for the same weights and
+the fraction of agreeing tokens reported (float32 sums in another order can flip a near tie).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import stitchml as sm  # noqa: E402
+from stitchml.demos import lstm  # noqa: E402
+
+TEMPERATURE = 0.8
+
+
+def timed(fn, device: str, warmup: int, reps: int) -> float:
+    """Median seconds of `fn()` (a whole generation run) after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        if device.startswith("cuda"):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+class TorchModel:
+    """The same network in PyTorch, on `device`, with the weights of `params`."""
+
+    def __init__(self, params: dict[str, np.ndarray], device: str):
+        p = {k: torch.as_tensor(v, device=device) for k, v in params.items()}
+        self.p, self.device = p, device
+        self.width = p["output/weights"].shape[0]
+        self.rnn = torch.nn.LSTM(p["embedding"].shape[1], self.width, num_layers=lstm.LAYERS).to(device)
+        with torch.no_grad():
+            for layer in range(lstm.LAYERS):
+                getattr(self.rnn, f"weight_ih_l{layer}").copy_(p[f"lstm{layer}/weights_ih"])
+                getattr(self.rnn, f"weight_hh_l{layer}").copy_(p[f"lstm{layer}/weights_hh"])
+                getattr(self.rnn, f"bias_ih_l{layer}").copy_(p[f"lstm{layer}/bias"])
+                getattr(self.rnn, f"bias_hh_l{layer}").zero_()
+        self.rnn.flatten_parameters()  # one weight buffer, as cuDNN wants (else a copy per call)
+
+    def pick(self, logits, uniform, temperature):
+        if temperature == 0:
+            return logits.argmax(-1)
+        return (logits / temperature - torch.log(-torch.log(uniform))).argmax(-1)
+
+    def cudnn_step(self, token, state, uniform, temperature=TEMPERATURE):
+        out, state = self.rnn(self.p["embedding"][token][None], state)
+        logits = out[0] @ self.p["output/weights"] + self.p["output/bias"]
+        return self.pick(logits, uniform, temperature), state
+
+    def manual_step(self, token, h0, c0, h1, c1, uniform):
+        """The step as matmuls and pointwise ops (what torch.compile fuses)."""
+        x, state = self.p["embedding"][token], [(h0, c0), (h1, c1)]
+        for layer in range(lstm.LAYERS):
+            h, c = state[layer]
+            gates = x @ self.p[f"lstm{layer}/weights_ih"].T + h @ self.p[f"lstm{layer}/weights_hh"].T \
+                + self.p[f"lstm{layer}/bias"]
+            i, f, g, o = gates.chunk(4, -1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            state[layer] = (h, c)
+            x = h
+        logits = x @ self.p["output/weights"] + self.p["output/bias"]
+        return self.pick(logits, uniform, TEMPERATURE), *state[0], *state[1]
+
+    def zeros(self, batch):
+        return torch.zeros(lstm.LAYERS, batch, self.width, device=self.device)
+
+    def generate_cudnn(self, first, length, temperature=TEMPERATURE):
+        token, state = first, (self.zeros(len(first)), self.zeros(len(first)))
+        uniform = torch.rand(length, len(first), self.p["embedding"].shape[0], device=self.device)
+        out = []
+        with torch.no_grad():
+            for i in range(length):
+                token, state = self.cudnn_step(token, state, uniform[i], temperature)
+                out.append(token)
+        return torch.stack(out, 1)
+
+
+def bench_batch(params, batch: int, length: int, device: str, compile_torch: bool, warmup: int, reps: int) -> dict:
+    vocab = params["output/weights"].shape[1]
+    rng = np.random.default_rng(batch)
+    first = rng.integers(0, vocab, size=(batch, 1)).astype(np.int64)
+    row = {"batch": batch, "length": length}
+
+    gen = lstm.build_generator(params, batch, 1, length, seed=0)
+    feeds = {gen.prompt: first, gen.temperature: np.float32(TEMPERATURE)}
+    start = time.perf_counter()
+    gen.graph.run(feeds, [gen.tokens], device=device)
+    row["stitchml_first_run_s"] = time.perf_counter() - start
+    seconds = timed(lambda: gen.graph.run(feeds, [gen.tokens], device=device), device, warmup, reps)
+    row["stitchml"] = batch * length / seconds
+
+    model = TorchModel(params, device)
+    first_t = torch.as_tensor(first[:, 0], device=device)
+    greedy = lstm.generate(gen, first, 0.0, device=device)
+    want = model.generate_cudnn(first_t, length, temperature=0).cpu().numpy()
+    row["greedy_agreement"] = float((greedy == want).mean())
+    seconds = timed(lambda: model.generate_cudnn(first_t, length), device, warmup, reps)
+    row["torch_eager_cudnn"] = batch * length / seconds
+
+    if compile_torch:
+        step = torch.compile(model.manual_step)
+        uniform = torch.rand(length, batch, vocab, device=device)
+
+        def compiled():
+            token, state = first_t, [torch.zeros(batch, model.width, device=device) for _ in range(4)]
+            with torch.no_grad():
+                for i in range(length):
+                    token, *state = step(token, *state, uniform[i])
+            return token
+
+        seconds = timed(compiled, device, warmup, reps)
+        row["torch_compile"] = batch * length / seconds
+        row["torch_cuda_graph"] = batch * length / timed(_cuda_graph_generator(model, first_t, length), device,
+                                                         warmup, reps)
+    return row
+
+
+def _cuda_graph_generator(model: TorchModel, first: torch.Tensor, length: int):
+    """One token step captured as a CUDA graph over static buffers, replayed `length` times per run."""
+    batch, vocab = len(first), model.p["embedding"].shape[0]
+    token = first.clone()
+    h, c = model.zeros(batch), model.zeros(batch)
+    uniform = torch.rand(batch, vocab, device=model.device)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(stream):
+        for _ in range(3):  # warm cuDNN up outside the capture
+            model.cudnn_step(token, (h, c), uniform)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        nxt, (h2, c2) = model.cudnn_step(token, (h, c), uniform)
+        token.copy_(nxt)
+        h.copy_(h2)
+        c.copy_(c2)
+        uniform.uniform_()
+
+    def run():
+        token.copy_(first)
+        h.zero_()
+        c.zero_()
+        for _ in range(length):
+            graph.replay()
+        return token
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true", help="small model and runs: check that it works")
+    parser.add_argument("--batches", type=int, nargs="+", help="default: 1 64 (quick: 1 4)")
+    parser.add_argument("--length", type=int, help="characters per run (default: 256; quick: 16)")
+    parser.add_argument("--width", type=int, help="LSTM width (default: 512; quick: 32)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        parser.error("no CUDA device; use --device cpu --quick")
+    if not cuda:
+        torch.set_num_threads(1)  # small matrices: more threads only wait on each other
+    width = args.width or (32 if args.quick else 512)
+    length = args.length or (16 if args.quick else 256)
+    batches = args.batches or ([1, 4] if args.quick else [1, 64])
+    warmup, reps = (1, 3) if args.quick else (2, 7)
+    params = lstm.init_parameters(96, width, 16 if args.quick else 64, seed=0)
+    rows = [bench_batch(params, b, length, args.device, cuda, warmup, reps) for b in batches]
+
+    names = ["stitchml", "torch_eager_cudnn"] + (["torch_compile", "torch_cuda_graph"] if cuda else [])
+    print(f"tokens/s generating {length} characters, {lstm.LAYERS}x{width} LSTM on {args.device}")
+    print(f"{'batch':>6} " + " ".join(f"{n:>18}" for n in names) + f" {'greedy agree':>13}")
+    for r in rows:
+        print(f"{r['batch']:>6} " + " ".join(f"{r[n]:>18,.0f}" for n in names) + f" {r['greedy_agreement']:>13.1%}")
+    if args.json:
+        env = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+               "stitchml": sm.__version__, "width": width, "layers": lstm.LAYERS, "temperature": TEMPERATURE}
+        with open(args.json, "w") as f:
+            json.dump({"environment": env, "results": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
