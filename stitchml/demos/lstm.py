@@ -32,7 +32,7 @@ from stitchml.demos import default_threads
 LAYERS = 2
 # The CPU default trains in a minute or two on two cores; the GPU one is the benchmarked 2x512 model.
 DEFAULTS = {
-    "cpu": {"width": 128, "embed": 32, "seq_len": 32, "batch_size": 32, "steps": 400, "learning_rate": 4e-3,
+    "cpu": {"width": 128, "embed": 32, "seq_len": 24, "batch_size": 32, "steps": 200, "learning_rate": 5e-3,
             "chars": 1_000_000},
     "cuda": {"width": 512, "embed": 64, "seq_len": 64, "batch_size": 64, "steps": 3000, "learning_rate": 2e-3,
              "chars": None},
@@ -285,11 +285,11 @@ def main(argv: list[str] | None = None) -> int:
                                                                "else the CPU)")
     parser.add_argument("--width", type=positive(int), help="LSTM width (default: 512 on CUDA, 128 on the CPU)")
     parser.add_argument("--embed", type=positive(int), help="embedding width (default: 64 on CUDA, 32 on the CPU)")
-    parser.add_argument("--steps", type=positive(int), help="training steps (default: 3000 on CUDA, 400 on the CPU)")
+    parser.add_argument("--steps", type=positive(int), help="training steps (default: 3000 on CUDA, 200 on the CPU)")
     parser.add_argument("--batch-size", type=positive(int), help="default: 64 on CUDA, 32 on the CPU")
     parser.add_argument("--seq-len", type=positive(int), help="characters per training window (default: 64 on "
-                                                              "CUDA, 32 on the CPU)")
-    parser.add_argument("--learning-rate", type=positive(float), help="Adam's (default: 2e-3 on CUDA, 4e-3 on "
+                                                              "CUDA, 24 on the CPU)")
+    parser.add_argument("--learning-rate", type=positive(float), help="Adam's (default: 2e-3 on CUDA, 5e-3 on "
                                                                       "the CPU)")
     parser.add_argument("--chars", type=positive(int), help="train on the first N characters of the text "
                                                             "(default: all on CUDA, 1,000,000 on the CPU)")
