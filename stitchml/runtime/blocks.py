@@ -89,7 +89,8 @@ class LoopGraphs:
         self.index = torch.empty_like(index)
         self.carried = [torch.empty_like(c, memory_format=torch.contiguous_format) for c in carried]
         self.reads = [torch.empty_like(r, memory_format=torch.contiguous_format) for r in reads]
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph | None] = {}
+        self.capture_error: str | None = None  # why the body could not be captured, if it could not
 
     def _iteration(self) -> None:
         outs = self.block.run([self.index, *self.carried, *self.reads], check_flag=False)
@@ -97,16 +98,21 @@ class LoopGraphs:
             dst.copy_(src)
         self.index.add_(self.step)
 
-    def _graph(self, iterations: int) -> torch.cuda.CUDAGraph:
-        graph = self.graphs.get(iterations)
-        if graph is None:
+    def _graph(self, iterations: int) -> torch.cuda.CUDAGraph | None:
+        """The graph of `iterations` iterations, captured on first use; None when the body cannot be captured
+        (a nested if/then/else or while loop reads the device from the host: it refuses inside a capture)."""
+        if iterations not in self.graphs:
             graph = torch.cuda.CUDAGraph()
             torch.cuda.synchronize(self.block.device)
-            with cudart.capture(graph):
-                for _ in range(iterations):
-                    self._iteration()
+            try:
+                with cudart.capture(graph):
+                    for _ in range(iterations):
+                        self._iteration()
+            except Exception as e:  # noqa: BLE001  (nothing ran: a capture records, it does not execute)
+                self.capture_error = repr(e)
+                graph = None
             self.graphs[iterations] = graph
-        return graph
+        return self.graphs[iterations]
 
     def run(self, lower: int, count: int, carried: list[torch.Tensor], reads: list[torch.Tensor]
             ) -> list[torch.Tensor]:
@@ -120,13 +126,13 @@ class LoopGraphs:
             self._iteration()
             count -= 1
         chunks, rest = divmod(count, CHUNK)
-        if chunks:
-            graph = self._graph(CHUNK)
-            for _ in range(chunks):
-                graph.replay()
-        if rest:
-            graph = self._graph(1)
-            for _ in range(rest):
-                graph.replay()
+        for iterations, times in ((CHUNK, chunks), (1, rest)):
+            graph = self._graph(iterations) if times else None
+            for _ in range(times):
+                if graph is None:
+                    for _ in range(iterations):
+                        self._iteration()
+                else:
+                    graph.replay()
         self.block.raise_flagged()
         return [c.clone() for c in self.carried]
