@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .. import dtypes
-from ..errors import ExecutionError, GraphError, ShapeError
+from ..errors import GraphError, ShapeError
 from ..ir import UNKNOWN, Tensor, TensorType
 from ..registry import OPAQUE, RANDOM, Primitive, builder, register
 
@@ -66,7 +66,7 @@ class Body:
         return [t.type for t in self.outputs]
 
 
-def _as_list(result: Any, what: str) -> tuple[list, bool]:
+def _as_list(result: Any) -> tuple[list, bool]:
     """A block's return value as a list, and whether it was a single value (then the op returns one too)."""
     if isinstance(result, (list, tuple)):
         return list(result), False
@@ -80,15 +80,14 @@ def build_body(g, name: str, arg_types: Sequence[TensorType], fn: Callable, what
     Returns the body, the outer tensors it captures (the op's extra inputs) and whether `fn` returned
     a single value. `what` names the block in errors ("for_loop body").
     """
-    outer = g.innermost()
-    sub = outer.subgraph(name)
+    if not callable(fn):
+        raise GraphError(f"{what}: expected a function building the block, got {type(fn).__name__}")
+    sub = g.innermost().subgraph(name)
     args = [sub._append("placeholder", [], {"shape": tt.shape, "dtype": tt.dtype},
                         arg_names[i] if i < len(arg_names) else f"{name}_arg{i}", None).outputs[0]
             for i, tt in enumerate(arg_types)]
-    if not callable(fn):
-        raise GraphError(f"{what}: expected a function building the block, got {type(fn).__name__}")
     with g.building(sub):
-        result, single = _as_list(fn(*args), what)
+        result, single = _as_list(fn(*args))
         outputs = [sub.as_tensor(v) if isinstance(v, (Tensor, bool, int, float)) else v for v in result]
     for i, t in enumerate(outputs):
         if not isinstance(t, Tensor):
@@ -278,7 +277,7 @@ def _while_loop(g, initial, before_fn: Callable, after_fn: Callable, name: str |
     >>> g.run({}, [y], device="cpu")[y].numpy().tolist()
     243.0
     """
-    initial, _ = _as_list(initial, "while_loop")
+    initial, _ = _as_list(initial)
     initial = [g.as_tensor(v) for v in initial]
     form = []
 
@@ -286,7 +285,7 @@ def _while_loop(g, initial, before_fn: Callable, after_fn: Callable, name: str |
         out = before_fn(*carried)
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise GraphError(f"while_loop before_fn: expected it to return (predicate, results), got {out!r}")
-        results, single = _as_list(out[1], "while_loop before_fn")
+        results, single = _as_list(out[1])
         form.append(single)
         return [out[0], *results]
 
@@ -365,7 +364,7 @@ def _for_loop(g, lower, upper, step, initial, body_fn: Callable, name: str | Non
     if isinstance(step, int) and step <= 0:
         raise g._error("for_loop", f"the step must be positive, got {step}")
     bounds = [_int32(g, v, what) for v, what in ((lower, "lower"), (upper, "upper"), (step, "step"))]
-    initial, single = _as_list(initial, "for_loop")
+    initial, single = _as_list(initial)
     initial = [g.as_tensor(v) for v in initial]
     names = ["index"] + [f"carried{i}" for i in range(len(initial))]
     body, captured, _ = build_body(g, "body", [TensorType((), dtypes.int32)] + [t.type for t in initial], body_fn,

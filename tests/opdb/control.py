@@ -135,8 +135,10 @@ def _while_errors():
 
     return [ErrorInput((P((2,)),), build=not_bool, match="predicate before_fn returns must be a scalar bool"),
             ErrorInput((P((2,)),), build=vector, match="found bool[2]"),
-            ErrorInput((P((2,)),), build=no_pair, error=sm.GraphError, match="expected it to return (predicate, results)"),
-            ErrorInput((P((2,)),), build=carried, match="after_fn result 0 (the loop-carried value 0): expected float32[2]")]
+            ErrorInput((P((2,)),), build=no_pair, error=sm.GraphError,
+                       match="expected it to return (predicate, results)"),
+            ErrorInput((P((2,)),), build=carried,
+                       match="after_fn result 0 (the loop-carried value 0): expected float32[2]")]
 
 
 RECORDS = [
