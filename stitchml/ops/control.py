@@ -65,6 +65,12 @@ class Body:
     def out_types(self) -> list[TensorType]:
         return [t.type for t in self.outputs]
 
+    def __repr__(self) -> str:
+        # The identity is part of it: passes compare attributes by repr (cse), and two blocks of one shape
+        # are still two blocks.
+        return (f"<block {self.graph.name}: {len(self.inputs)} inputs, {len(self.operations)} operations, "
+                f"{len(self.outputs)} outputs, at {id(self):#x}>")
+
 
 def _as_list(result: Any) -> tuple[list, bool]:
     """A block's return value as a list, and whether it was a single value (then the op returns one too)."""
