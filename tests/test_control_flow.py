@@ -121,12 +121,23 @@ def test_blocks_are_pure():
         g.exponent(inside[0])  # a block's tensor does not leak out of it
 
 
-def test_while_loop_gradients_are_refused_with_the_reason():
+def test_while_loop_gradients_with_a_tensor_both_blocks_read():
+    """Both blocks read w: its gradient sums both uses, once each (torch.autograd on the same loop)."""
     g = sm.Graph()
-    x = g.placeholder((2,), F64, name="x")
-    y = g.while_loop(x, lambda v: (g.reduction_sum(v) < 10.0, v), lambda v: v * 2.0)
-    with pytest.raises(sm.GraphError, match="data-dependent trip count .* write the loop as a for_loop"):
-        g.gradients(g.reduction_sum(y), [x])
+    x, w = g.placeholder((3,), F64, name="x"), g.placeholder((3,), F64, name="w")
+    y, u = g.while_loop(x, lambda v: (g.reduction_sum(g.absolute(v)) < 20.0, [v, v * w]),
+                        lambda v, u: g.tanh(u) * 3.0 + v * w)
+    grads = g.gradients(g.reduction_sum(y * u), [x, w])
+    xv, wv = np.array([0.3, 0.5, -0.2]), np.array([1.5, -0.7, 2.0])
+    got = g.run({x: xv, w: wv}, [grads[x], grads[w]], device="cpu")
+    xt, wt = torch.tensor(xv, requires_grad=True), torch.tensor(wv, requires_grad=True)
+    v, trips = xt, 0
+    while v.abs().sum() < 20.0:
+        v, trips = torch.tanh(v * wt) * 3.0 + v * wt, trips + 1
+    assert trips == 3
+    want = torch.autograd.grad((v * (v * wt)).sum(), [xt, wt])
+    np.testing.assert_allclose(got[grads[x]].numpy(), want[0].numpy(), rtol=1e-10)
+    np.testing.assert_allclose(got[grads[w]].numpy(), want[1].numpy(), rtol=1e-10)
 
 
 def test_text_dump_shows_the_blocks():

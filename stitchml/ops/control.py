@@ -20,11 +20,12 @@ a body reads.
 
 Bodies are pure functions of their inputs: no placeholders of their own, no
 variables and no random draws (draw before the loop and index the draws by
-the iteration). Gradients flow through `if_then_else` and `for_loop`: the
-for loop's rule runs the transposed body backwards over the carried values
-each iteration started from, which a second forward loop stores (`history`)
-when the bounds are known while building, and which are recomputed from the
-initial values otherwise (see `_history`).
+the iteration). Gradients flow through all three: the for loop's rule runs
+the transposed body backwards over the carried values each iteration
+started from, which a second forward loop stores (`history`) when the bounds
+are known while building, and which are recomputed from the initial values
+otherwise (see `_history`); the while loop's counts its iterations first,
+then does the same with recomputed values.
 """
 from __future__ import annotations
 
@@ -261,14 +262,6 @@ def _while_impl(*inputs, before_body, after_body):
         carried = run_body(after_body, results + list(after_in))
 
 
-def _while_vjp(g, op, *dys):
-    raise GraphError(f"gradients: {op.op} ({op.name}, built at {op.location}) has a data-dependent trip count "
-                     f"and no gradient rule; write the loop as a for_loop to differentiate through it")
-
-
-while_loop.def_vjp(_while_vjp)
-
-
 @builder("while_loop")
 def _while_loop(g, initial, before_fn: Callable, after_fn: Callable, name: str | None = None):
     """MPSGraph's while loop: ``while True: p, r = before_fn(*v); if not p: return r; v = after_fn(*r)``.
@@ -396,20 +389,30 @@ def _zeros(g, like: Tensor) -> Tensor:
     return g.broadcast_to(g.constant(0.0, like.dtype), like)
 
 
-def _transposed(g, body: Body, inputs: Sequence[Tensor], cotangents: dict[int, Tensor], wrt: Sequence[int]
+def _transposed(g, build: Callable, inputs: Sequence[Tensor], cotangents: dict[int, Tensor], wrt: Sequence[int]
                 ) -> list[Tensor]:
-    """In the body being built (`g.innermost()`): the gradients of ``sum_i <body(inputs)[i], cotangents[i]>``
-    with respect to ``inputs[k]`` for k in `wrt`."""
+    """In the graph being built (`g.innermost()`): the gradients of ``sum_i <build(sub, inputs)[i],
+    cotangents[i]>`` with respect to ``inputs[k]`` for k in `wrt`."""
     sub = g.innermost()
     xs = [sub.as_tensor(t) for t in inputs]
-    outs = inline(sub, body, xs)
+    outs = build(sub, xs)
     loss = None
     for i, dy in cotangents.items():
         term = sub.reduction_sum(outs[i] * sub.as_tensor(dy))
         term = term if term.dtype == dtypes.float64 else sub.cast(term, dtypes.float32)
         loss = term if loss is None else loss + term
     grads = sub.gradients(loss, [xs[k] for k in wrt])
-    return [grads[xs[k]] for k in wrt]
+    # One tensor given twice (a loop's two blocks reading the same tensor) gets its gradient once.
+    seen: set[int] = set()
+    out = []
+    for k in wrt:
+        out.append(grads[xs[k]] if xs[k].id not in seen else _zeros(sub, xs[k]))
+        seen.add(xs[k].id)
+    return out
+
+
+def _inlined(body: Body) -> Callable:
+    return lambda sub, xs: inline(sub, body, xs)
 
 
 @if_then_else.def_vjp
@@ -424,12 +427,12 @@ def _if_vjp(g, op, *dys):
         return [None] * len(op.inputs)
 
     def then_fn():
-        return (_transposed(g, then_body, then_in, cts, then_wrt) if then_wrt else []) + \
+        return (_transposed(g, _inlined(then_body), then_in, cts, then_wrt) if then_wrt else []) + \
             [_zeros(g, else_in[k]) for k in else_wrt]
 
     def else_fn():
         return [_zeros(g, then_in[k]) for k in then_wrt] + \
-            (_transposed(g, else_body, else_in, cts, else_wrt) if else_wrt else [])
+            (_transposed(g, _inlined(else_body), else_in, cts, else_wrt) if else_wrt else [])
 
     grads = g.if_then_else(op.inputs[0], then_fn, else_fn)
     out: list[Tensor | None] = [None] * len(op.inputs)
@@ -481,7 +484,7 @@ def _for_vjp(g, op, *dys):
         cts, sums = state[:len(carried)], state[len(carried):]
         k = count - 1 - j
         wrt = [1 + c for c in carried] + [1 + n + r for r in reads]
-        grads = _transposed(g, body, [lower + k * step, *values_at(k), *captured],
+        grads = _transposed(g, _inlined(body), [lower + k * step, *values_at(k), *captured],
                             {c: ct for c, ct in zip(carried, cts)}, wrt)
         return grads[:len(carried)] + [s + d for s, d in zip(sums, grads[len(carried):])]
 
@@ -492,4 +495,67 @@ def _for_vjp(g, op, *dys):
         out[3 + c] = result[j]
     for j, r in enumerate(reads):
         out[3 + n + r] = result[len(carried) + j]
+    return out
+
+
+@while_loop.def_vjp
+def _while_vjp(g, op, *dys):
+    """Count the iterations (the loop again, with a counter), then run the transposed iteration backwards
+    from the last to the first, each iteration's carried values recomputed from the initial ones."""
+    before, after = op.attrs["before_body"], op.attrs["after_body"]
+    n = len(after.outputs)
+    n_before = len(before.inputs) - n
+    initial, before_in, after_in = op.inputs[:n], op.inputs[n:n + n_before], op.inputs[n + n_before:]
+    results = {i: dy for i, dy in enumerate(dys) if dy is not None and dy.dtype.is_floating}
+    carried = [k for k, t in enumerate(initial) if t.dtype.is_floating]
+    reads_before = [k for k, t in enumerate(before_in) if t.dtype.is_floating]
+    reads_after = [k for k, t in enumerate(after_in) if t.dtype.is_floating]
+    if not results or not carried + reads_before:
+        return [None] * len(op.inputs)
+
+    def iteration(sub, xs):  # the carried values, the reads of before and of after -> the next carried values
+        v, b, a = xs[:n], xs[n:n + n_before], xs[n + n_before:]
+        return inline(sub, after, inline(sub, before, [*v, *b])[1:] + list(a))
+
+    def counting_before(k, *v):
+        return inline(g.innermost(), before, [*v, *before_in])[0], [k, *v]
+
+    def counting_after(k, *v):
+        return [k + 1, *iteration(g.innermost(), [*v, *before_in, *after_in])]
+
+    trips = g.while_loop([g.constant(0, dtypes.int32), *initial], counting_before, counting_after)[0]
+
+    def state_at(k):  # the carried values iteration k starts from: values to differentiate at, not functions
+        values = g.for_loop(0, k, 1, list(initial),
+                            lambda i, *v: iteration(g.innermost(), [*v, *before_in, *after_in]))
+        return [g.stop_gradient(v) for v in values]
+
+    # The results are before's at the values the last test saw; then each iteration, transposed, backwards.
+    # Built as a block and inlined: in a block the cotangents are inputs, never functions of what the
+    # gradient is taken for (they are, in the graph: the gradient of y * y reads y).
+    block, reads, _ = build_body(g, "transposed", [], lambda: _transposed(
+        g, lambda sub, xs: inline(sub, before, xs)[1:], [*state_at(trips), *before_in], results,
+        carried + [n + r for r in reads_before]), "while_loop gradient")
+    last = inline(g.innermost(), block, reads)
+    cts, sums_before = last[:len(carried)], last[len(carried):]
+    sums_after = [_zeros(g, after_in[r]) for r in reads_after]
+    if carried:
+        def backward(j, *state):
+            cts = state[:len(carried)]
+            sums = state[len(carried):]
+            wrt = carried + [n + r for r in reads_before] + [n + n_before + r for r in reads_after]
+            grads = _transposed(g, iteration, [*state_at(trips - 1 - j), *before_in, *after_in],
+                                dict(zip(carried, cts)), wrt)
+            return grads[:len(carried)] + [s + d for s, d in zip(sums, grads[len(carried):])]
+
+        state = g.for_loop(0, trips, 1, [*cts, *sums_before, *sums_after], backward)
+        cts, sums_before, sums_after = (state[:len(carried)], state[len(carried):len(carried) + len(reads_before)],
+                                        state[len(carried) + len(reads_before):])
+    out: list[Tensor | None] = [None] * len(op.inputs)
+    for j, k in enumerate(carried):
+        out[k] = cts[j]
+    for j, r in enumerate(reads_before):
+        out[n + r] = sums_before[j]
+    for j, r in enumerate(reads_after):
+        out[n + n_before + r] = sums_after[j]
     return out

@@ -117,7 +117,7 @@ def _while_ref(x, limit):
 def _while_samples(record, dtype, rng):
     for name, limit in (("several", 40.0), ("none", 0.0)):
         yield Sample((make((2, 3), dtype, rng, 0.5, 1.0), torch.tensor(limit, dtype=dtype.torch)), name=name,
-                     grad=False, more=((make((3, 1), dtype, rng, 0.5, 1.0), torch.tensor(limit, dtype=dtype.torch)),))
+                     more=((make((3, 1), dtype, rng, 0.5, 1.0), torch.tensor(limit, dtype=dtype.torch)),))
 
 
 def _while_errors():
@@ -147,6 +147,6 @@ RECORDS = [
     OpInfo("for_loop", _for_samples, _for_ref, _REAL, build=_for_build, family="graph", errors=_for_errors,
            equivalent="jax.lax.fori_loop / MPSGraph forLoop"),
     OpInfo("while_loop", _while_samples, _while_ref, _REAL, build=_while_build, family="graph", errors=_while_errors,
-           differentiable=False, out_dtype=lambda dtype, kwargs: (dtype, sm.int32, dtype),
+           out_dtype=lambda dtype, kwargs: (dtype, sm.int32, dtype),
            equivalent="jax.lax.while_loop / MPSGraph whileWithInitialInputs"),
 ]
