@@ -195,6 +195,14 @@ def validation_loss(trainer: Trainer, batches: list[np.ndarray], device: str | N
 
 
 # -- generation ----------------------------------------------------------------------------------
+def _cell(g, gates: sm.Tensor, c: sm.Tensor) -> tuple[sm.Tensor, sm.Tensor]:
+    """The LSTM update from the summed gates (i, f, g, o, PyTorch's order), as lstm_cell computes it."""
+    width = c.shape[-1]
+    i, f, gg, o = (gates[:, k * width:(k + 1) * width] for k in range(4))
+    c = g.sigmoid(f) * c + g.sigmoid(i) * g.tanh(gg)
+    return g.sigmoid(o) * g.tanh(c), c
+
+
 @dataclass
 class Generator:
     """The generation graph: one run feeds `prompt` and `temperature` and returns `tokens`."""
@@ -228,14 +236,28 @@ def build_generator(params: dict[str, np.ndarray], batch: int, prompt_length: in
     uniform = g.random_uniform((length, batch, vocab), seed=seed)
     gumbel = -g.logarithm(-g.logarithm(uniform))
     scale = 1.0 / g.maximum(temperature, 1e-6)
+    # Per token, the fewest launches: the first layer's input projection is a row of a table made once
+    # (embedding @ W_ih0ᵀ + bias), the gates are views of one sum, and the new token is written into
+    # its column of the output by a select on a constant column index.
+    table = g.matrix_multiplication(weights["embedding"], weights["lstm0/weights_ih"].T) + weights["lstm0/bias"]
+    columns = g.constant(np.arange(length, dtype=np.int32))
 
     def sample(i, token, *rest):
         *state, out = rest
-        state = lstm_step(g, g.gather(weights["embedding"], token, axis=0), state, weights)
+        x = g.gather(table, token, axis=0)
+        state = list(state)
+        for layer in range(LAYERS):
+            h, c = state[2 * layer], state[2 * layer + 1]
+            gates = x + g.matrix_multiplication(h, weights[f"lstm{layer}/weights_hh"].T)
+            if layer:
+                gates = gates + weights[f"lstm{layer}/bias"]
+            state[2 * layer], state[2 * layer + 1] = _cell(g, gates, c)
+            if layer + 1 < LAYERS:
+                x = g.matrix_multiplication(state[2 * layer], weights[f"lstm{layer + 1}/weights_ih"].T)
         logits = g.matrix_multiplication(state[-2], weights["output/weights"]) + weights["output/bias"]
         drawn = g.reduction_arg_maximum(logits * scale + g.gather(gumbel, i, axis=0), axis=-1)
         token = g.select(temperature > 0.0, drawn, g.reduction_arg_maximum(logits, axis=-1))
-        out = out + g.one_hot(i, length, dtype=sm.int64) * g.reshape(token, (batch, 1))
+        out = g.select(g.equal(columns, i), g.reshape(token, (batch, 1)), out)
         return [token, *state, out]
 
     first = g.reshape(g.gather(prompt, prompt_length - 1, axis=1), (batch,))
