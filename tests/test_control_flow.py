@@ -146,3 +146,32 @@ def test_text_dump_shows_the_blocks():
     g.for_loop(0, 2, 1, x, lambda i, v: g.tanh(v))
     text = str(g)
     assert 'body=graph "graph/body" {' in text and "tanh(%carried0)" in text
+
+
+def test_loop_graph_buffers_carry_values_as_the_plain_loop_does():
+    """The CUDA loop's buffer handling (runtime/blocks.py, LoopGraphs), run without capture: iterations
+    alternate between two buffer sets, a body returning an input as is gets it copied, and any trip
+    count, on the first (warm-up) run and on later ones, ends where the op-by-op loop ends."""
+    from stitchml.passes import CompileContext, extract, run_pipeline
+    from stitchml.runtime.blocks import BlockRun, LoopGraphs
+
+    g = sm.Graph()
+    x, w = g.placeholder((2, 3), F64, name="x"), g.placeholder((3,), F64, name="w")
+    n = g.placeholder((), sm.int32, name="n")
+    # Carried: a new value, an input passed through unchanged, and a counter.
+    y = g.for_loop(0, n, 1, [x, w, g.constant(0, sm.int32)], lambda i, v, u, k: [g.tanh(v * u) + 0.1, u, k + i])
+    body = y[0].op.attrs["body"]
+    types = [sm.TensorType((), sm.int32), x.type, w.type, sm.TensorType((), sm.int32)]
+    ctx = CompileContext(device=torch.device("cpu"), backend="reference")  # the buffers are what is tested
+    program = run_pipeline(extract(body.graph, dict(zip(body.inputs, types)), body.outputs, []), ctx)
+    block = BlockRun(program, ctx, body.inputs)
+    assert sorted(block.writes_into) == [0, 2]  # w comes back as is: copied, not written
+    xv, wv = (torch.as_tensor(a) for a in _inputs())
+    start = [xv, wv, torch.tensor(0, dtype=torch.int32)]
+    for counts in ((0, 3), (1, 18), (2, 1, 17)):  # a first run warms up, the later ones start warm
+        loop = LoopGraphs(block, torch.zeros((), dtype=torch.int32), start, [], 1, capture=False)
+        for count in counts:
+            got = loop.run(0, count, start, [])
+            want = g.run({x: xv.numpy(), w: wv.numpy(), n: np.array(count, np.int32)}, y, device="cpu")
+            for a, t in zip(got, y):
+                np.testing.assert_allclose(a.numpy(), want[t].numpy(), rtol=1e-12, err_msg=f"{t.name}, {count}")
