@@ -130,3 +130,19 @@ def test_compiled_generation_draws_what_eager_generation_draws():
                             compiled=compiled)
         runs.append(out[gen.tokens].numpy())
     np.testing.assert_array_equal(runs[1], runs[0])
+
+
+def test_the_command_generates_from_saved_weights_and_refuses_bad_options(tmp_path, capsys):
+    vocab = "".join(sorted(set("KING. and the queen\n")))
+    path = str(tmp_path / "w.safetensors")
+    lstm.save_weights(lstm.init_parameters(len(vocab), 8, 4, 0), vocab, path, {})
+    assert lstm.main(["--weights", path, "--device", "cpu", "--prompt", "KING.", "--length", "7",
+                      "--temperature", "0", "--threads", "1"]) == 0
+    text = capsys.readouterr().out.split("\n", 1)[1]
+    assert text.startswith("KING.") and len(text.rstrip("\n")) >= len("KING.") and set(text) <= set(vocab + "\n")
+    for args, phrase in ((["--temperature", "-1"], "--temperature must be finite and >= 0"),
+                         (["--weights", path, "--prompt", "KING!"], "characters the model has no token for: '!'"),
+                         (["--length", "0"], "expected an integer above 0")):
+        with pytest.raises(SystemExit) as info:
+            lstm.main(args + ["--device", "cpu"])
+        assert info.value.code == 2 and phrase in capsys.readouterr().err
