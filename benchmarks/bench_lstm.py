@@ -119,28 +119,41 @@ class TorchModel:
         return torch.stack(out, 1)
 
 
+def _measure(row: dict, name: str, fn) -> None:
+    """row[name] = fn(); a contender that fails is reported (row[name] None, the error beside it), never
+    the end of the run."""
+    try:
+        row[name] = fn()
+    except Exception as e:  # noqa: BLE001
+        row[name], row[f"{name}_error"] = None, f"{type(e).__name__}: {e}"
+        print(f"{name} failed at batch {row['batch']}: {row[f'{name}_error']}", file=sys.stderr)
+
+
 def bench_batch(params, batch: int, length: int, device: str, compile_torch: bool, warmup: int, reps: int) -> dict:
     vocab = params["output/weights"].shape[1]
     rng = np.random.default_rng(batch)
     first = rng.integers(0, vocab, size=(batch, 1)).astype(np.int64)
     row = {"batch": batch, "length": length}
-
-    gen = lstm.build_generator(params, batch, 1, length, seed=0)
-    feeds = {gen.prompt: first, gen.temperature: np.float32(TEMPERATURE)}
-    start = time.perf_counter()
-    gen.graph.run(feeds, [gen.tokens], device=device)
-    row["stitchml_first_run_s"] = time.perf_counter() - start
-    seconds = timed(lambda: gen.graph.run(feeds, [gen.tokens], device=device), device, warmup, reps)
-    row["stitchml"] = batch * length / seconds
-
     model = TorchModel(params, device)
     first_t = torch.as_tensor(first[:, 0], device=device)
-    greedy = lstm.generate(gen, first, 0.0, device=device)
-    want = model.generate_cudnn(first_t, length, temperature=0).cpu().numpy()
-    row["greedy_agreement"] = float((greedy == want).mean())
-    seconds = timed(lambda: model.generate_cudnn(first_t, length), device, warmup, reps)
-    row["torch_eager_cudnn"] = batch * length / seconds
+    gen = lstm.build_generator(params, batch, 1, length, seed=0)
+    feeds = {gen.prompt: first, gen.temperature: np.float32(TEMPERATURE)}
 
+    def first_run():
+        start = time.perf_counter()
+        gen.graph.run(feeds, [gen.tokens], device=device)
+        return time.perf_counter() - start
+
+    def agreement():
+        greedy = lstm.generate(gen, first, 0.0, device=device)
+        return float((greedy == model.generate_cudnn(first_t, length, temperature=0).cpu().numpy()).mean())
+
+    _measure(row, "stitchml_first_run_s", first_run)
+    _measure(row, "stitchml", lambda: batch * length / timed(lambda: gen.graph.run(feeds, [gen.tokens], device=device),
+                                                            device, warmup, reps))
+    _measure(row, "greedy_agreement", agreement)
+    _measure(row, "torch_eager_cudnn", lambda: batch * length / timed(lambda: model.generate_cudnn(first_t, length),
+                                                                     device, warmup, reps))
     if compile_torch:
         step = torch.compile(model.manual_step)
         uniform = torch.rand(length, batch, vocab, device=device)
@@ -152,10 +165,9 @@ def bench_batch(params, batch: int, length: int, device: str, compile_torch: boo
                     token, *state = step(token, *state, uniform[i])
             return token
 
-        seconds = timed(compiled, device, warmup, reps)
-        row["torch_compile"] = batch * length / seconds
-        row["torch_cuda_graph"] = batch * length / timed(_cuda_graph_generator(model, first_t, length), device,
-                                                         warmup, reps)
+        _measure(row, "torch_compile", lambda: batch * length / timed(compiled, device, warmup, reps))
+        _measure(row, "torch_cuda_graph", lambda: batch * length / timed(
+            _cuda_graph_generator(model, first_t, length), device, warmup, reps))
     return row
 
 
@@ -265,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", help="default: 1 64 (quick: 1 4)")
     parser.add_argument("--length", type=int, help="characters per run (default: 256; quick: 16)")
     parser.add_argument("--width", type=int, help="LSTM width (default: 512; quick: 32)")
+    parser.add_argument("--no-torch-compile", action="store_true",
+                        help="leave out the torch.compile and CUDA-graph contenders (their compiles take a while)")
     parser.add_argument("--train-steps", type=int, default=0,
                         help="also compare training against PyTorch for this many steps (default: 0, off)")
     parser.add_argument("--json", help="write the results here")
@@ -279,13 +293,16 @@ def main(argv: list[str] | None = None) -> int:
     batches = args.batches or ([1, 4] if args.quick else [1, 64])
     warmup, reps = (1, 3) if args.quick else (2, 7)
     params = lstm.init_parameters(96, width, 16 if args.quick else 64, seed=0)
-    rows = [bench_batch(params, b, length, args.device, cuda, warmup, reps) for b in batches]
+    compile_torch = cuda and not args.no_torch_compile
+    rows = [bench_batch(params, b, length, args.device, compile_torch, warmup, reps) for b in batches]
 
-    names = ["stitchml", "torch_eager_cudnn"] + (["torch_compile", "torch_cuda_graph"] if cuda else [])
+    names = ["stitchml", "torch_eager_cudnn"] + (["torch_compile", "torch_cuda_graph"] if compile_torch else [])
     print(f"tokens/s generating {length} characters, {lstm.LAYERS}x{width} LSTM on {args.device}")
     print(f"{'batch':>6} " + " ".join(f"{n:>18}" for n in names) + f" {'greedy agree':>13}")
     for r in rows:
-        print(f"{r['batch']:>6} " + " ".join(f"{r[n]:>18,.0f}" for n in names) + f" {r['greedy_agreement']:>13.1%}")
+        cells = " ".join(f"{r[n]:>18,.0f}" if r.get(n) is not None else f"{'failed':>18}" for n in names)
+        agree = r.get("greedy_agreement")
+        print(f"{r['batch']:>6} {cells} " + (f"{agree:>13.1%}" if agree is not None else f"{'-':>13}"))
     training = None
     if args.train_steps:
         training = train_compare(args.train_steps, width, 16 if args.quick else 64, 8 if args.quick else 64,
