@@ -45,8 +45,14 @@ def _user_location() -> str:
 class Graph:
     """A graph of tensors and operations (MPSGraph's model); see the module docstring."""
 
-    def __init__(self, name: str = "graph"):
+    def __init__(self, name: str = "graph", parent: "Graph | None" = None):
         self.name = name
+        # A sub-graph (a control-flow body) reads its parent's tensors through placeholders: `captures`
+        # lists the outer tensors in the order their placeholders were made (see `_capture`).
+        self.parent = parent
+        self.captures: list[Tensor] = []
+        self._captured: dict[int, Tensor] = {}
+        self._inner: Graph | None = None  # the body being built: builder calls on this graph go there
         self.operations: list[Operation] = []
         self._next_op = 0
         self._next_tensor = 0
@@ -75,13 +81,19 @@ class Graph:
         types: Sequence[TensorType] | None = None,
     ) -> Operation:
         """Append one operation, inferring its output types through the registry."""
+        if self._inner is not None:  # a control-flow body is being built: `g.tanh(x)` in it lands there
+            return self._inner._emit(op, inputs, attrs, name, types=types)
+        return self._append(op, inputs, attrs, name, types)
+
+    def _append(self, op: str, inputs: Sequence[Tensor], attrs: dict[str, Any] | None, name: str | None,
+                types: Sequence[TensorType] | None) -> Operation:
         prim = lookup(op)
         attrs = dict(attrs or {})
         for t in inputs:
             if not isinstance(t, Tensor):
                 raise GraphError(f"{op}: expected a Tensor input, got {type(t).__name__}")
-            if t.graph is not self:
-                raise GraphError(f"{op}: input {t.name} belongs to another graph")
+        inputs = [t if t.graph is self else self._capture(t, op) for t in inputs]
+        for t in inputs:
             if t.op.attrs.get("asynchronous") and op != "collective_wait":
                 # an asynchronous collective's buffer is still being written: only its wait may read it
                 raise GraphError(f"{op}: input {t.name} is an asynchronous {t.op.op}; pass it through "
@@ -133,12 +145,52 @@ class Graph:
     def as_tensor(self, value: Any, like: DType | None = None) -> Tensor:
         """A Tensor as is; a Python scalar as a weakly typed constant (dtypes.py); arrays as constants."""
         if isinstance(value, Tensor):
-            if value.graph is not self:
-                raise GraphError(f"tensor {value.name} belongs to another graph")
-            return value
+            here = self.innermost()
+            return value if value.graph is here else here._capture(value, "as_tensor")
         if isinstance(value, (bool, int, float)):
             return self.constant(value, dtypes.scalar_dtype(value, like))
         return self.constant(value)
+
+    def innermost(self) -> "Graph":
+        """The graph builder calls land in: this one, or the control-flow body being built inside it."""
+        g = self
+        while g._inner is not None:
+            g = g._inner
+        return g
+
+    @contextlib.contextmanager
+    def building(self, body: "Graph"):
+        """Builder calls on this graph (and graphs around it) go to `body`, a sub-graph of it, inside."""
+        here = self.innermost()
+        if body.parent is not here:
+            raise GraphError(f"building: {body.name} is not a sub-graph of {here.name}")
+        here._inner = body
+        try:
+            yield body
+        finally:
+            here._inner = None
+
+    def subgraph(self, name: str) -> "Graph":
+        """An empty graph nested in this one (a control-flow body): it may use this graph's tensors,
+        and those of the graphs around it, which it reads through placeholders (`captures`)."""
+        return Graph(f"{self.name}/{name}", parent=self)
+
+    def _capture(self, t: Tensor, op: str) -> Tensor:
+        """The placeholder through which this sub-graph reads `t`, a tensor of an enclosing graph."""
+        outer = self.parent
+        while outer is not None and t.graph is not outer:
+            outer = outer.parent
+        if outer is None:
+            raise GraphError(f"{op}: input {t.name} belongs to another graph")
+        if t.graph is not self.parent:  # a grandparent's tensor comes in through the parent's capture
+            t = self.parent._capture(t, op)
+        inner = self._captured.get(t.id)
+        if inner is None:
+            attrs = {"shape": t.shape, "dtype": t.dtype}
+            inner = self._append("placeholder", [], attrs, f"captured_{t.name}", None).outputs[0]
+            self._captured[t.id] = inner
+            self.captures.append(t)
+        return inner
 
     def _error(self, op: str, message: str, inputs: Sequence[Any] = ()) -> ShapeError:
         """A build-time error naming the op, the inputs and the user's line."""

@@ -25,6 +25,7 @@ import torch
 from . import dtypes
 from .errors import SerializationError, ShapeError
 from .ir import Operation, Tensor, TensorType
+from .ops.control import Body
 from .registry import REGISTRY
 
 FORMAT = "stitchml.graph"
@@ -42,6 +43,10 @@ def _attr_text(v: Any) -> str:
         return f"<{dtypes.as_dtype(v.dtype)}{list(v.shape)}>"
     if isinstance(v, dtypes.DType):
         return v.name
+    if isinstance(v, Body):
+        outs = ", ".join(f"%{t.name}" for t in v.outputs)
+        inner = dump_text(v.graph).replace("\n", "\n    ")
+        return f"{inner} -> ({outs})"
     return repr(v)
 
 
@@ -72,6 +77,9 @@ def _encode(v: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
         return {"$tensor": key}
     if isinstance(v, dtypes.DType):
         return {"$dtype": v.name}
+    if isinstance(v, Body):  # a control-flow block: its operations, keyed apart from the enclosing graph's
+        return {"$body": {"name": v.graph.name, "operations": _operation_records(v.graph, tensors, f"{key}."),
+                          "outputs": [t.id for t in v.outputs]}}
     if isinstance(v, float) and not math.isfinite(v):
         return {"$float": repr(v)}
     if isinstance(v, (list, tuple)):
@@ -100,6 +108,8 @@ def _decode(v: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
             return float(v["$float"])
         if "$dict" in v:
             return {k: _decode(x, tensors, where) for k, x in v["$dict"].items()}
+        if "$body" in v:
+            return _read_body(v["$body"], tensors, where)
         raise SerializationError(f"{where}: unknown attribute encoding {sorted(v)}")
     return v
 
@@ -111,20 +121,7 @@ def to_dict(graph) -> tuple[dict, dict[str, torch.Tensor]]:
         state = {op_id: v.detach().to("cpu", copy=True) for op_id, v in graph._variable_values.items()}
         run_count = graph.run_count
     tensors: dict[str, torch.Tensor] = {}
-    ops = []
-    for op in graph.operations:
-        ops.append({
-            "id": op.id,
-            "op": op.op,
-            "name": op.name,
-            "inputs": [t.id for t in op.inputs],
-            "attrs": {k: _encode(v, f"op{op.id}.{k}", tensors) for k, v in op.attrs.items()},
-            "outputs": [{"id": t.id, "name": t.name, "shape": None if t.shape is None else list(t.shape),
-                         "dtype": t.dtype.name} for t in op.outputs],
-            "control_deps": [d.id for d in op.control_deps],
-            "scope": op.scope,
-            "location": op.location,
-        })
+    ops = _operation_records(graph, tensors, "")
     variables = []
     for op_id, value in sorted(state.items()):
         tensors[f"state.var{op_id}"] = value.contiguous()
@@ -133,6 +130,25 @@ def to_dict(graph) -> tuple[dict, dict[str, torch.Tensor]]:
            "next_op": graph._next_op, "next_tensor": graph._next_tensor,
            "variables": variables, "run_count": run_count}
     return doc, tensors
+
+
+def _operation_records(graph, tensors: dict[str, torch.Tensor], prefix: str) -> list[dict]:
+    """The JSON records of `graph`'s operations; tensor attributes go to `tensors` under `prefix`."""
+    ops = []
+    for op in graph.operations:
+        ops.append({
+            "id": op.id,
+            "op": op.op,
+            "name": op.name,
+            "inputs": [t.id for t in op.inputs],
+            "attrs": {k: _encode(v, f"{prefix}op{op.id}.{k}", tensors) for k, v in op.attrs.items()},
+            "outputs": [{"id": t.id, "name": t.name, "shape": None if t.shape is None else list(t.shape),
+                         "dtype": t.dtype.name} for t in op.outputs],
+            "control_deps": [d.id for d in op.control_deps],
+            "scope": op.scope,
+            "location": op.location,
+        })
+    return ops
 
 
 def _require(cond: bool, message: str):
@@ -149,10 +165,42 @@ def from_dict(doc: dict, tensors: dict[str, torch.Tensor]):
                                              f"(this build reads versions {', '.join(map(str, READABLE))})")
     _require(isinstance(doc.get("operations"), list), "the document has no operation list")
     g = Graph(str(doc.get("name", "graph")))
+    tensor_by_id, op_by_id = _read_operations(g, doc["operations"], tensors, "")
+    try:
+        g._next_op = max([int(doc.get("next_op", 0))] + [i + 1 for i in op_by_id])
+        g._next_tensor = max([int(doc.get("next_tensor", 0))] + [i + 1 for i in tensor_by_id])
+    except (TypeError, ValueError) as e:
+        raise SerializationError(f"malformed id counters ({e})") from None
+    _read_state(g, doc, tensors, op_by_id)
+    return g
+
+
+def _read_body(rec: Any, tensors: dict[str, torch.Tensor], where: str) -> Body:
+    """A control-flow block: its operations, checked as a graph's are, and its outputs."""
+    from .graph import Graph
+
+    _require(isinstance(rec, dict) and isinstance(rec.get("operations"), list) and isinstance(rec.get("outputs"), list),
+             f"{where}: a block needs an operation list and an output list")
+    g = Graph(str(rec.get("name", "body")))
+    tensor_by_id, op_by_id = _read_operations(g, rec["operations"], tensors, f"{where}: ")
+    for t in rec["outputs"]:
+        _require(t in tensor_by_id, f"{where}: block output {t!r} is not a tensor of the block")
+    seen_other = False
+    for op in g.operations:  # the block's inputs are its placeholders, which come first
+        _require(not (seen_other and op.op == "placeholder"), f"{where}: placeholder {op.name} after other operations")
+        seen_other = seen_other or op.op != "placeholder"
+    g._next_op = max(op_by_id, default=-1) + 1
+    g._next_tensor = max(tensor_by_id, default=-1) + 1
+    return Body(g, [tensor_by_id[t] for t in rec["outputs"]])
+
+
+def _read_operations(g, records: list, tensors: dict[str, torch.Tensor], where_prefix: str
+                     ) -> tuple[dict[int, Tensor], dict[int, Operation]]:
+    """Read operation records into `g`, in order, each checked against those before it."""
     tensor_by_id: dict[int, Tensor] = {}
     op_by_id: dict[int, Operation] = {}
-    for i, rec in enumerate(doc["operations"]):
-        where = f"operation #{i}"
+    for i, rec in enumerate(records):
+        where = f"{where_prefix}operation #{i}"
         try:
             op = _read_operation(g, rec, where, tensors, tensor_by_id, op_by_id)
         except SerializationError:
@@ -164,13 +212,7 @@ def from_dict(doc: dict, tensors: dict[str, torch.Tensor]):
                                      f"({type(e).__name__}: {e})") from None
         op_by_id[op.id] = op
         g.operations.append(op)
-    try:
-        g._next_op = max([int(doc.get("next_op", 0))] + [i + 1 for i in op_by_id])
-        g._next_tensor = max([int(doc.get("next_tensor", 0))] + [i + 1 for i in tensor_by_id])
-    except (TypeError, ValueError) as e:
-        raise SerializationError(f"malformed id counters ({e})") from None
-    _read_state(g, doc, tensors, op_by_id)
-    return g
+    return tensor_by_id, op_by_id
 
 
 def _read_state(g, doc: dict, tensors: dict[str, torch.Tensor], op_by_id: dict[int, Operation]) -> None:
@@ -251,7 +293,15 @@ def save(graph, path: str | os.PathLike) -> None:
     doc["weights"] = os.path.basename(weights)
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
-    save_file({k: v.cpu() for k, v in tensors.items()}, weights)
+    stored, seen = {}, set()
+    for k, v in tensors.items():
+        v = v.cpu()
+        # One tensor may back several attributes (a loop body that gradients also reference, its copies
+        # in the gradient's blocks): safetensors stores each key's own memory.
+        ptr = v.untyped_storage().data_ptr()
+        stored[k] = v.clone() if ptr in seen else v
+        seen.add(ptr)
+    save_file(stored, weights)
 
 
 def load(path: str | os.PathLike):

@@ -41,6 +41,8 @@ ALLOWED: dict[tuple[str, str], str] = {
         "Operation.primitive looks its registry entry up; the registry is built on the IR's types",
     ("stitchml.ops.fusion", "stitchml.runtime.eager"):
         "a stitched kernel's reference implementation interprets its body op by op",
+    ("stitchml.ops.control", "stitchml.runtime.eager"):
+        "a control-flow op's reference implementation interprets its blocks op by op",
     ("stitchml.graph", "stitchml.autodiff"): "Graph.gradients calls reverse mode",
     ("stitchml.graph", "stitchml.runtime.eager"): "Graph.run calls the eager interpreter",
     ("stitchml.graph", "stitchml.runtime.asyncrun"): "Graph.run_async calls the run queue",

@@ -11,6 +11,7 @@ slots of an environment list; `ctx.slots` maps tensor ids to slots.
   with no epilogue the vendor call writes the output directly;
 * views: a torch view of the input (no copy);
 * opaque ops: their reference implementation, result copied into its buffer;
+* control-flow ops: one step running their bodies, each compiled once (control.py);
 * with the reference backend (CPU without the Triton interpreter) kernels run
   their bodies op by op.
 
@@ -37,6 +38,7 @@ from ..graph import Graph
 from ..ir import Operation, built_at
 from ..registry import lookup
 from ..runtime.steps import Step
+from .control import CONTROL_FLOW, control_step
 from .memory import _is_view
 from .program import CompileError, Program, copy_op
 
@@ -156,7 +158,11 @@ def lower(program: Program, ctx) -> Program:
         if op.op in ("placeholder", "variable", "constant", "assign_variable"):
             continue
         try:
-            step = _step(op, plan, slots, scratch_slots, ctx.backend, options, ctx.run_context, (checks, flag_slot))
+            if op.op in CONTROL_FLOW:
+                step = control_step(op, [slots[t.id] for t in op.inputs], [slots[t.id] for t in op.outputs], ctx)
+            else:
+                step = _step(op, plan, slots, scratch_slots, ctx.backend, options, ctx.run_context,
+                             (checks, flag_slot))
         except StitchError:
             raise
         except Exception as e:  # a kernel the code generator cannot make: name the user's ops and lines

@@ -39,6 +39,10 @@ NOT_FUZZED: dict[str, str] = {
                     "tests/test_distributed.py runs them across gloo processes"),
     **dict.fromkeys(["element_count", "one_hot", "max_pooling2d", "avg_pooling2d", "resize", "cumulative_sum",
                      "top_k"], _OPAQUE),
+    **dict.fromkeys(["if_then_else", "while_loop", "for_loop"],
+                    "control flow: its blocks are graphs of primitives the fuzzer draws, and the step that runs "
+                    "them compiles each block with the same pipeline; the blocks' opdb samples compile in "
+                    "test_compiler.py and tests/test_control_flow.py checks compiled loops against eager"),
     **dict.fromkeys(["concat", "split", "pad", "tile", "reverse", "gather", "scatter_add", "gather_along_axis",
                      "scatter_add_along_axis", "reshape_with_dims", "broadcast_with_dims", "convolution2d",
                      "convolution_transpose2d", "einsum"], _NOT_YET),
