@@ -269,6 +269,11 @@ class Graph:
         happened). `compiled=False` forces the op-by-op path anywhere. The
         semantics are the same either way (docs/semantics.md).
         """
+        if compiled is not False and self._executables is not None:
+            with self._run_lock:  # a request seen before: its executable from identities, shapes and dtypes
+                exe = self._executables.fast(feeds, targets, target_ops, device, compiled)
+            if exe is not None:
+                return exe.run(feeds)
         from .runtime.eager import run_graph
         from .tensor_data import resolve_device
 
@@ -278,11 +283,13 @@ class Graph:
         from .runtime.compiled import ExecutableCache
         from .runtime.eager import check_request
 
+        request = targets, target_ops
         targets, target_ops = check_request(self, targets, target_ops)
         with self._run_lock:  # the cache is shared by every thread that runs this graph
             if self._executables is None:
                 self._executables = ExecutableCache()
             exe = self._executables.get(self, feeds or {}, targets, target_ops, dev)
+            self._executables.remember(exe, feeds, *request, device, compiled)
         return exe.run(feeds)
 
     @property

@@ -42,6 +42,13 @@ class Signature:
     target_ops: tuple[int, ...]
     device: str
 
+    def __post_init__(self) -> None:
+        # hashed once: Graph.run's cache looks its executable up by signature on every run
+        object.__setattr__(self, "_hash", hash((self.feeds, self.targets, self.target_ops, self.device)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
     def describe_change(self, other: "Signature") -> str:
         """Which part of the signature differs from `other` (for recompile explanations)."""
         if self.device != other.device:
