@@ -47,6 +47,7 @@ def main():
     gexe.run = gexe_run
     for name, us in rows:
         print(f"{name:<44} {us:7.2f} us")
+    print(f"g.run requests answered by the fast lookup: {g._executables.fast_hits}")
 
 
 if __name__ == "__main__":

@@ -26,9 +26,10 @@ def test_a_repeated_request_reuses_its_executable_and_stays_correct():
         out = g.run({x: a}, [y], device="cpu", compiled=True)[y].numpy()
         np.testing.assert_allclose(out, np.exp(a.double().numpy()) * 2.0, rtol=1e-6)
     assert len(g.compile_log) == 2, g.compile_log  # one compile per shape
+    assert g._executables.fast_hits == 3  # every request after the first of its shape
     single = g.run({x: torch.ones(8)}, y, device="cpu", compiled=True)[y].numpy()  # a bare target too
     np.testing.assert_allclose(single, np.full(8, 2 * np.e), rtol=1e-6)
-    assert len(g.compile_log) == 2
+    assert len(g.compile_log) == 2 and g._executables.fast_hits == 4  # a bare target is the same request
 
 
 def test_errors_are_the_same_after_a_cached_run():
@@ -75,3 +76,18 @@ def test_the_cache_does_not_keep_fed_values_alive():
     del a
     gc.collect()
     assert gone() is None
+
+
+def test_the_fast_lookup_uses_the_cache_entry_not_the_executables_own_signature():
+    """An executable's signature can name its device more exactly than the request did ("cuda:0" for
+    None or "cuda"): the fast lookup must still find it."""
+    import dataclasses
+
+    from stitchml.runtime import compiled
+
+    g, x, y = _graph()
+    g._executables = compiled.ExecutableCache()
+    exe = g._executables.get(g, {x: torch.zeros(4)}, [y], [], torch.device("cpu"))
+    exe.signature = dataclasses.replace(exe.signature, device="cpu:0")
+    g._executables.remember(exe, {x: torch.zeros(4)}, [y], (), "cpu", True)
+    assert g._executables.fast({x: torch.ones(4)}, [y], (), "cpu", True) is exe

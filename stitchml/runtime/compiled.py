@@ -150,6 +150,7 @@ class ExecutableCache:
         self.entries: OrderedDict[Signature, Executable] = OrderedDict()
         self.log: list[str] = []
         self._fast: dict[tuple, tuple[Signature, tuple]] = {}
+        self.fast_hits = 0  # requests `fast` answered (tests and benchmarks read it)
 
     def fast(self, feeds, targets, target_ops, device, compiled) -> Executable | None:
         """The executable `get` returned for this same request (`Graph.run`'s arguments) before, or None."""
@@ -163,16 +164,19 @@ class ExecutableCache:
             del self._fast[key]
             return None
         self.entries.move_to_end(hit[0])
+        self.fast_hits += 1
         return exe
 
     def remember(self, exe: Executable, feeds, targets, target_ops, device, compiled) -> None:
         """Let `fast` find `exe` for this request (after `get` checked it and returned `exe`)."""
         found = _fast_key(feeds, targets, target_ops, device, compiled)
-        if found is None:
+        # the entry's own key: `exe.signature` can name the device more exactly ("cuda:0" for "cuda")
+        sig = next((s for s, e in self.entries.items() if e is exe), None)
+        if found is None or sig is None:
             return
         if len(self._fast) >= self.FAST_SIZE:
             self._fast.clear()
-        self._fast[found[0]] = (exe.signature, found[1])
+        self._fast[found[0]] = (sig, found[1])
 
     def get(self, graph, feeds: dict, targets, target_ops, device) -> Executable:
         feed_types = _feed_types(graph, feeds or {})
