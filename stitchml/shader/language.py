@@ -113,7 +113,7 @@ def _dense(h, w, b, ACT: tl.constexpr, SCOPE: tl.constexpr, REDUCED: tl.constexp
 def _hidden(h, w, b, ACT: tl.constexpr, SCOPE: tl.constexpr, REDUCED: tl.constexpr):
     """A layer whose output feeds another layer. With half operands the next dot rounds it to half
     anyway: a ReLU then rounds and clamps in one instruction per two values (cvt.rn.relu.f16x2.f32)
-    instead of a max per value and a conversion per two."""
+    instead of a max per value and a conversion per two. (A NaN stays NaN, as torch.relu keeps it.)"""
     if _PTX and REDUCED and (ACT == "relu"):
         y = matmul2d(h, w, h.shape[0], w.shape[1], w.shape[0], False, False, REDUCED, SCOPE) + \
             b.to(tl.float32)[None, :]
