@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         record["decode"] = r
         print(f"neural-material shading 4096x4096 (16->32->6, bilinear int8 latents, 8 fp16 out; copy of its bytes "
               f"{r['copy']:.1f} us): default {r['default']:.1f} us ({r['copy'] / r['default']:.0%} of copy), best "
-              f"{r['ours']:.1f} us ({r['setting']}); byte-gather kernel {r['gather']:.1f} us (max diff {r['diff']:.1e}); "
+              f"{r['ours']:.1f} us ({r['setting']}); byte-gather kernel {r['gather']:.1f} us "
+              f"(max diff {r['diff']:.1e}); "
               f"plain fp16 features {r['plain']:.1f} us ({r['plain_setting']}; copy of its bytes "
               f"{r['plain_copy']:.1f} us); decode / plain {r['default'] / r['plain']:.2f}x")
     if args.json:

@@ -152,7 +152,8 @@ def probe_decode(log, size=4096):
         rows.append((f"plain {block}x{warps}w" + (f"/p{per_sm}s{stages}" if per_sm else ""), median_us(plain)))
     print(f"decode {size}x{size}: copy of its bytes {copy:.1f} us")
     for r in rows:
-        print(f"   {r[0]:<24} {r[1]:8.1f} us ({copy / r[1]:.0%})" + (f" max diff vs bytes {r[2]:.1e}" if len(r) > 2 else ""))
+        diff = f" max diff vs bytes {r[2]:.1e}" if len(r) > 2 else ""
+        print(f"   {r[0]:<24} {r[1]:8.1f} us ({copy / r[1]:.0%}){diff}")
         log.append({"decode": r[0], "us": r[1], "copy": copy})
 
 

@@ -39,7 +39,8 @@ def _reference(features: torch.Tensor, spec: MLPSpec, weights) -> torch.Tensor:
 
 def _features(latents: torch.Tensor, size: int, fine: int, coarse: int, levels: int) -> torch.Tensor:
     n_fine = (size // 2) ** 2 * fine
-    grids = [latents[:n_fine].reshape(size // 2, size // 2, fine), latents[n_fine:].reshape(size // 4, size // 4, coarse)]
+    grids = [latents[:n_fine].reshape(size // 2, size // 2, fine),
+             latents[n_fine:].reshape(size // 4, size // 4, coarse)]
     feats = [torch.nn.functional.interpolate(q.permute(2, 0, 1)[None].double() / levels, size=(size, size),
                                              mode="bilinear", align_corners=False)[0] for q in grids]
     return torch.cat(feats).reshape(fine + coarse, -1).T
