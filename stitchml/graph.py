@@ -334,6 +334,11 @@ class Graph:
         (runtime/buckets.py: "pow2", multiples of N, or edges) so that one executable serves every size
         of a bucket, with results equal to an unpadded run; runs with buckets are compiled, on the CPU too.
         """
+        if compiled is not False and self._executables is not None and not (buckets or self.buckets):
+            with self._run_lock:  # a request seen before: its executable from identities, shapes and dtypes
+                exe = self._executables.fast(feeds, targets, target_ops, device, compiled)
+            if exe is not None:
+                return exe.run(feeds)
         from .runtime.compiled import ExecutableCache, compiles_by_default
         from .runtime.eager import check_request, run_graph
         from .tensor_data import resolve_device
@@ -342,6 +347,7 @@ class Graph:
         buckets = self.buckets if buckets is None else buckets
         if compiled is False or (compiled is None and not compiles_by_default(dev) and not buckets):
             return run_graph(self, feeds, targets, target_ops, dev)
+        request = targets, target_ops
         targets, target_ops = check_request(self, targets, target_ops)
         with self._run_lock:  # the cache is shared by every thread that runs this graph
             if self._executables is None:
@@ -349,6 +355,8 @@ class Graph:
             cold = compiled is None and dev.type != "cuda" and not buckets and not self._executables.warm(
                 self, feeds or {}, targets, target_ops, dev)
             exe = None if cold else self._executables.get(self, feeds or {}, targets, target_ops, dev, buckets)
+            if exe is not None and not buckets:
+                self._executables.remember(exe, feeds, *request, device, compiled)
         return run_graph(self, feeds, targets, target_ops, dev) if cold else exe.run(feeds)
 
     @property

@@ -18,7 +18,7 @@ import torch
 from ..codegen import cpu
 from ..dtypes import as_dtype
 from ..errors import ExecutionError, FeedError
-from ..ir import Tensor, TensorType, built_at
+from ..ir import Operation, Tensor, TensorType, built_at
 from ..passes import CompileContext, CompileError, extract, run_pipeline
 from ..tensor_data import TensorData, resolve_device
 from .buckets import BucketedExecutable, Refused, bucket_types, check_spec, pad_graph
@@ -164,8 +164,42 @@ def compile_bucketed(graph, feeds: dict, targets, target_ops, device, options: d
         raise CompileError(f"compile: cannot bucket graph {graph.name!r}: {e}") from None
 
 
+def _fast_key(feeds, targets, target_ops, device, compiled) -> tuple[tuple, tuple] | None:
+    """(key, objects) for a run request whose feeds are all tensors. The key: the feed keys', targets'
+    and target ops' identities, each feed's shape and dtype, the device as asked for (with the current
+    CUDA device, which `None` and "cuda" resolve to) and `compiled`; the objects whose identities it
+    takes (not the fed values). None when a feed is anything else (arrays, lists)."""
+    feeds = {} if feeds is None else feeds
+    targets = (targets,) if isinstance(targets, Tensor) else targets
+    target_ops = (target_ops,) if isinstance(target_ops, Operation) else target_ops
+    if not isinstance(feeds, dict) or not isinstance(targets, (list, tuple)) or \
+            not isinstance(target_ops, (list, tuple)):
+        return None
+    shapes = []
+    for value in feeds.values():
+        kind = type(value)
+        t = value if kind is torch.Tensor else value._t if kind is TensorData else None
+        if t is None:
+            return None
+        shapes.append((t.shape, t.dtype))
+    current = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+    if device is not None and type(device) not in (str, torch.device):
+        return None  # the full lookup says what is wrong with it
+    key = (tuple(map(id, feeds)), tuple(shapes), tuple(map(id, targets)), tuple(map(id, target_ops)), device,
+           current, compiled)
+    return key, (tuple(feeds), tuple(targets), tuple(target_ops), device)
+
+
 class ExecutableCache:
-    """A graph's compiled executables, least recently used dropped first."""
+    """A graph's compiled executables, least recently used dropped first.
+
+    `get` checks the request and builds its signature (feed types, targets, device); `fast` finds the
+    executable of a request seen before from a key of identities, shapes and dtypes alone, which costs
+    a few microseconds instead of tens. Each fast entry holds the objects whose identities its key
+    uses, so the identities cannot be reused by other objects while it lives.
+    """
+
+    FAST_SIZE = 64
 
     def __init__(self, size: int = CACHE_SIZE):
         self.size = size
@@ -175,6 +209,34 @@ class ExecutableCache:
         self.served: deque[str] = deque(maxlen=256)  # which bucket served each recent bucketed run
         self.refused: dict[tuple, str] = {}  # (bucket rules, targets) -> why the graph cannot be bucketed
         self.runs: dict[Signature, int] = {}  # CPU runs op by op so far, per signature (warm)
+        self._fast: dict[tuple, tuple[Signature, tuple]] = {}
+        self.fast_hits = 0  # requests `fast` answered (tests and benchmarks read it)
+
+    def fast(self, feeds, targets, target_ops, device, compiled) -> Executable | None:
+        """The executable `get` returned for this same request (`Graph.run`'s arguments) before, or None."""
+        found = _fast_key(feeds, targets, target_ops, device, compiled)
+        hit = self._fast.get(found[0]) if found is not None else None
+        if hit is None:
+            return None
+        key = found[0]
+        exe = self.entries.get(hit[0])
+        if exe is None:  # evicted since
+            del self._fast[key]
+            return None
+        self.entries.move_to_end(hit[0])
+        self.fast_hits += 1
+        return exe
+
+    def remember(self, exe: Executable, feeds, targets, target_ops, device, compiled) -> None:
+        """Let `fast` find `exe` for this request (after `get` checked it and returned `exe`)."""
+        found = _fast_key(feeds, targets, target_ops, device, compiled)
+        # the entry's own key: `exe.signature` can name the device more exactly ("cuda:0" for "cuda")
+        sig = next((s for s, e in self.entries.items() if e is exe), None)
+        if found is None or sig is None:
+            return
+        if len(self._fast) >= self.FAST_SIZE:
+            self._fast.clear()
+        self._fast[found[0]] = (sig, found[1])
 
     def warm(self, graph, feeds: dict, targets, target_ops, device) -> bool:
         """Whether a CPU run of this signature should compile: it has an executable already, or this is

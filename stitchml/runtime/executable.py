@@ -43,6 +43,13 @@ class Signature:
     device: str
     buckets: tuple = ()  # bucketed runs: the rules ((placeholder op id, axis, rule), ...); feeds hold bucket sizes
 
+    def __post_init__(self) -> None:
+        # hashed once: Graph.run's cache looks its executable up by signature on every run
+        object.__setattr__(self, "_hash", hash((self.feeds, self.targets, self.target_ops, self.device)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
     def describe_change(self, other: "Signature") -> str:
         """Which part of the signature differs from `other` (for recompile explanations)."""
         if self.device != other.device:
