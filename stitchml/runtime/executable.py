@@ -69,14 +69,15 @@ class Executable:
         self.signature = signature
         self.device = ctx.device
         self.backend = ctx.backend
-        self.steps = ctx.launches
+        launch = ctx.launch_plan
+        self.steps = launch.steps
         self.plan = ctx.memory_plan
         self.compile_times = dict(ctx.timings)
         self._report = ctx.fusion_report
         self._poison = bool(ctx.options.get("poison"))
-        slots = ctx.slots
-        self._nslots = len(slots) + len(ctx.scratch_slots) + (ctx.flag_slot is not None)
-        self._checks, self._flag_slot = ctx.checks, ctx.flag_slot  # integer divisions kernels flag (lower.py)
+        slots = launch.slots
+        self._nslots = launch.nslots
+        self._checks, self._flag_slot = launch.checks, launch.flag_slot  # integer divisions kernels flag
         self._feeds: list[tuple[int, int, tuple, torch.dtype, str]] = []  # (user op id, slot, shape, dtype, name)
         self._variables: list[tuple[int, int]] = []  # (user variable op id, slot)
         self._constants: list[tuple[int, torch.Tensor]] = []
@@ -103,7 +104,7 @@ class Executable:
         for b in self.plan.buffers.values():
             if b.kind in ("vendor", "variable"):
                 continue
-            slot = ctx.scratch_slots[scratch_of[b.id]] if b.kind == "scratch" else slots[b.id]
+            slot = launch.scratch_slots[scratch_of[b.id]] if b.kind == "scratch" else slots[b.id]
             if b.kind == "output":
                 self._outputs.append((slot, b.shape, b.dtype))
             else:
