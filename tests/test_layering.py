@@ -146,3 +146,18 @@ def test_a_planted_upward_import_fails(tmp_path):
     assert any("stitchml.graph (builder) imports stitchml.autodiff (transforms)" in b for b in bad), bad
     assert any("stitchml.ir (ir) imports stitchml.passes (passes)" in b for b in bad), bad
     assert any("stitchml.errors (base) imports stitchml.debug.capture (debug)" in b for b in bad), bad
+
+
+def test_executable_users_read_no_private_fields():
+    """Bound runs and the debugger use the Executable's public interface (slot layout, run_steps,
+    fusion_entries): an attribute `exe._x` / `self.exe._x` read there fails."""
+    bad = []
+    for path in [ROOT / "runtime" / "bound.py", *sorted((ROOT / "debug").rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+                continue
+            owner = node.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if name in ("exe", "executable"):
+                bad.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: {name}.{node.attr}")
+    assert not bad, "private Executable fields read outside the executable:\n" + "\n".join(bad)
