@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from .. import dtypes
-from ..errors import FeedError, PipelineError
-from ..ir import TensorType, needed_ops
+from ..errors import ExecutionError, PipelineError
+from ..ir import TensorType
 from ..runtime.cudart import using
 from ..tensor_data import TensorData, resolve_device
 
@@ -191,27 +191,6 @@ class MLPipelineDescriptor:
         self.input_dimensions[name] = dims
 
 
-def _specialize(feed_types: dict, plan) -> dict[int, TensorType]:
-    """Every tensor's type once the placeholders have the given concrete types: tensor id -> type."""
-    from ..errors import ShapeError
-    from ..registry import lookup
-
-    types: dict[int, TensorType] = {}
-    by_op = {t.op.id: tt for t, tt in feed_types.items()}
-    for op in plan:
-        if op.op == "placeholder":
-            out = [by_op.get(op.id, op.outputs[0].type)]
-        else:
-            try:
-                inferred = lookup(op.op).infer([types[t.id] for t in op.inputs], **op.attrs)
-            except ShapeError as e:
-                raise FeedError(f"input dimensions do not fit {op.op} ({op.name}): {e}") from None
-            out = [inferred] if isinstance(inferred, TensorType) else list(inferred)
-        for t, tt in zip(op.outputs, out):
-            types[t.id] = tt
-    return types
-
-
 class MLPipeline:
     """A function compiled for fixed input dimensions on a device (MTL4MachineLearningPipelineState)."""
 
@@ -230,18 +209,16 @@ class MLPipeline:
         self.input_dimensions = dims
         self.input_types = {n: TensorType(d, fn.input_tensor(n).dtype) for n, d in dims.items()}
         targets = [fn.output_tensor(p.name) for p in fn.outputs]
-        try:
-            types = _specialize({fn.input_tensor(n): t for n, t in self.input_types.items()},
-                                needed_ops(fn.graph.operations, [t.op for t in targets]))
-        except FeedError as e:
-            raise PipelineError(f"pipeline {self.label}: {e}") from None
-        self.output_types = {p.name: types[fn.output_tensor(p.name).id] for p in fn.outputs}
+        self.kernel_note = self._install_package_kernels(dev, desc.use_package_kernels)
+        try:  # the compile prunes the graph and types it for these dimensions: the output types are its
+            self.executable = fn.graph.compile({fn.input_tensor(n): t for n, t in self.input_types.items()},
+                                               targets, device=dev.torch_device)
+        except ExecutionError as e:  # an op refuses these dimensions: the error names it and its line
+            raise PipelineError(f"pipeline {self.label}: input dimensions {dims} do not fit: {e}") from None
+        self.output_types = {p.name: t.type for p, t in zip(fn.outputs, self.executable.program.outputs)}
         unknown = [f"{n}: {t}" for n, t in self.output_types.items() if not t.is_static]
         if unknown:
             raise PipelineError(f"pipeline {self.label}: output extents stay unknown for these input dimensions: {unknown}")
-        self.kernel_note = self._install_package_kernels(dev, desc.use_package_kernels)
-        self.executable = fn.graph.compile({fn.input_tensor(n): t for n, t in self.input_types.items()}, targets,
-                                           device=dev.torch_device)
         self.intermediates_heap_size = int(self.executable.intermediates_heap_size)
         self.span_args = {"inputs": {n: list(d) for n, d in dims.items()}, "heap_bytes": self.intermediates_heap_size}
         self._checked_table: tuple | None = None  # the last argument table found valid (set_argument_table)
@@ -268,7 +245,7 @@ class MLPipeline:
             feeds = {fn.input_tensor(n): values[n] for n in self.input_types}
             outputs = {fn.output_tensor(n): values[n] for n in self.output_types}
             names = {**{fn.input_tensor(n): n for n in self.input_types}, **{fn.output_tensor(n): n for n in self.output_types}}
-            bound = exe.bind(feeds, outputs, heap.data, names)
+            bound = exe.bind(feeds, outputs, heap.data, names, checked=True)  # set_argument_table checked them
             if bound is not None:
                 run = bound.launch
             else:

@@ -18,7 +18,9 @@ and copies in the launch (recorded in the graph too): an input that is not
 contiguous, an output that is not contiguous, that overlaps an input, or
 that the last step leaves in library memory (a cuDNN convolution result).
 
-Executables that read or assign variables, draw random numbers or run in
+The feeds' and outputs' shapes, dtypes and devices are checked at bind
+time, unless the caller has checked them already (`bind(..., checked=True)`:
+an ML pipeline's argument table). Executables that read or assign variables, draw random numbers or run in
 poison mode are not bindable (`Executable.bindable`); `Executable.bind`
 returns None for them and callers use `Executable.run`. A bound run uses only
 the executable's public interface: how a run is laid out (`feed_slots`,
@@ -52,14 +54,14 @@ def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
 class BoundRun:
     """One executable on fixed feed, output and heap tensors; see the module docstring."""
 
-    def __init__(self, exe, feeds: dict, outputs: dict, arena: torch.Tensor, names: dict):
+    def __init__(self, exe, feeds: dict, outputs: dict, arena: torch.Tensor, names: dict, checked: bool = False):
         self.exe = exe
         env = exe.environment(arena)
         self.stage_in: list[tuple[torch.Tensor, torch.Tensor]] = []  # (bound buffer, caller's tensor)
         inputs = []
         for key, slot, shape, dtype, name in exe.feed_slots:
             t, name = feeds[key], names.get(key, name)
-            if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != exe.device:
+            if not checked and (tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != exe.device):
                 raise GraphError(f"bind: feed {name} must be {tuple(shape)} {dtype} on {exe.device}, "
                                  f"got {tuple(t.shape)} {t.dtype} on {t.device}")
             if t.is_contiguous():
@@ -75,7 +77,8 @@ class BoundRun:
         placed = []
         for (user, slot, _), t in zip(exe.result_slots, exe.program.outputs):
             dst, name = outputs[user], names.get(user, user.name)
-            if dst.device != exe.device or tuple(dst.shape) != tuple(t.shape) or dst.dtype != t.dtype.torch:
+            if not checked and (dst.device != exe.device or tuple(dst.shape) != tuple(t.shape)
+                                or dst.dtype != t.dtype.torch):
                 raise GraphError(f"bind: output {name} must be {tuple(t.shape)} {t.dtype} on {exe.device}, "
                                  f"got {tuple(dst.shape)} {dst.dtype} on {dst.device}")
             span = _span(dst)

@@ -456,11 +456,13 @@ class Executable:
                 zones.append(arena[b.offset + b.nbytes:end])
         return zones
 
-    def bind(self, feeds: dict, outputs: dict, heap: Any = None, names: dict | None = None):
+    def bind(self, feeds: dict, outputs: dict, heap: Any = None, names: dict | None = None, checked: bool = False):
         """A `BoundRun` of this executable on fixed caller memory (runtime/bound.py), or None when it
         cannot be bound (variables, random draws, poison mode). `feeds` maps placeholders and
         `outputs` targets to tensors (torch or TensorData); `heap` is as for `run`; `names` gives
-        feeds and targets the names errors call them by (default: the tensors' names)."""
+        feeds and targets the names errors call them by (default: the tensors' names). `checked`:
+        the caller has already checked every tensor's shape, dtype and device (an ML pipeline's
+        argument table), so the bound run does not check them again."""
         from .bound import BoundRun
 
         if not self.bindable:
@@ -472,7 +474,7 @@ class Executable:
             raise GraphError(f"bind: no tensor given for {', '.join(missing)}")
         with self._lock:
             return BoundRun(self, {k: unwrap(v) for k, v in feeds.items()},
-                            {k: unwrap(v) for k, v in outputs.items()}, self._arena_for(heap), names or {})
+                            {k: unwrap(v) for k, v in outputs.items()}, self._arena_for(heap), names or {}, checked)
 
     def run_async(self, feeds: dict | None = None, on_complete=None, **kwargs):
         """Queue a run; the handle and callback behave as Graph.run_async's."""
