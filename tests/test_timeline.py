@@ -375,7 +375,8 @@ def test_module_examples():
     import doctest
     import importlib
 
-    for module in (importlib.import_module("stitchml.pipeline.commands"), importlib.import_module("stitchml.pipeline.device")):
+    for name in ("commands", "device", "ml", "resources"):
+        module = importlib.import_module(f"stitchml.pipeline.{name}")
         failures, tried = doctest.testmod(module)
         assert tried > 0 and failures == 0
 
