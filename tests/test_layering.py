@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("stitchml.dtypes", "stitchml.errors", "stitchml.tensor_data", "stitchml.data", "stitchml.version")),
     ("ir", ("stitchml.ir",)),
     ("ops", ("stitchml.registry", "stitchml.ops")),
-    ("builder", ("stitchml.graph", "stitchml.composites", "stitchml.serialize")),
+    ("builder", ("stitchml.graph", "stitchml.graph_methods", "stitchml.composites", "stitchml.serialize")),
     ("transforms", ("stitchml.autodiff", "stitchml.optim", "stitchml.nn")),
     ("codegen", ("stitchml.codegen",)),
     ("runtime", ("stitchml.runtime",)),
