@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from . import dtypes
+from . import dtypes, serialize
 from .dtypes import DType
 from .errors import GraphError, ShapeError
 from .ir import Operation, Tensor, TensorType
@@ -221,9 +221,7 @@ class Graph(GraphMethods):
         raise GraphError(f"graph {self.name!r} has no tensor named {name!r}")
 
     def __str__(self) -> str:
-        from .serialize import dump_text
-
-        return dump_text(self)
+        return serialize.dump_text(self)
 
     def __repr__(self) -> str:
         return f"Graph({self.name!r}, {len(self.operations)} operations)"
@@ -272,21 +270,9 @@ class Graph(GraphMethods):
         happened). `compiled=False` forces the op-by-op path anywhere. The
         semantics are the same either way (docs/semantics.md).
         """
-        from .runtime.eager import run_graph
-        from .tensor_data import resolve_device
+        from .runtime.compiled import run_graph
 
-        dev = resolve_device(device)
-        if compiled is False or (compiled is None and dev.type != "cuda"):
-            return run_graph(self, feeds, targets, target_ops, dev)
-        from .runtime.compiled import ExecutableCache
-        from .runtime.eager import check_request
-
-        targets, target_ops = check_request(self, targets, target_ops)
-        with self._run_lock:  # the cache is shared by every thread that runs this graph
-            if self._executables is None:
-                self._executables = ExecutableCache()
-            exe = self._executables.get(self, feeds or {}, targets, target_ops, dev)
-        return exe.run(feeds)
+        return run_graph(self, feeds, targets, target_ops, device, compiled)
 
     @property
     def compile_log(self) -> list[str]:
@@ -299,7 +285,7 @@ class Graph(GraphMethods):
         Runs of one graph execute in the order they were queued.
         `on_complete(results, error)` is called when the run ends, with one of the two None.
         """
-        from .runtime.asyncrun import submit
+        from .runtime.compiled import submit
 
         return submit(self, lambda: self.run(feeds, targets, target_ops, device), on_complete)
 
@@ -343,13 +329,9 @@ class Graph(GraphMethods):
         The variables' current values and `run_count` are saved too (between runs, under the run
         lock), so `Graph.load` gives back a graph that continues exactly as this one would.
         """
-        from .serialize import save
-
-        save(self, path)
+        serialize.save(self, path)
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Graph":
         """The graph `save` wrote, with its variables' values and run count as they were saved."""
-        from .serialize import load
-
-        return load(path)
+        return serialize.load(path, Graph)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -140,15 +140,14 @@ def _require(cond: bool, message: str):
         raise SerializationError(message)
 
 
-def from_dict(doc: dict, tensors: dict[str, torch.Tensor]):
-    """Rebuild a graph from `to_dict`'s output, checking every part of it."""
-    from .graph import Graph
-
+def from_dict(doc: dict, tensors: dict[str, torch.Tensor], new_graph: Callable[[str], Any]):
+    """Rebuild a graph from `to_dict`'s output, checking every part of it; `new_graph(name)` makes the
+    empty graph (`Graph`: this module sits below graph.py, whose save, load and text use it)."""
     _require(isinstance(doc, dict) and doc.get("format") == FORMAT, f"not a {FORMAT} document")
     _require(doc.get("version") in READABLE, f"graph format version {doc.get('version')!r} is not supported "
                                              f"(this build reads versions {', '.join(map(str, READABLE))})")
     _require(isinstance(doc.get("operations"), list), "the document has no operation list")
-    g = Graph(str(doc.get("name", "graph")))
+    g = new_graph(str(doc.get("name", "graph")))
     tensor_by_id: dict[int, Tensor] = {}
     op_by_id: dict[int, Operation] = {}
     for i, rec in enumerate(doc["operations"]):
@@ -254,8 +253,9 @@ def save(graph, path: str | os.PathLike) -> None:
     save_file({k: v.cpu() for k, v in tensors.items()}, weights)
 
 
-def load(path: str | os.PathLike):
-    """The graph `save` wrote at `path`, with its variables' values and run counter as they were saved."""
+def load(path: str | os.PathLike, new_graph: Callable[[str], Any]):
+    """The graph `save` wrote at `path`, with its variables' values and run counter as they were saved;
+    `new_graph` as for `from_dict` (`Graph.load(path)` is the way to call it)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -275,4 +275,4 @@ def load(path: str | os.PathLike):
             tensors = load_file(os.path.join(os.path.dirname(path), weights))
         except (OSError, SafetensorError) as e:
             raise SerializationError(f"{path}: cannot read weights {weights} ({e})") from None
-    return from_dict(doc, tensors)
+    return from_dict(doc, tensors, new_graph)

@@ -42,9 +42,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("stitchml.ops.fusion", "stitchml.runtime.eager"):
         "a stitched kernel's reference implementation interprets its body op by op",
     ("stitchml.graph", "stitchml.autodiff"): "Graph.gradients calls reverse mode",
-    ("stitchml.graph", "stitchml.runtime.eager"): "Graph.run calls the eager interpreter",
-    ("stitchml.graph", "stitchml.runtime.asyncrun"): "Graph.run_async calls the run queue",
-    ("stitchml.graph", "stitchml.runtime.compiled"): "Graph.compile and Graph.run call the compiler entry",
+    ("stitchml.graph", "stitchml.runtime.compiled"):
+        "Graph.compile, Graph.run and Graph.run_async call the runtime's entry (compiled.py)",
 }
 
 
@@ -161,3 +160,54 @@ def test_executable_users_read_no_private_fields():
             if name in ("exe", "executable"):
                 bad.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: {name}.{node.attr}")
     assert not bad, "private Executable fields read outside the executable:\n" + "\n".join(bad)
+
+
+def cycles(root: Path, allowed: dict[tuple[str, str], str]) -> list[list[str]]:
+    """Groups of modules that import each other (strongly connected, imports inside functions included),
+    leaving out the allowed upward imports: those are the known ways back up."""
+    known = modules(root)
+    edges = {name: sorted({t for t, _, _ in imports(name, path, known) if t in known and t != name
+                           and (name, t) not in allowed}) for name, path in known.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for name in known:
+        if name not in index:
+            visit(name)
+    return found
+
+
+def test_no_import_cycles():
+    """Within a layer imports may go either way, but no two modules may import each other, directly or
+    through others (the package facade `stitchml` re-exports, and is imported by no module of ours)."""
+    found = cycles(ROOT, ALLOWED)
+    assert not found, "modules that import each other:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_a_planted_cycle_fails(tmp_path):
+    tree = tmp_path / "stitchml"
+    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    serialize = tree / "serialize.py"
+    serialize.write_text(serialize.read_text() + "\n\ndef _planted():\n    from .graph import Graph\n    return Graph\n")
+    assert cycles(tree, ALLOWED) == [["stitchml.graph", "stitchml.serialize"]]

@@ -1,7 +1,9 @@
 """From a graph and a signature to an Executable, and the per-graph cache of them.
 
 `compile_graph` extracts the program the targets need, runs the pass
-pipeline and wraps the result. `cached_run` is what `Graph.run` uses on CUDA:
+pipeline and wraps the result. This module is the graph's one way into the
+runtime: `Graph.compile`, `Graph.run` (`run_graph`: op by op, or compiled and
+cached) and `Graph.run_async` (`submit`) call it. `cached_run` is what `Graph.run` uses on CUDA:
 one executable per signature (feed shapes and dtypes, targets, target ops,
 device) in a bounded LRU cache; every compile after the first says which part
 of the signature changed (`Graph.compile_log`).
@@ -18,9 +20,9 @@ import torch
 from ..dtypes import as_dtype
 from ..errors import ExecutionError, FeedError
 from ..ir import Tensor, TensorType, built_at
-from ..passes import CompileContext, extract, run_pipeline
 from ..tensor_data import TensorData, resolve_device
-from .eager import RunContext, check_request
+from .asyncrun import submit  # noqa: F401  (Graph.run_async's entry)
+from .eager import RunContext, check_request, run_graph as run_eager
 from .executable import Executable, Signature
 
 log = logging.getLogger("stitchml.compile")
@@ -97,6 +99,10 @@ def compile_graph(graph, feeds: dict, targets, target_ops, device, options: dict
     targets, target_ops = check_request(graph, targets, target_ops)
     feed_types = _feed_types(graph, feeds)
     _check_types(feed_types)
+    # The passes load on the first compile: a process that only runs graphs op by op (Graph.run on the CPU,
+    # which comes through this module) does not pay for importing them.
+    from ..passes import CompileContext, extract, run_pipeline
+
     program = extract(graph, feed_types, targets, target_ops)
     _check_reductions(program)
     options = dict(options)
@@ -106,6 +112,20 @@ def compile_graph(graph, feeds: dict, targets, target_ops, device, options: dict
                          run_context=lambda: RunContext(graph, device, {}, graph.run_count))
     program = run_pipeline(program, ctx)
     return Executable(graph, program, ctx, signature_of(graph, feed_types, targets, target_ops, device), targets)
+
+
+def run_graph(graph, feeds, targets, target_ops, device, compiled: bool | None) -> dict:
+    """`Graph.run`: op by op on the CPU or with `compiled=False`, else through the graph's executable
+    cache (made on first use, shared by every thread that runs the graph)."""
+    dev = resolve_device(device)
+    if compiled is False or (compiled is None and dev.type != "cuda"):
+        return run_eager(graph, feeds, targets, target_ops, dev)
+    targets, target_ops = check_request(graph, targets, target_ops)
+    with graph._run_lock:
+        if graph._executables is None:
+            graph._executables = ExecutableCache()
+        exe = graph._executables.get(graph, feeds or {}, targets, target_ops, dev)
+    return exe.run(feeds)
 
 
 class ExecutableCache:
