@@ -3,7 +3,7 @@
 Hypothesis draws a *recipe*: a list of steps (placeholders of small random shapes and dtypes,
 elementwise unary, binary and ternary ops with broadcasting and mixed dtypes, reductions with
 keep_dims over random axes, matrix products, reshape / transpose / broadcast_to / slice /
-expand_dims / squeeze, casts) and the values to return. `build` replays a recipe into a graph; the
+expand_dims / squeeze / reverse / tile / pad / concat / gather / split, casts) and the values to return. `build` replays a recipe into a graph; the
 compiled run must equal the eager run: integers and bools exactly, NaN and infinities at the same
 places, other floats within an error bound carried along the steps.
 
@@ -158,6 +158,16 @@ class Replay:
             y = self.g.broadcast_to(x, tuple(arg))
         elif op == "reshape":
             y = self.g.reshape(x, tuple(arg))
+        elif op in ("reverse", "tile"):
+            y = getattr(self.g, op)(x, tuple(arg))
+        elif op == "pad":  # zeros: the bound holds
+            y = self.g.pad(x, tuple(arg[0]), tuple(arg[1]))
+        elif op == "concat":  # the value beside itself
+            y = self.g.concat([x, x], arg)
+        elif op == "gather":  # [axis, indices]: indices as a constant
+            y = self.g.gather(x, self.g.constant(np.array(arg[1], np.int64)), arg[0])
+        elif op == "split":  # [axis, sizes, which piece]
+            y = self.g.split(x, list(arg[1]), arg[0])[arg[2]]
         else:
             y = getattr(self.g, op)(x, arg)
         return Value(y, v.bound, v.err, v.exact)
@@ -428,7 +438,9 @@ def _broadcasts(a: tuple, b: tuple) -> bool:
 # The movement ops the fuzzer can draw arguments for, and the shapes each applies to.
 MOVE_APPLIES = {"reshape": lambda shape: True, "expand_dims": lambda shape: True, "broadcast_to": lambda shape: True,
                 "transpose": lambda shape: len(shape) > 0, "slice": lambda shape: len(shape) > 0,
-                "squeeze": lambda shape: 1 in shape}
+                "squeeze": lambda shape: 1 in shape, "reverse": lambda shape: True, "tile": lambda shape: True,
+                "pad": lambda shape: len(shape) > 0, "concat": lambda shape: len(shape) > 0,
+                "gather": lambda shape: len(shape) > 0, "split": lambda shape: len(shape) > 0}
 
 
 @st.composite
@@ -451,6 +463,22 @@ def _movement(draw, shape: tuple) -> list:
         return [op, draw(st.permutations(range(rank)))]
     if op == "squeeze":
         return [op, [a for a, d in enumerate(shape) if d == 1][:1]]
+    if op == "reverse":
+        return [op, draw(st.lists(st.integers(0, rank - 1), unique=True)) if rank else []]
+    if op == "tile":
+        return [op, [draw(st.integers(1, 2)) for _ in shape]]
+    if op == "pad":
+        return [op, [[draw(st.integers(0, 2)) for _ in shape] for _ in range(2)]]
+    if op == "concat":
+        return [op, draw(st.integers(0, rank - 1))]
+    if op in ("gather", "split"):
+        axis = draw(st.integers(0, rank - 1))
+        d = shape[axis]
+        if op == "gather":  # repeats and any order
+            return [op, [axis, draw(st.lists(st.integers(0, d - 1), min_size=1, max_size=4))]]
+        first = draw(st.integers(1, d))
+        sizes = [first] + ([d - first] if first < d else [])
+        return [op, [axis, sizes, draw(st.integers(0, len(sizes) - 1))]]
     starts, ends, strides = [], [], []
     for d in shape:  # never empty: a backward slice runs from its start down to the first element
         strides.append(draw(st.sampled_from([1, 1, 2, -1])))
