@@ -3,7 +3,8 @@
 Hypothesis draws a *recipe*: a list of steps (placeholders of small random shapes and dtypes,
 elementwise unary, binary and ternary ops with broadcasting and mixed dtypes, reductions with
 keep_dims over random axes, matrix products, reshape / transpose / broadcast_to / slice /
-expand_dims / squeeze / reverse / tile / pad / concat / gather / split, casts) and the values to return. `build` replays a recipe into a graph; the
+expand_dims / squeeze / reverse / tile / pad / concat / gather / gather_along_axis / split, casts;
+index reductions of exact values) and the values to return. `build` replays a recipe into a graph; the
 compiled run must equal the eager run: integers and bools exactly, NaN and infinities at the same
 places, other floats within an error bound carried along the steps.
 
@@ -98,6 +99,7 @@ def _role(role: str) -> dict:
 
 
 UNARY, BINARY, REDUCTIONS, MOVES = _role("unary"), _role("binary"), _role("reduction"), _role("move")
+ARG_REDUCTIONS = ("reduction_arg_maximum", "reduction_arg_minimum")  # of an exact operand, along one axis
 JUMPS = [n for n in _role("jump") if operands(n) == 1]  # take exact operands; exact results
 JUMP_BINARY = [n for n in _role("jump") if operands(n) == 2]
 # The roles of one op each, built by Replay's _matmul, _cast, _select and _clamp.
@@ -166,6 +168,8 @@ class Replay:
             y = self.g.concat([x, x], arg)
         elif op == "gather":  # [axis, indices]: indices as a constant
             y = self.g.gather(x, self.g.constant(np.array(arg[1], np.int64)), arg[0])
+        elif op == "gather_along_axis":  # [axis, indices of the value's rank]: indices as a constant
+            y = self.g.gather_along_axis(x, self.g.constant(np.array(arg[1], np.int64)), arg[0])
         elif op == "split":  # [axis, sizes, which piece]
             y = self.g.split(x, list(arg[1]), arg[0])[arg[2]]
         else:
@@ -256,6 +260,9 @@ class Replay:
     # reductions and products
     def _reduce(self, name: str, i: int, axes, keep: bool) -> Value:
         v = self.values[i]
+        if name in ARG_REDUCTIONS:  # one axis; an index, the same in both runs when the operand is exact
+            y = getattr(self.g, name)(v.tensor, axes[0], keep_dims=keep)
+            return Value(y, float(v.shape[axes[0]]), exact=v.exact)
         y = getattr(self.g, name)(v.tensor, None if axes is None else tuple(axes), keep_dims=keep)
         n = max(1, v.tensor.type.numel() // max(1, y.type.numel()))
         spec = REDUCTIONS[name]
@@ -386,6 +393,11 @@ def recipes(draw, lane: str) -> dict:
             name = draw(st.sampled_from(list(REDUCTIONS)))
             axes = draw(st.none() | st.lists(st.integers(0, len(v.shape) - 1), min_size=1, unique=True))
             n = math.prod(v.shape) if axes is None else math.prod(v.shape[a] for a in axes)
+            if name in ARG_REDUCTIONS:
+                if replay.values[i].exact:  # rounding could move an inexact operand's extremum
+                    add(["reduce", name, i, [draw(st.integers(0, len(v.shape) - 1))], draw(st.booleans())])
+                    continue
+                name = "reduction_maximum"
             if name == "reduction_product":
                 i = fit(i, min(1.5, LIMIT ** (1.0 / max(n, 1))))
                 if not replay.values[i].dtype.is_floating:
@@ -440,7 +452,8 @@ MOVE_APPLIES = {"reshape": lambda shape: True, "expand_dims": lambda shape: True
                 "transpose": lambda shape: len(shape) > 0, "slice": lambda shape: len(shape) > 0,
                 "squeeze": lambda shape: 1 in shape, "reverse": lambda shape: True, "tile": lambda shape: True,
                 "pad": lambda shape: len(shape) > 0, "concat": lambda shape: len(shape) > 0,
-                "gather": lambda shape: len(shape) > 0, "split": lambda shape: len(shape) > 0}
+                "gather": lambda shape: len(shape) > 0, "split": lambda shape: len(shape) > 0,
+                "gather_along_axis": lambda shape: len(shape) > 0}
 
 
 @st.composite
@@ -471,11 +484,16 @@ def _movement(draw, shape: tuple) -> list:
         return [op, [[draw(st.integers(0, 2)) for _ in shape] for _ in range(2)]]
     if op == "concat":
         return [op, draw(st.integers(0, rank - 1))]
-    if op in ("gather", "split"):
+    if op in ("gather", "gather_along_axis", "split"):
         axis = draw(st.integers(0, rank - 1))
         d = shape[axis]
         if op == "gather":  # repeats and any order
             return [op, [axis, draw(st.lists(st.integers(0, d - 1), min_size=1, max_size=4))]]
+        if op == "gather_along_axis":  # the value's extents but along `axis`, any index anywhere
+            index_shape = [draw(st.integers(1, 3)) if a == axis else e for a, e in enumerate(shape)]
+            flat = draw(st.lists(st.integers(0, d - 1), min_size=math.prod(index_shape),
+                                 max_size=math.prod(index_shape)))
+            return [op, [axis, np.array(flat, np.int64).reshape(index_shape).tolist()]]
         first = draw(st.integers(1, d))
         sizes = [first] + ([d - first] if first < d else [])
         return [op, [axis, sizes, draw(st.integers(0, len(sizes) - 1))]]

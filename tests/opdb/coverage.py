@@ -30,13 +30,11 @@ NOT_FUZZED: dict[str, str] = {
     "assign_variable": "state: the fuzzer's graphs are pure functions of their placeholders",
     **dict.fromkeys(["random_uniform", "random_normal"], "random: test_compiler.py checks seeded compiled draws "
                     "against eager's, test_ops.py the record's distribution check"),
-    "reduction_arg_maximum": _NOT_YET,
-    "reduction_arg_minimum": _NOT_YET,
     **dict.fromkeys(["sum_to_shape", "slice_gradient", "convolution2d_weights_gradient", "max_pooling2d_gradient",
                      "avg_pooling2d_gradient", "max_pooling2d_select", "resize_gradient"], _GRADIENT_ONLY),
     **dict.fromkeys(["element_count", "one_hot", "max_pooling2d", "avg_pooling2d", "resize", "cumulative_sum",
                      "top_k"], _OPAQUE),
-    **dict.fromkeys(["scatter_add", "gather_along_axis", "scatter_add_along_axis", "reshape_with_dims",
+    **dict.fromkeys(["scatter_add", "scatter_add_along_axis", "reshape_with_dims",
                      "broadcast_with_dims", "convolution2d", "convolution_transpose2d", "einsum"], _NOT_YET),
 }
 

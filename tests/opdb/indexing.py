@@ -188,6 +188,7 @@ RECORDS = [
     OpInfo("scatter_add", _scatter_samples, _scatter_add_ref, NUMERIC, errors=_scatter_errors,
            equivalent="np.add.at / torch.index_add"),
     OpInfo("gather_along_axis", _along_samples, _gather_along_ref, NUMERIC + (sm.bool,),
+           fuzz=Fuzz("move"),
            errors=_along_errors(False), equivalent="np.take_along_axis / torch.gather"),
     OpInfo("scatter_add_along_axis", _along_samples, _scatter_along_ref, NUMERIC, errors=_along_errors(True),
            equivalent="torch.scatter_add"),
