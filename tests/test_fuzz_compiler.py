@@ -102,8 +102,9 @@ UNARY, BINARY, REDUCTIONS, MOVES = _role("unary"), _role("binary"), _role("reduc
 ARG_REDUCTIONS = ("reduction_arg_maximum", "reduction_arg_minimum")  # of an exact operand, along one axis
 JUMPS = [n for n in _role("jump") if operands(n) == 1]  # take exact operands; exact results
 JUMP_BINARY = [n for n in _role("jump") if operands(n) == 2]
-# The roles of one op each, built by Replay's _matmul, _cast, _select and _clamp.
-BUILT_IN = {"matmul": "matrix_multiplication", "cast": "cast", "select": "select", "clamp": "clamp"}
+# The roles of one op each, built by Replay's _matmul, _conv, _cast, _select and _clamp.
+BUILT_IN = {"matmul": "matrix_multiplication", "conv": "convolution2d", "cast": "cast", "select": "select",
+            "clamp": "clamp"}
 GRAPH_GUARDS = ("half", "quarter", "tanh", "tanh34", "divisor")  # what Replay._guard applies
 
 
@@ -113,7 +114,8 @@ def _ulps(name: str) -> float:
 
 
 PROFILES = {  # input dtypes of a lane, and how often each kind of step is drawn
-    "float": ([sm.float32] * 4 + [sm.float64], dict(unary=4, binary=4, jump=2, reduce=2, matmul=1, move=2, cast=1)),
+    "float": ([sm.float32] * 4 + [sm.float64], dict(unary=4, binary=4, jump=2, reduce=2, matmul=1, move=2, cast=1,
+                                                     conv=1)),
     "half": ([sm.float16, sm.bfloat16, sm.float16, sm.float32], dict(unary=4, binary=4, jump=1, reduce=2, matmul=1,
                                                                      move=2, cast=1)),
     "mixed": ([sm.float32, sm.float16, sm.bfloat16, sm.int32, sm.int8, sm.uint8, sm.int64, sm.bool],
@@ -282,6 +284,15 @@ class Replay:
         return Value(y, bound, k * (b.bound * ea + a.bound * eb) + _rounding(y.dtype, bound, k + 1), exact=False)
 
 
+    def _conv(self, i: int, j: int) -> Value:
+        """A convolution (NCHW, OIHW, stride 1, no padding): k = C * KH * KW products per output."""
+        a, b = self.values[i], self.values[j]
+        y = self.g.convolution2d(a.tensor, b.tensor)
+        k = b.shape[1] * b.shape[2] * b.shape[3]
+        bound = k * a.bound * b.bound
+        return Value(y, bound, k * (b.bound * a.err + a.bound * b.err) + _rounding(y.dtype, bound, k + 1), exact=False)
+
+
 def _int_bound(name: str, a: float, b: float) -> float:
     return {"addition": a + b, "subtraction": a + b, "multiplication": a * b, "floor_division": a + 1,
             "modulo": b}.get(name, max(a, b))
@@ -412,6 +423,18 @@ def recipes(draw, lane: str) -> dict:
             j = new_input([kdim, draw(st.integers(1, 4))])
             bound = math.sqrt(LIMIT / kdim)
             add(["matmul", fit(i, bound), fit(j, bound)])
+        elif kind == "conv":  # float32 or float64 NCHW; the lane's next steps fuse after it as an epilogue
+            if len(v.shape) != 4 or v.dtype not in (sm.float32, sm.float64):
+                dt = draw(st.sampled_from([sm.float32, sm.float64]))
+                i = add(["input", dt.name, [draw(st.integers(1, 2)), draw(st.integers(1, 3)),
+                                            draw(st.integers(3, 6)), draw(st.integers(3, 6))]])
+            x = replay.values[i]
+            size = draw(st.sampled_from([1, 3]))
+            j = add(["input", x.dtype.name, [draw(st.integers(1, 4)), x.shape[1], size, size]])
+            if x.shape[2] < size or x.shape[3] < size:
+                size, j = 1, add(["input", x.dtype.name, [draw(st.integers(1, 4)), x.shape[1], 1, 1]])
+            bound = math.sqrt(LIMIT / (x.shape[1] * size * size))
+            add(["conv", fit(i, bound), fit(j, bound)])
         elif kind == "move":
             add(["move", i, *draw(_movement(v.shape))])
         elif kind == "cast":
