@@ -2,7 +2,7 @@
 
 Hypothesis draws a *recipe*: a list of steps (placeholders of small random shapes and dtypes,
 elementwise unary, binary and ternary ops with broadcasting and mixed dtypes, reductions with
-keep_dims over random axes, matrix products, reshape / transpose / broadcast_to / slice /
+keep_dims over random axes, matrix products and convolutions, reshape / transpose / broadcast_to / slice /
 expand_dims / squeeze / reverse / tile / pad / concat / gather / gather_along_axis / split, casts;
 index reductions of exact values) and the values to return. `build` replays a recipe into a graph; the
 compiled run must equal the eager run: integers and bools exactly, NaN and infinities at the same
