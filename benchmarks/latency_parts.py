@@ -29,7 +29,7 @@ def main():
     out = torch.empty_like(a)
     exe.run({x: a})
     launch = exe.steps[0].run
-    env = [None] * exe._nslots
+    env = [None] * exe.slot_count
     env[launch.slots[0]], env[launch.slots[1]] = a, out
     rows = [("exe.run", per_call(lambda: exe.run({x: a}))),
             ("step launch (direct launcher)", per_call(lambda: launch(env))),

@@ -42,6 +42,7 @@ def composite(fn):
 
     build.__name__ = fn.__name__
     build.__doc__ = fn.__doc__
+    build.__wrapped__ = fn  # inspect.signature (and tools/graph_methods.py) read the real signature
     builder(fn.__name__, composite=True)(build)
     return fn
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -91,9 +91,10 @@ def _encode(v: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
     raise SerializationError(f"attribute {key} holds a {type(v).__name__}, which has no JSON form")
 
 
-def _decode(v: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
+def _decode(v: Any, tensors: dict[str, torch.Tensor], where: str, new_graph: Callable[[str], Any] | None = None
+            ) -> Any:
     if isinstance(v, list):
-        return tuple(_decode(x, tensors, where) for x in v)
+        return tuple(_decode(x, tensors, where, new_graph) for x in v)
     if isinstance(v, dict):
         if "$tensor" in v:
             if v["$tensor"] not in tensors:
@@ -107,9 +108,9 @@ def _decode(v: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
         if "$float" in v:
             return float(v["$float"])
         if "$dict" in v:
-            return {k: _decode(x, tensors, where) for k, x in v["$dict"].items()}
-        if "$body" in v:
-            return _read_body(v["$body"], tensors, where)
+            return {k: _decode(x, tensors, where, new_graph) for k, x in v["$dict"].items()}
+        if "$body" in v and new_graph is not None:
+            return _read_body(v["$body"], tensors, where, new_graph)
         raise SerializationError(f"{where}: unknown attribute encoding {sorted(v)}")
     return v
 
@@ -156,15 +157,14 @@ def _require(cond: bool, message: str):
         raise SerializationError(message)
 
 
-def from_dict(doc: dict, tensors: dict[str, torch.Tensor]):
-    """Rebuild a graph from `to_dict`'s output, checking every part of it."""
-    from .graph import Graph
-
+def from_dict(doc: dict, tensors: dict[str, torch.Tensor], new_graph: Callable[[str], Any]):
+    """Rebuild a graph from `to_dict`'s output, checking every part of it; `new_graph(name)` makes the
+    empty graph (`Graph`: this module sits below graph.py, whose save, load and text use it)."""
     _require(isinstance(doc, dict) and doc.get("format") == FORMAT, f"not a {FORMAT} document")
     _require(doc.get("version") in READABLE, f"graph format version {doc.get('version')!r} is not supported "
                                              f"(this build reads versions {', '.join(map(str, READABLE))})")
     _require(isinstance(doc.get("operations"), list), "the document has no operation list")
-    g = Graph(str(doc.get("name", "graph")))
+    g = new_graph(str(doc.get("name", "graph")))
     tensor_by_id, op_by_id = _read_operations(g, doc["operations"], tensors, "")
     try:
         g._next_op = max([int(doc.get("next_op", 0))] + [i + 1 for i in op_by_id])
@@ -175,13 +175,12 @@ def from_dict(doc: dict, tensors: dict[str, torch.Tensor]):
     return g
 
 
-def _read_body(rec: Any, tensors: dict[str, torch.Tensor], where: str) -> Body:
-    """A control-flow block: its operations, checked as a graph's are, and its outputs."""
-    from .graph import Graph
-
+def _read_body(rec: Any, tensors: dict[str, torch.Tensor], where: str, new_graph: Callable[[str], Any]) -> Body:
+    """A control-flow block: its operations, checked as a graph's are, and its outputs; `new_graph` makes
+    the block's graph (the type of the graph being read)."""
     _require(isinstance(rec, dict) and isinstance(rec.get("operations"), list) and isinstance(rec.get("outputs"), list),
              f"{where}: a block needs an operation list and an output list")
-    g = Graph(str(rec.get("name", "body")))
+    g = new_graph(str(rec.get("name", "body")))
     tensor_by_id, op_by_id = _read_operations(g, rec["operations"], tensors, f"{where}: ")
     for t in rec["outputs"]:
         _require(t in tensor_by_id, f"{where}: block output {t!r} is not a tensor of the block")
@@ -254,7 +253,8 @@ def _read_operation(g, rec: dict, where: str, tensors: dict[str, torch.Tensor], 
         _require(t in tensor_by_id, f"{where} ({opname}): input tensor {t} is not defined before it")
     for d in deps:
         _require(d in op_by_id, f"{where} ({opname}): control dependency {d} is not defined before it")
-    attrs = {k: _decode(v, tensors, f"{where} ({opname}) attribute {k}") for k, v in rec.get("attrs", {}).items()}
+    attrs = {k: _decode(v, tensors, f"{where} ({opname}) attribute {k}", type(g))
+             for k, v in rec.get("attrs", {}).items()}
     try:
         types = [TensorType(None if o["shape"] is None else tuple(o["shape"]), dtypes.as_dtype(o["dtype"]))
                  for o in out_recs]
@@ -304,8 +304,9 @@ def save(graph, path: str | os.PathLike) -> None:
     save_file(stored, weights)
 
 
-def load(path: str | os.PathLike):
-    """The graph `save` wrote at `path`, with its variables' values and run counter as they were saved."""
+def load(path: str | os.PathLike, new_graph: Callable[[str], Any]):
+    """The graph `save` wrote at `path`, with its variables' values and run counter as they were saved;
+    `new_graph` as for `from_dict` (`Graph.load(path)` is the way to call it)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -325,4 +326,4 @@ def load(path: str | os.PathLike):
             tensors = load_file(os.path.join(os.path.dirname(path), weights))
         except (OSError, SafetensorError) as e:
             raise SerializationError(f"{path}: cannot read weights {weights} ({e})") from None
-    return from_dict(doc, tensors)
+    return from_dict(doc, tensors, new_graph)

@@ -4,6 +4,19 @@
     out = sm.load_package("model.smpkg").function("main")(x=images)
 
 See docs/packages.md for the format and the importers' coverage.
+
+Two modules here are public tools rather than parts of a package's life,
+kept in the library because users run them too (docs/packages.md), not
+only our tests and benchmarks:
+
+* `zoo`: small reference networks with random weights (CNN, UNet, LSTM,
+  transformer block, ResNet-18) and example inputs, `zoo.build(name)`: the
+  models the docs' examples, the importers' parity tests and the benchmarks
+  use, for trying packages and pipelines without a model file;
+* `conformance`: ONNX's own backend node tests run through the ONNX
+  importer, `python -m stitchml.package.conformance [--op NAME]`: what an
+  installed onnx version's operators give here (docs/onnx_conformance.md is
+  its report; tests/test_onnx_conformance.py runs the in-scope cases).
 """
 from .kernels import current_target
 from .limits import Limits, default_limits, set_default_limits

@@ -1,5 +1,9 @@
 """Run the ONNX backend node tests through the ONNX importer and the eager executor.
 
+Public: a user checks what the installed onnx version's operators give here;
+the report is docs/onnx_conformance.md and tests/test_onnx_conformance.py runs
+the in-scope cases (`cases_for`, `check`).
+
 The node tests are written by the ONNX project: one model of one operator,
 inputs, and the outputs its authors computed. They are read from
 ``onnx/backend/test/data/node`` when the installed onnx package ships that

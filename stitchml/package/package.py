@@ -32,6 +32,7 @@ from typing import Any, Sequence
 from .. import dtypes
 from ..codegen import loader
 from ..errors import PackageError, SerializationError
+from ..graph import Graph
 from ..ir import UNKNOWN, Tensor, TensorType
 from ..serialize import from_dict, to_dict
 from ..tensor_data import TensorData
@@ -396,7 +397,7 @@ def _load_function(name: str, rec: Any, parts: dict[str, bytes], where: str, lim
     except (SafetensorError, ValueError, RuntimeError, OverflowError) as e:
         raise PackageError(f"{where}: weights {rec['weights']} are not valid safetensors ({e})") from None
     try:
-        graph = from_dict(doc, tensors)
+        graph = from_dict(doc, tensors, Graph)
     except SerializationError as e:
         raise PackageError(f"{where}: invalid IR: {e}") from None
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:

@@ -1,7 +1,9 @@
 """Small reference networks with random weights: a CNN, a UNet, an LSTM, a transformer block, a ResNet-18.
 
-The importers are checked against PyTorch on these (tests/test_torch_export.py,
-tests/test_onnx_zoo.py), and the benchmark and the timeline example use them.
+Public: the networks to try packages and pipelines on without a model file
+(docs/packages.md starts from `zoo.build("cnn")`). The importers are checked
+against PyTorch on these (tests/test_torch_export.py, tests/test_onnx_zoo.py),
+and the benchmarks and the timeline example use them.
 Each entry gives the module (in eval mode, seeded) and example inputs.
 
     >>> from stitchml.package import zoo

@@ -7,7 +7,7 @@
     prune         ops no output or assignment needs are dropped
     stitch        adjacent ops grouped into kernels (legality, score, policy kept apart)
     plan_memory   every intermediate gets an offset in one arena, by liveness
-    lower         each kernel becomes a pre-bound launch
+    lower         each kernel becomes a pre-bound launch: the LaunchPlan an Executable runs
 
 Set STITCHML_DUMP_IR=1 to print the program after every pass, or to a
 directory to write one file per pass there.
@@ -43,7 +43,7 @@ class CompileContext:
     fusion_report: list = field(default_factory=list)  # stitch: kernels and refusals
     boundaries: list = field(default_factory=list)  # stitch: a reason for every edge between steps
     memory_plan: Any = None  # plan_memory
-    launches: list = field(default_factory=list)  # lower
+    launch_plan: Any = None  # lower: a runtime.launch.LaunchPlan
     timings: dict[str, float] = field(default_factory=dict)
 
 

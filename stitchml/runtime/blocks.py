@@ -30,12 +30,13 @@ class BlockRun:
     `inputs` are the body's placeholders in order (the program keeps those its outputs need)."""
 
     def __init__(self, program, ctx, inputs):
-        slots = ctx.slots
+        launch = ctx.launch_plan
+        slots = launch.slots
         plan = ctx.memory_plan
         self.device = ctx.device
-        self.steps = ctx.launches
-        self.checks, self.flag_slot = ctx.checks, ctx.flag_slot
-        env: list = [None] * (len(slots) + len(ctx.scratch_slots) + (ctx.flag_slot is not None))
+        self.steps = launch.steps
+        self.checks, self.flag_slot = launch.checks, launch.flag_slot
+        env: list = [None] * launch.nslots
         fed = {}
         self.held: set[int] = set()  # slots holding constants: results read from them are copied
         for op in program.operations:
@@ -53,7 +54,7 @@ class BlockRun:
         for b in plan.buffers.values():
             if b.kind in ("vendor", "variable"):
                 continue
-            slot = ctx.scratch_slots[scratch_of[b.id]] if b.kind == "scratch" else slots[b.id]
+            slot = launch.scratch_slots[scratch_of[b.id]] if b.kind == "scratch" else slots[b.id]
             if b.kind == "output":
                 self.fresh.append((slot, b.shape, b.dtype))
             else:

@@ -1,7 +1,9 @@
 """From a graph and a signature to an Executable, and the per-graph cache of them.
 
 `compile_graph` extracts the program the targets need, runs the pass
-pipeline and wraps the result. `cached_run` is what `Graph.run` uses on CUDA:
+pipeline and wraps the result. This module is the graph's one way into the
+runtime: `Graph.compile`, `Graph.run` (`run_graph`: op by op, or compiled and
+cached) and `Graph.run_async` (`submit`) call it. `cached_run` is what `Graph.run` uses on CUDA:
 one executable per signature (feed shapes and dtypes, targets, target ops,
 device) in a bounded LRU cache; every compile after the first says which part
 of the signature changed (`Graph.compile_log`).
@@ -19,10 +21,10 @@ from ..codegen import cpu
 from ..dtypes import as_dtype
 from ..errors import ExecutionError, FeedError
 from ..ir import Operation, Tensor, TensorType, built_at
-from ..passes import CompileContext, CompileError, extract, run_pipeline
 from ..tensor_data import TensorData, resolve_device
+from .asyncrun import submit  # noqa: F401  (Graph.run_async's entry)
 from .buckets import BucketedExecutable, Refused, bucket_types, check_spec, pad_graph
-from .eager import RunContext, check_request
+from .eager import RunContext, check_request, run_graph as run_eager
 from .executable import Executable, Signature
 
 log = logging.getLogger("stitchml.compile")
@@ -122,6 +124,10 @@ def compile_graph(graph, feeds: dict, targets, target_ops, device, options: dict
     targets, target_ops = check_request(graph, targets, target_ops)
     feed_types = _feed_types(graph, feeds)
     _check_types(feed_types)
+    # The passes load on the first compile: a process that only runs graphs op by op (Graph.run on the CPU,
+    # which comes through this module) does not pay for importing them.
+    from ..passes import CompileContext, extract, run_pipeline
+
     program = extract(graph, feed_types, targets, target_ops)
     _check_reductions(program)
     options = dict(options)
@@ -156,6 +162,8 @@ def compile_bucketed(graph, feeds: dict, targets, target_ops, device, options: d
     spec = check_spec(graph, buckets)
     feed_types = _feed_types(graph, feeds)
     _check_types(feed_types)
+    from ..passes import CompileError
+
     if target_ops:
         raise CompileError("compile: bucketed executables run targets only, not target operations")
     try:
@@ -188,6 +196,33 @@ def _fast_key(feeds, targets, target_ops, device, compiled) -> tuple[tuple, tupl
     key = (tuple(map(id, feeds)), tuple(shapes), tuple(map(id, targets)), tuple(map(id, target_ops)), device,
            current, compiled)
     return key, (tuple(feeds), tuple(targets), tuple(target_ops), device)
+
+
+def run_graph(graph, feeds, targets, target_ops, device, compiled: bool | None, buckets=None) -> dict:
+    """`Graph.run`: a request seen before goes straight to its executable; otherwise op by op where the
+    device does not compile by default (or with `compiled=False`), else through the graph's executable
+    cache (made on first use, shared by every thread that runs the graph). A CPU signature compiles on
+    its run after CPU_COMPILE_AFTER op-by-op runs; runs with buckets compile at once."""
+    if compiled is not False and graph._executables is not None and not (buckets or graph.buckets):
+        with graph._run_lock:  # a request seen before: its executable from identities, shapes and dtypes
+            exe = graph._executables.fast(feeds, targets, target_ops, device, compiled)
+        if exe is not None:
+            return exe.run(feeds)
+    dev = resolve_device(device)
+    buckets = graph.buckets if buckets is None else buckets
+    if compiled is False or (compiled is None and not compiles_by_default(dev) and not buckets):
+        return run_eager(graph, feeds, targets, target_ops, dev)
+    request = targets, target_ops
+    targets, target_ops = check_request(graph, targets, target_ops)
+    with graph._run_lock:
+        if graph._executables is None:
+            graph._executables = ExecutableCache()
+        cold = compiled is None and dev.type != "cuda" and not buckets and not graph._executables.warm(
+            graph, feeds or {}, targets, target_ops, dev)
+        exe = None if cold else graph._executables.get(graph, feeds or {}, targets, target_ops, dev, buckets)
+        if exe is not None and not buckets:
+            graph._executables.remember(exe, feeds, *request, device, compiled)
+    return run_eager(graph, feeds, targets, target_ops, dev) if cold else exe.run(feeds)
 
 
 class ExecutableCache:
