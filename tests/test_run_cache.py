@@ -43,13 +43,15 @@ def test_errors_are_the_same_after_a_cached_run():
 
 
 def test_compiled_none_on_the_cpu_still_runs_op_by_op(monkeypatch):
-    from stitchml.runtime import eager
+    """A request compiled before with compiled=True is not served compiled when compiled=None asks for the
+    CPU's default (op by op for a signature's first runs; always, under Triton's interpreter)."""
+    from stitchml.runtime import compiled
 
     g, x, y = _graph()
     g.run({x: torch.zeros(4)}, [y], device="cpu", compiled=True)
     calls = []
-    real = eager.run_graph
-    monkeypatch.setattr(eager, "run_graph", lambda *a: calls.append(1) or real(*a))
+    real = compiled.run_eager
+    monkeypatch.setattr(compiled, "run_eager", lambda *a: calls.append(1) or real(*a))
     out = g.run({x: torch.zeros(4)}, [y], device="cpu")[y].numpy()
     np.testing.assert_allclose(out, np.full(4, 2.0))
     assert calls == [1]

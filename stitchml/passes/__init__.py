@@ -46,6 +46,15 @@ class CompileContext:
     launch_plan: Any = None  # lower: a runtime.launch.LaunchPlan
     timings: dict[str, float] = field(default_factory=dict)
 
+    def compile_block(self, program: Program) -> tuple[Program, "CompileContext"]:
+        """`program` (a control-flow block's) through the whole pipeline for this target, in a context of
+        its own; its fusion report joins this one's (passes/control.py: a passes module cannot import
+        the pipeline that imports it)."""
+        sub = CompileContext(device=self.device, backend=self.backend, options=dict(self.options))
+        program = run_pipeline(program, sub)
+        self.fusion_report.extend(sub.fusion_report)
+        return program, sub
+
 
 PIPELINE: list[tuple[str, Callable[[Program, CompileContext], Program]]] = [
     ("verify", verify),

@@ -38,12 +38,8 @@ CONTROL_FLOW = frozenset({"if_then_else", "while_loop", "for_loop"})
 
 def _compile(op: Operation, body: Body, types: list[TensorType], ctx, what: str) -> tuple[BlockRun, list[TensorType]]:
     """`body` compiled for `types`: its bound steps, and its output types."""
-    from . import CompileContext, run_pipeline
-
     program = extract(body.graph, dict(zip(body.inputs, types)), body.outputs, [])
-    sub = CompileContext(device=ctx.device, backend=ctx.backend, options=dict(ctx.options))
-    program = run_pipeline(program, sub)
-    ctx.fusion_report.extend(sub.fusion_report)
+    program, sub = ctx.compile_block(program)
     return BlockRun(program, sub, body.inputs), [t.type for t in program.outputs]
 
 
