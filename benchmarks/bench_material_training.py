@@ -48,10 +48,10 @@ def step_time(fn, device: str, warmup: int, reps: int) -> float:
 class TorchMaterial:
     """The demo's training step in PyTorch, from the initial values of a StitchML training graph."""
 
-    def __init__(self, nm, t, layout, target: torch.Tensor, device: str) -> None:
+    def __init__(self, t, layout, target: torch.Tensor, device: str) -> None:
         values = [t.graph.variable_value(v).numpy() for v in [t.fine, t.coarse] + t.net.parameters]
         self.params = [torch.tensor(v, device=device, requires_grad=True) for v in values]
-        self.layout, self.target, self.nm = layout, target, nm
+        self.layout, self.target = layout, target
         self.optimizer = torch.optim.Adam(self.params, lr=0.05)
 
     def loss(self, noise: torch.Tensor) -> torch.Tensor:
@@ -90,8 +90,8 @@ def bench_size(size: int, device: str, warmup: int, reps: int, compile_torch: bo
     material = nm.make_material(size)
     target = torch.from_numpy(material.targets().reshape(-1, nm.OUTPUTS)).to(device)
     t = nm.training_graph(layout, seed=0)
-    eager = TorchMaterial(nm, t, layout, target, device)
-    compiled = TorchMaterial(nm, t, layout, target, device) if compile_torch else None
+    eager = TorchMaterial(t, layout, target, device)
+    compiled = TorchMaterial(t, layout, target, device) if compile_torch else None
     feeds = {t.target: target, t.learning_rate: np.float32(0.05), t.noise: np.float32(0.0)}
 
     def stitchml_step(noise: float):
@@ -106,7 +106,8 @@ def bench_size(size: int, device: str, warmup: int, reps: int, compile_torch: bo
             compiled.stepper(torch.compile(compiled.loss)))
     # Same start, three deterministic steps each: the losses must agree before the times mean anything.
     losses = {name: [float(fn(rounding).item()) for _ in range(3)] for name, fn in contenders.items()}
-    row = {"size": size, "texels": size * size, "layout": f"{layout.fine}@/2 + {layout.coarse}@/4, {layout.spec.widths}"}
+    row = {"size": size, "texels": size * size,
+           "layout": f"{layout.fine}@/2 + {layout.coarse}@/4, {layout.spec.widths}"}
     for name, fn in contenders.items():
         seconds = step_time(lambda: fn(noisy), device, warmup, reps)
         diff = max(abs(a - b) / abs(b) for a, b in zip(losses[name], losses["stitchml"]))

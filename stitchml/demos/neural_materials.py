@@ -3,13 +3,15 @@ trained with StitchML, decoded per pixel inside a Triton shading kernel, compare
 
     $ stitchml demo neural-materials                          # 128x128 on the CPU: about 2-3 minutes on two cores
     $ stitchml demo neural-materials --size 1024 --steps 4000 --device cuda
+    $ stitchml demo neural-materials --size 1024 --steps 2000 --device cuda --sweep   # + the lowest rate matching BC7
 
 The material: one surface, every channel derived from one photograph (scikit-image's coffee by default):
 base color is the photograph, the normals come from its luminance taken as height, roughness from its
 local detail; the channels share the surface's structure, as a real material's do. BC baselines,
 encoded by etcpak and decoded by texture2ddecoder: base color BC1 + normal BC5 + roughness BC4, or base
 color and roughness in BC7 + normal BC5: 16 bits per texel either way. The neural set counts its
-latents at their stored bits and its weights at half precision.
+latents at their stored bits and its weights at half precision. The goal, printed per BC set: at most
+half its bits per texel, and no texture's PSNR nor the normals' angular error worse.
 """
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ import torch
 import stitchml as sm
 from stitchml import optim
 from stitchml.cli import positive
+from stitchml.ir import Tensor
 from stitchml.shader import MLP, PROGRAM, MLPSpec
+from stitchml.tensor_data import resolve_device
 
 OUTPUTS = 6  # base color RGB, normal x and y (z is rebuilt), roughness
 NOISE = 0.7  # fraction of the training steps that quantize with noise rather than rounding
@@ -152,13 +156,13 @@ class Training:
     is stored."""
 
     graph: sm.Graph
-    fine: object
-    coarse: object
+    fine: Tensor
+    coarse: Tensor
     net: MLP
-    target: object
-    learning_rate: object
-    noise: object
-    loss: object
+    target: Tensor
+    learning_rate: Tensor
+    noise: Tensor
+    loss: Tensor
     updates: list
 
 
@@ -205,7 +209,7 @@ def train(m: Material, layout: Layout, steps: int, *, learning_rate: float = 0.0
     and of every `log_every`-th."""
     t = training_graph(layout, seed)
     # The target stays on the device: fed as an array it would be copied there on every step.
-    feeds = {t.target: torch.from_numpy(m.targets().reshape(-1, OUTPUTS)).to(device or "cpu")}
+    feeds = {t.target: torch.from_numpy(m.targets().reshape(-1, OUTPUTS)).to(resolve_device(device))}
     losses = []
     for step in range(steps):
         lr, noise = schedule(step, steps, learning_rate, noise_fraction)
@@ -325,7 +329,7 @@ def _table(material: Material, rows: dict[str, tuple[Material, float]]) -> dict[
     return out
 
 
-def sweep(material: Material, bc: dict[str, float], args, device: str) -> None:
+def sweep(material: Material, bc: dict[str, float], args: argparse.Namespace, device: str) -> None:
     """Train the LADDER's layouts from the cheapest up until one is no worse than `bc` (the BC7 set) in
     every measure; print each and the bits per texel of the first that matches."""
     print(f"sweep: layouts in increasing bits per texel until one matches BC7+BC5 ({args.steps} steps each)")
@@ -339,7 +343,8 @@ def sweep(material: Material, bc: dict[str, float], args, device: str) -> None:
         short = shortfalls(q, bc)
         print(f"  {fine:>2} + {coarse:>2} at {bits} bits, hidden {hidden:>3}: {bpp:6.2f} bits/texel  "
               + "  ".join(f"{k} {v:.2f}" for k, v in q.items())
-              + f"  ({time.perf_counter() - start:.0f} s)  " + ("matches BC7+BC5" if not short else "worse in " + ", ".join(short)))
+              + f"  ({time.perf_counter() - start:.0f} s)  "
+              + ("matches BC7+BC5" if not short else "worse in " + ", ".join(short)))
         if not short:
             print(f"lowest bits per texel at which the neural set matches BC7+BC5: {bpp:.2f} "
                   f"({100 * bpp / 16:.0f}% of its 16)")
@@ -398,8 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     quality = _table(material, rows)
     print(f"neural bits per texel: latents {latent_bpp:.2f} + weights {weight_bpp:.2f} "
           f"({layout.spec.parameter_count} half-precision parameters)")
-    for line in goal_report(quality[name], latent_bpp + weight_bpp, {k: (quality[k], v[1]) for k, v in baselines.items()}):
-        print(line)
+    bc = {k: (quality[k], bpp) for k, (_, bpp) in baselines.items()}
+    print("\n".join(goal_report(quality[name], latent_bpp + weight_bpp, bc)))
     save_comparison(args.out, material, {k: v[0] for k, v in rows.items()})
     print(f"wrote {args.out} (columns: original, " + ", ".join(rows) + ", neural error x8)")
     if args.sweep:
