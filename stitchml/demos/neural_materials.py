@@ -282,7 +282,8 @@ def shortfalls(q: dict[str, float], bc: dict[str, float]) -> list[str]:
     for k in q:
         worse = q[k] - bc[k] if k.endswith("dB") else bc[k] - q[k]
         if worse < 0:
-            out.append(f"{k.replace(' dB', '').replace(' deg', ' angle')} {worse:+.2f} {k.split()[-1]}")
+            unit = k.split()[-1]
+            out.append(f"{k.replace(' dB', '').replace(' deg', ' angle')} {worse:+.{2 if unit == 'dB' else 3}f} {unit}")
     return out
 
 
