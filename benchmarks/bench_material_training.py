@@ -54,9 +54,11 @@ class TorchMaterial:
     """The demo's training step in PyTorch from `values`: both latent grids, then the decoder's weights and
     biases (the initial values of a StitchML training graph)."""
 
-    def __init__(self, values: list[np.ndarray], layout, target: torch.Tensor, device: str) -> None:
+    def __init__(self, values: list[np.ndarray], layout, target: torch.Tensor, weights: np.ndarray,
+                 device: str) -> None:
         self.params = [torch.tensor(v, device=device, requires_grad=True) for v in values]
         self.layout, self.target = layout, target
+        self.weights = torch.from_numpy(weights).to(device)
         self.optimizer = torch.optim.Adam(self.params, lr=0.05)
 
     def loss(self, noise: torch.Tensor) -> torch.Tensor:
@@ -69,12 +71,12 @@ class TorchMaterial:
             q = c + noise * jitter + (1.0 - noise) * rounding
             grids.append(torch.nn.functional.interpolate(q[None], size=(s, s), mode="bilinear", align_corners=False)[0])
         h = torch.cat(grids).reshape(-1, s * s).T
-        weights = self.params[2:]
+        decoder = self.params[2:]
         for i, act in enumerate(self.layout.spec.activations):
-            h = h @ weights[2 * i] + weights[2 * i + 1]
+            h = h @ decoder[2 * i] + decoder[2 * i + 1]
             if act == "relu":
                 h = torch.relu(h)
-        return ((h - self.target) ** 2).mean()
+        return ((h - self.target) ** 2 * self.weights).mean()
 
     def stepper(self, loss_fn):
         def step(lr: float, noise: torch.Tensor) -> torch.Tensor:
@@ -88,7 +90,7 @@ class TorchMaterial:
         return step
 
 
-def jax_stepper(values: list[np.ndarray], layout, target: np.ndarray, device: str):
+def jax_stepper(values: list[np.ndarray], layout, target: np.ndarray, weights: np.ndarray, device: str):
     """The same step in JAX (jit of loss, gradients and Adam), or None without JAX; the returned
     function blocks until its step is done, so it is timed like the others."""
     try:
@@ -112,7 +114,7 @@ def jax_stepper(values: list[np.ndarray], layout, target: np.ndarray, device: st
             h = h @ params[2 + 2 * i] + params[3 + 2 * i]
             if act == "relu":
                 h = jax.nn.relu(h)
-        return jnp.mean((h - goal) ** 2)
+        return jnp.mean((h - goal) ** 2 * jnp.asarray(weights))
 
     @jax.jit
     def step(state, lr, noise, count):
@@ -144,9 +146,10 @@ def bench_size(size: int, device: str, warmup: int, reps: int, compile_torch: bo
     material = nm.make_material(size)
     target = torch.from_numpy(material.targets().reshape(-1, nm.OUTPUTS)).to(device)
     t = nm.training_graph(layout, seed=0)
+    weights = nm.output_weights(nm.WEIGHTS)  # the loss weights the graph was built with
     start = [t.graph.variable_value(v).numpy() for v in [t.fine, t.coarse] + t.net.parameters]
-    eager = TorchMaterial(start, layout, target, device)
-    compiled = TorchMaterial(start, layout, target, device) if compile_torch else None
+    eager = TorchMaterial(start, layout, target, weights, device)
+    compiled = TorchMaterial(start, layout, target, weights, device) if compile_torch else None
     feeds = {t.target: target, t.learning_rate: np.float32(0.05), t.noise: np.float32(0.0)}
 
     def stitchml_step(noise: float):
@@ -159,7 +162,7 @@ def bench_size(size: int, device: str, warmup: int, reps: int, compile_torch: bo
     if compiled is not None:
         compiled_step = compiled.stepper(torch.compile(compiled.loss))
         contenders["torch.compile"] = lambda noise: compiled_step(0.05, noisy if noise else rounding)
-    jax_step = jax_stepper(start, layout, target.cpu().numpy(), device) if use_jax else None
+    jax_step = jax_stepper(start, layout, target.cpu().numpy(), weights, device) if use_jax else None
     if jax_step is not None:
         contenders["jax.jit"] = jax_step
     # Same start, three deterministic steps each: the losses must agree before the times mean anything.

@@ -33,6 +33,14 @@ from stitchml.tensor_data import resolve_device
 
 OUTPUTS = 6  # base color RGB, normal x and y (z is rebuilt), roughness
 NOISE = 0.7  # fraction of the training steps that quantize with noise rather than rounding
+# Loss weights of the textures (base color, normal, roughness).
+WEIGHTS = (1.0, 1.0, 1.0)
+
+
+def output_weights(weights: tuple[float, float, float]) -> np.ndarray:
+    """The loss weight of each decoder output (r, g, b, normal x, normal y, roughness) from the textures'."""
+    color, normal, rough = weights
+    return np.array([color] * 3 + [normal] * 2 + [rough], np.float32)
 
 
 @dataclass
@@ -166,9 +174,10 @@ class Training:
     updates: list
 
 
-def training_graph(layout: Layout, seed: int = 0) -> Training:
+def training_graph(layout: Layout, seed: int = 0, weights: tuple[float, float, float] = WEIGHTS) -> Training:
     """The graph `train` runs: latents quantized (noise or rounding), upsampled bilinearly to every texel,
-    decoded by the MLP; mean squared error against the target; Adam."""
+    decoded by the MLP; mean squared error against the target, each texture's weighted by `weights`
+    (base color, normal, roughness); Adam."""
     s, rng = layout.size, np.random.default_rng(seed)
     g = sm.Graph("neural_material")
     fine = g.variable(rng.uniform(-0.1, 0.1, (layout.fine, s // 2, s // 2)).astype(np.float32), name="latents/fine")
@@ -189,7 +198,7 @@ def training_graph(layout: Layout, seed: int = 0) -> Training:
 
     grids = [g.resize(quantized(v, seed + i), (v.shape[0], s, s), mode="linear") for i, v in enumerate((fine, coarse))]
     features = g.transpose(g.reshape(g.concat(grids, axis=0), (layout.fine + layout.coarse, s * s)), (1, 0))
-    loss = g.reduction_mean(g.square(net(features) - target))
+    loss = g.reduction_mean(g.square(net(features) - target) * g.constant(output_weights(weights)))
     updates = optim.Adam(lr).minimize(g, loss, [fine, coarse] + net.parameters)
     return Training(g, fine, coarse, net, target, lr, noise, loss, updates)
 
@@ -202,12 +211,13 @@ def schedule(step: int, steps: int, learning_rate: float, noise_fraction: float)
 
 
 def train(m: Material, layout: Layout, steps: int, *, learning_rate: float = 0.05, noise_fraction: float = NOISE,
-          seed: int = 0, device: str | None = None, log_every: int = 0) -> tuple[Compressed, list[float]]:
+          weights: tuple[float, float, float] = WEIGHTS, seed: int = 0, device: str | None = None,
+          log_every: int = 0) -> tuple[Compressed, list[float]]:
     """Fit latents and decoder with Adam on every texel per step (`training_graph`), quantizing with noise
     for the first `noise_fraction` of the steps and with straight-through rounding after, so what is
     stored is what was trained last. Returns the stored form and the loss of the first and last steps
     and of every `log_every`-th."""
-    t = training_graph(layout, seed)
+    t = training_graph(layout, seed, weights)
     # The target stays on the device: fed as an array it would be copied there on every step.
     feeds = {t.target: torch.from_numpy(m.targets().reshape(-1, OUTPUTS)).to(resolve_device(device))}
     losses = []
@@ -338,7 +348,8 @@ def sweep(material: Material, bc: dict[str, float], args: argparse.Namespace, de
         layout = Layout(args.size, fine, coarse, bits, hidden)
         start = time.perf_counter()
         compressed, _ = train(material, layout, args.steps, learning_rate=args.learning_rate,
-                              noise_fraction=args.noise_fraction, seed=args.seed, device=device)
+                              noise_fraction=args.noise_fraction, weights=tuple(args.weights), seed=args.seed,
+                              device=device)
         q = measure(material, decode_reference(compressed))
         bpp = sum(layout.bits_per_texel())
         short = shortfalls(q, bc)
@@ -367,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learning-rate", type=positive(float), default=0.05)
     parser.add_argument("--noise-fraction", type=_fraction, default=NOISE,
                         help=f"share of the steps quantizing latents with noise before rounding (default {NOISE})")
+    parser.add_argument("--weights", type=positive(float), nargs=3, default=WEIGHTS, metavar=("COLOR", "NORMAL", "ROUGH"),
+                        help="loss weights of base color, normal and roughness (default %(default)s)")
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: CUDA when present, else the CPU")
     parser.add_argument("--decode", choices=["kernel", "reference"], default="kernel",
                         help="decode in the Triton shading kernel (the interpreter on the CPU) or in PyTorch")
@@ -387,12 +400,12 @@ def main(argv: list[str] | None = None) -> int:
     material = make_material(args.size, args.surface)
     print(f"material {args.size}x{args.size} from {args.surface}: base color, normals (luminance as height), "
           f"roughness (local detail); decoder {layout.spec.widths}, latents {args.fine}@size/2 + {args.coarse}@size/4 "
-          f"at {args.bits} bits")
+          f"at {args.bits} bits; loss weights {tuple(args.weights)}")
     start = time.perf_counter()
     baselines = block_compressed(material)
     compressed, _ = train(material, layout, args.steps, learning_rate=args.learning_rate,
-                          noise_fraction=args.noise_fraction, seed=args.seed, device=device,
-                          log_every=max(args.steps // 6, 1))
+                          noise_fraction=args.noise_fraction, weights=tuple(args.weights), seed=args.seed,
+                          device=device, log_every=max(args.steps // 6, 1))
     trained = time.perf_counter() - start
     neural = decode_kernel(compressed, device, 128 if device == "cuda" else 1024) if args.decode == "kernel" \
         else decode_reference(compressed)
