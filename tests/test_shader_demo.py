@@ -53,13 +53,14 @@ def test_block_compression_baselines(material):
 
 def test_training_reaches_the_measured_quality(material, trained):
     compressed, losses = trained
-    assert losses[-1] < 0.015 * losses[0]  # measured 0.011 (seeds 1, 2: 0.0076, 0.010)
+    assert losses[-1] < 0.01 * losses[0]  # measured 0.0050 (seeds 1, 2: 0.0052, 0.0081)
     assert compressed.latents.dtype == torch.int8 and compressed.latents.numel() == 16 * 16 * 4 + 8 * 8 * 6
     assert compressed.latents.abs().max() <= nm.Layout(32).levels
     q = nm.measure(material, nm.decode_reference(compressed))
-    # measured (80 steps, the first 56 with noise): seed 0 base color 26.43 dB, roughness 31.1 dB, normals
-    # 4.41 degrees; seeds 1 and 2 (other noise, as on another device): 26.35-26.47 dB, 32.8-33.3 dB, 3.04°
-    assert q["base color dB"] > 26 and q["roughness dB"] > 30.5 and q["normal deg"] < 4.8
+    # measured (80 steps, the first 56 with noise, loss weights 1, 3, 8): seed 0 base color 24.59 dB,
+    # roughness 37.46 dB, normals 2.36 degrees; seeds 1 and 2 (other draws, as on another device):
+    # 21.93-22.11 dB, 35.34-35.87 dB, 2.46-4.27°
+    assert q["base color dB"] > 21.5 and q["roughness dB"] > 34.5 and q["normal deg"] < 4.7
     assert nm.Layout(32).bits_per_texel() == (6.875, 550 * 16 / 32 ** 2)
 
 

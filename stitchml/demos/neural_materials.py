@@ -34,7 +34,7 @@ from stitchml.tensor_data import resolve_device
 OUTPUTS = 6  # base color RGB, normal x and y (z is rebuilt), roughness
 NOISE = 0.7  # fraction of the training steps that quantize with noise rather than rounding
 # Loss weights of the textures (base color, normal, roughness).
-WEIGHTS = (1.0, 1.0, 1.0)
+WEIGHTS = (1.0, 3.0, 8.0)
 
 
 def output_weights(weights: tuple[float, float, float]) -> np.ndarray:
