@@ -3,15 +3,17 @@ trained with StitchML, decoded per pixel inside a Triton shading kernel, compare
 
     $ stitchml demo neural-materials                          # 128x128 on the CPU: about 2-3 minutes on two cores
     $ stitchml demo neural-materials --size 1024 --steps 4000 --device cuda
-    $ stitchml demo neural-materials --size 1024 --steps 2000 --device cuda --sweep   # + the lowest rate matching BC7
+    $ stitchml demo neural-materials --size 1024 --steps 2000 --device cuda --sweep --weights 1 1 1
 
 The material: one surface, every channel derived from one photograph (scikit-image's coffee by default):
 base color is the photograph, the normals come from its luminance taken as height, roughness from its
 local detail; the channels share the surface's structure, as a real material's do. BC baselines,
 encoded by etcpak and decoded by texture2ddecoder: base color BC1 + normal BC5 + roughness BC4, or base
 color and roughness in BC7 + normal BC5: 16 bits per texel either way. The neural set counts its
-latents at their stored bits and its weights at half precision. The goal, printed per BC set: at most
-half its bits per texel, and no texture's PSNR nor the normals' angular error worse.
+latents at their stored bits and its weights at half precision; its training loss weighs the textures
+(--weights) to share the bits among them. The goal, printed per BC set: at most half its bits per
+texel, and no texture's PSNR nor the normals' angular error worse. `--sweep` adds the lowest rate at
+which the neural set matches BC7.
 """
 from __future__ import annotations
 
