@@ -158,7 +158,8 @@ def bench_size(size: int, device: str, warmup: int, reps: int, compile_torch: bo
 
     rounding, noisy = torch.zeros((), device=device), torch.ones((), device=device)
     eager_step = eager.stepper(eager.loss)
-    contenders = {"stitchml": stitchml_step, "torch eager": lambda noise: eager_step(0.05, noisy if noise else rounding)}
+    contenders = {"stitchml": stitchml_step,
+                  "torch eager": lambda noise: eager_step(0.05, noisy if noise else rounding)}
     if compiled is not None:
         compiled_step = compiled.stepper(torch.compile(compiled.loss))
         contenders["torch.compile"] = lambda noise: compiled_step(0.05, noisy if noise else rounding)

@@ -111,7 +111,8 @@ def test_training_graph_matches_pytorch(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "b.json"
-    assert bench.main(["--device", "cpu", "--quick", "--sizes", "16", "--no-compile", "--no-jax", "--json", str(out)]) == 0
+    args = ["--device", "cpu", "--quick", "--sizes", "16", "--no-compile", "--no-jax", "--json", str(out)]
+    assert bench.main(args) == 0
     row = json.loads(out.read_text())["results"][0]
     assert row["texels"] == 256 and row["stitchml"]["texels_per_s"] > 0 and row["torch eager"]["texels_per_s"] > 0
     ours, theirs = row["stitchml"]["losses"], row["torch eager"]["losses"]

@@ -380,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learning-rate", type=positive(float), default=0.05)
     parser.add_argument("--noise-fraction", type=_fraction, default=NOISE,
                         help=f"share of the steps quantizing latents with noise before rounding (default {NOISE})")
-    parser.add_argument("--weights", type=positive(float), nargs=3, default=WEIGHTS, metavar=("COLOR", "NORMAL", "ROUGH"),
+    parser.add_argument("--weights", type=positive(float), nargs=3, default=WEIGHTS,
+                        metavar=("COLOR", "NORMAL", "ROUGH"),
                         help="loss weights of base color, normal and roughness (default %(default)s)")
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: CUDA when present, else the CPU")
     parser.add_argument("--decode", choices=["kernel", "reference"], default="kernel",
