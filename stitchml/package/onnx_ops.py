@@ -416,6 +416,31 @@ def _constant_of_shape(cx, node, args, attrs):
     return [shapes.broadcast_to(cx.g, value, entries)]
 
 
+@handles("EyeLike")
+def _eye_like(cx, node, args, attrs):
+    x = _t(cx, args[0])
+    if x.shape is None or len(x.shape) != 2 or UNKNOWN in x.shape:
+        raise cx.fail(f"the input must be 2-D with known extents, got {x.type}")
+    dt = onnx_dtype(attrs["dtype"], "EyeLike dtype") if "dtype" in attrs else x.dtype
+    eye = np.eye(x.shape[0], x.shape[1], int(attrs.get("k", 0)), dtype=np.float64)
+    return [cx.g.cast(cx.tensor(eye), dt)]
+
+
+@handles("Compress")
+def _compress(cx, node, args, attrs):
+    # The condition decides the result's extent, so it is an import-time operand (a value specialisation
+    # when it is a graph input).
+    x = _t(cx, args[0])
+    keep = np.nonzero(cx.static(args[1], "Compress condition").reshape(-1))[0].astype(np.int64)
+    if "axis" not in attrs:
+        x, axis = cx.g.reshape(x, [-1]), 0
+    else:
+        axis = cx.axis(attrs["axis"], _rank(cx, x))
+    if x.shape[axis] != UNKNOWN and keep.size and keep[-1] >= x.shape[axis]:
+        raise cx.fail(f"the condition selects index {keep[-1]} of an axis of extent {x.shape[axis]}")
+    return [cx.g.gather(x, cx.tensor(keep), axis)]
+
+
 @handles("Range")
 def _range(cx, node, args, attrs):
     start, limit, delta = (cx.static(a, "Range operands") for a in args)
