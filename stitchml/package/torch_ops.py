@@ -71,6 +71,15 @@ def _div_mode(imp, node, a, b, rounding_mode=None):
     return g.truncate(q) if rounding_mode == "trunc" else q
 
 
+@aten("bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor")
+def _bitwise(imp, node, a, b):
+    # On booleans (masks combined with & | ^) these are the logical operators; integer bit operations are not.
+    if a.dtype != dtypes.bool_ or b.dtype != dtypes.bool_:
+        raise imp.fail(f"bit operations on {a.dtype} are not supported (booleans are)")
+    op = str(node.target).split(".")[1].replace("bitwise", "logical")
+    return getattr(imp.g, op)(a, b)
+
+
 @aten("where.self")
 def _where(imp, node, cond, a, b):
     return imp.g.select(cond, a, b)
@@ -223,9 +232,17 @@ def _select(imp, node, x, dim, index):
     return imp.g.index(x, tuple(key))
 
 
+def _empty(t: Tensor) -> bool:
+    return t.shape is not None and UNKNOWN not in t.shape and 0 in t.shape
+
+
 @aten("cat.default")
 def _cat(imp, node, tensors, dim=0):
-    return imp.g.concat(tensors, _axis(tensors[0], dim))
+    # torch.cat skips empty tensors (a (0,)-shaped one of any rank, as a KV cache starts): so does the import.
+    kept = [t for t in tensors if not _empty(t)] or list(tensors[:1])
+    if len(kept) == 1:
+        return imp.g.identity(kept[0])
+    return imp.g.concat(kept, _axis(kept[0], dim))
 
 
 @aten("split_with_sizes.default")
@@ -326,6 +343,19 @@ def _reduce(imp, node, x, dims=None, keepdim=False, dtype=None):
     if dtype is not None:
         x = g.cast(x, dtype)
     return fn(x, _dims(x, dims), keepdim)
+
+
+@aten("any.dim", "any.dims", "any.default", "all.dim", "all.dims", "all.default")
+def _any(imp, node, x, dims=None, keepdim=False):
+    # any: some element is non-zero; all: no element is zero. Counted as int64, compared with 0.
+    g = imp.g
+    if isinstance(dims, int):
+        dims = [dims]
+    is_all = str(node.target).startswith("aten.all")
+    zero = g.constant(0, x.dtype) if x.dtype != dtypes.bool_ else g.constant(False, dtypes.bool_)
+    hits = g.cast(g.equal(x, zero) if is_all else g.not_equal(x, zero), dtypes.int64)
+    count = g.reduction_sum(hits, _dims(x, dims), keepdim)
+    return g.equal(count, g.constant(0, dtypes.int64)) if is_all else g.greater_than(count, g.constant(0, dtypes.int64))
 
 
 @aten("argmax.default", "argmin.default")
@@ -439,6 +469,23 @@ def _batch_norm(imp, node, x, weight, bias, mean, var, momentum, eps):
         return None if v is None else g.reshape(v, shape)
 
     y = g.normalization(x, per_channel(mean), per_channel(var), per_channel(weight), per_channel(bias), eps)
+    return (y, None, None)
+
+
+@aten("native_group_norm.default")
+def _group_norm(imp, node, x, weight, bias, n, c, hw, groups, eps):
+    # Normalise each (sample, group) over its channels and positions, then scale and shift per channel.
+    g = imp.g
+    if x.shape is None or UNKNOWN in x.shape[1:]:
+        raise imp.fail(f"group norm needs known channel and spatial extents, got {x.type}")
+    entries = [(x, 0) if x.shape[0] == UNKNOWN else x.shape[0], int(groups), -1]
+    y = g.layer_normalization(shapes.reshape_to(g, x, entries), (2,), None, None, eps)
+    y = shapes.reshape_to(g, y, [(x, 0) if x.shape[0] == UNKNOWN else x.shape[0], *x.shape[1:]])
+    per_channel = (-1,) + (1,) * (x.rank - 2)
+    if weight is not None:
+        y = y * g.reshape(weight, per_channel)
+    if bias is not None:
+        y = y + g.reshape(bias, per_channel)
     return (y, None, None)
 
 
