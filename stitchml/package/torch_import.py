@@ -153,6 +153,19 @@ def _weights(program) -> dict[str, torch.Tensor]:
     return table
 
 
+def _decompose(program):
+    """Core ATen through the default decompositions; where those fail, a narrower table that keeps the
+    operators torch_ops.py maps itself (attention, whose math decomposition leaves strides a later view
+    refuses in GPT-2-style blocks)."""
+    try:
+        return program.run_decompositions(torch.export.default_decompositions())
+    except Exception:  # noqa: BLE001  the narrower table is tried next; its error is the one reported
+        table = torch.export.default_decompositions()
+        for op in (torch.ops.aten.scaled_dot_product_attention.default,):
+            table.pop(op, None)
+        return program.run_decompositions(table)
+
+
 def from_torch(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_shapes=None,
                name: str = "main", limits: Limits | None = None) -> Package:
     """Export `module` with torch.export and import it into a one-function package.
@@ -166,7 +179,7 @@ def from_torch(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_s
 
     try:
         program = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
-        program = program.run_decompositions(torch.export.default_decompositions())
+        program = _decompose(program)
     except Exception as e:  # torch.export's own errors have many types; they all mean "cannot export"
         raise PackageError(f"torch.export failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
     limits = resolve(limits)

@@ -265,6 +265,13 @@ def _full(imp, node, size, value, dtype=None, **_):
     return shapes.broadcast_to(imp.g, imp.g.constant(value, dt), list(size))
 
 
+@aten("full_like.default")
+def _full_like(imp, node, x, value, dtype=None, **_):
+    dt = dtypes.as_dtype(dtype) if dtype is not None else x.dtype
+    entries = [(x, i) if d == UNKNOWN else d for i, d in enumerate(x.shape)]
+    return shapes.broadcast_to(imp.g, imp.g.constant(value, dt), entries)
+
+
 @aten("scalar_tensor.default")
 def _scalar_tensor(imp, node, value, dtype=None, **_):
     return imp.g.constant(value, dtype or torch.get_default_dtype())
@@ -382,6 +389,38 @@ def _var(imp, node, x, dims=None, correction=1, keepdim=False):
 def _softmax(imp, node, x, dim, half_to_float=False):
     fn = imp.g.softmax if "_softmax" in str(node.target) and "log" not in str(node.target) else imp.g.log_softmax
     return fn(x, _axis(x, dim))
+
+
+@aten("scaled_dot_product_attention.default")
+def _sdpa(imp, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    # torch's math definition: softmax(q k^T * scale + bias) v, a boolean mask selecting the keys attended
+    # and is_causal keeping key j <= query i (top-left aligned); grouped-query heads repeat each kv head.
+    import numpy as np
+
+    g = imp.g
+    if dropout_p:
+        raise imp.fail("attention dropout is not supported (packages run inference)")
+    head = q.shape[-1]
+    if head == UNKNOWN or q.shape[-2] == UNKNOWN or k.shape[-2] == UNKNOWN:
+        raise imp.fail("attention needs known sequence lengths and head size")
+    if enable_gqa and q.shape[-3] != k.shape[-3]:
+        rep = q.shape[-3] // k.shape[-3]
+
+        def repeat(x):
+            entries = [(x, i) if d == UNKNOWN else d for i, d in enumerate(x.shape)]
+            y = g.tile(g.expand_dims(x, [x.rank - 2]), [1] * (x.rank - 2) + [rep, 1, 1])
+            return shapes.reshape_to(g, y, entries[:-3] + [x.shape[-3] * rep] + entries[-2:])
+
+        k, v = repeat(k), repeat(v)
+    scale = 1.0 / float(np.sqrt(head)) if scale is None else float(scale)
+    scores = g.matrix_multiplication(q, g.transpose(k, list(range(k.rank - 2)) + [k.rank - 1, k.rank - 2])) * scale
+    neg = g.constant(-np.inf, scores.dtype)
+    if is_causal:
+        keep = np.tril(np.ones((q.shape[-2], k.shape[-2]), bool))
+        scores = g.select(g.constant(keep), scores, neg)
+    if attn_mask is not None:
+        scores = g.select(attn_mask, scores, neg) if attn_mask.dtype == dtypes.bool_ else scores + attn_mask
+    return g.matrix_multiplication(g.softmax(scores, scores.rank - 1), v)
 
 
 # -- linear algebra and convolution -----------------------------------------------------------------
