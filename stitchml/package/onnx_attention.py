@@ -11,6 +11,8 @@ ops the registry already has, so nothing new needs kernels or gradients:
   are all masked gives zeros, as the specification says.
 * ``RotaryEmbedding`` (opset 23): interleaved or half-split rotation of
   the first ``rotary_embedding_dim`` features, with position ids or not.
+* ``LinearAttention``: the linear, gated, delta and gated-delta state updates,
+  unrolled over the known sequence length (counted against max_unrolled_steps).
 * ``NegativeLogLikelihoodLoss`` and ``SoftmaxCrossEntropyLoss``: class
   weights, ``ignore_index``, the three reductions.
 """
@@ -223,3 +225,63 @@ def _softmax_cross_entropy(cx, node, args, attrs):
     logp = cx.g.log_softmax(scores, 1)
     weight = _t(cx, args[2]) if len(args) > 2 and args[2] is not None else None
     return [_nll(cx, logp, _t(cx, args[1]), weight, attrs), logp]
+
+
+@handles("LinearAttention")
+def _linear_attention(cx, node, args, attrs):
+    # A recurrent state (batch, kv heads, d_k, d_v), unrolled over the known sequence length as the recurrent
+    # operators are: decayed ("gated"), corrected towards the value ("delta"), then added the key x value
+    # outer product; each query head reads its kv head's state. The state is kept in float32.
+    g = cx.g
+    f32 = dtypes.float32
+    args = list(args) + [None] * (6 - len(args))
+    rule = attrs.get("update_rule", "gated_delta")
+    if rule not in ("linear", "gated", "delta", "gated_delta"):
+        raise cx.fail(f"update_rule must be linear, gated, delta or gated_delta, got {rule!r}")
+    gating, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    if gating != (args[4] is not None) or delta != (args[5] is not None):
+        raise cx.fail(f"update_rule {rule!r} needs decay {'given' if gating else 'absent'} and beta "
+                      f"{'given' if delta else 'absent'}")
+    qh, kvh = attrs.get("q_num_heads", 0), attrs.get("kv_num_heads", 0)
+    if qh <= 0 or kvh <= 0 or qh % kvh:
+        raise cx.fail(f"q_num_heads ({qh}) must be a positive multiple of kv_num_heads ({kvh})")
+    query = _t(cx, args[0])
+    out_dt = query.dtype
+    q, k, v = (g.cast(_heads_first(cx, _t(cx, a), h, n), f32)
+               for a, h, n in ((args[0], qh, "query"), (args[1], kvh, "key"), (args[2], kvh, "value")))
+    b, _, steps, dk = _known(cx, q, "query")
+    dv = _known(cx, v, "value")[3]
+    cx.unrolled_steps += steps
+    if cx.unrolled_steps > cx.limits.max_unrolled_steps:
+        raise cx.over("max_unrolled_steps", cx.unrolled_steps, "unrolled recurrent steps")
+
+    def per_step(x, name):  # (batch, steps, n) -> (batch, kv heads, steps, n / kv heads or 1)
+        x = _t(cx, x)
+        last = _known(cx, x, name)[2]
+        if last in (kvh, 1) and not (name == "decay" and last == kvh * dk):
+            return g.cast(g.transpose(g.reshape(x, [b, steps, last, 1]), [0, 2, 1, 3]), f32)
+        return g.cast(_heads_first(cx, x, kvh, name), f32)
+
+    decay = per_step(args[4], "decay") if gating else None
+    beta = per_step(args[5], "beta") if delta else None
+    past = _t(cx, args[3]) if args[3] is not None else None
+    state = g.cast(past, f32) if past is not None else g.constant(np.zeros((b, kvh, dk, dv), np.float32))
+    scale = attrs.get("scale", 0.0) or 1.0 / float(np.sqrt(dk))
+
+    def at(x, i):  # step i of a (batch, heads, steps, n) tensor: (batch, heads, n)
+        shape = list(x.shape)
+        return g.squeeze(g.slice(x, [0, 0, i, 0], shape[:2] + [i + 1, shape[3]]), [2])
+
+    outputs = []
+    for i in range(steps):
+        k_t, v_t = at(k, i), at(v, i)
+        if gating:
+            state = state * g.expand_dims(g.exponent(at(decay, i)), [3])
+        if delta:
+            retrieved = g.reduction_sum(state * g.expand_dims(k_t, [3]), [2])
+            v_t = at(beta, i) * (v_t - retrieved)
+        state = state + g.expand_dims(k_t, [3]) * g.expand_dims(v_t, [2])
+        q_t = g.reshape(at(q, i), [b, kvh, qh // kvh, dk])  # query head h reads kv head h // group
+        outputs.append(g.reshape(g.matrix_multiplication(q_t, state) * scale, [b, qh, 1, dv]))
+    y = g.reshape(g.transpose(g.concat(outputs, axis=2), [0, 2, 1, 3]), [b, steps, qh * dv])
+    return [g.cast(y, out_dt), g.cast(state, past.dtype if past is not None else out_dt)]
