@@ -25,12 +25,13 @@ from ..errors import PackageError, StitchError
 from ..graph import Graph
 from ..ir import UNKNOWN, Tensor, TensorType, needed_ops
 from ..version import __version__
-from . import onnx_attention, onnx_nn, onnx_rnn  # noqa: F401  (each registers its handlers in onnx_ops.HANDLERS)
+from . import onnx_attention, onnx_control, onnx_nn, onnx_rnn  # noqa: F401  (each registers its handlers in onnx_ops.HANDLERS)
 from .limits import Limits, known_elements, resolve
 from .onnx_ops import HANDLERS
 from .onnx_values import Dims, onnx_dtype
 from .package import Function, Package, Port
 
+SUBGRAPH_OPS = frozenset({"Scan", "Loop", "If"})  # operators whose graph attributes the handlers read
 MIN_OPSET = 1  # handlers read both the attribute and the operand forms; 13+ is what docs/packages.md promises
 
 class ImportTimeValueError(PackageError):
@@ -151,6 +152,53 @@ class Importer:
         return [int(v) for v in self.static(value, what).reshape(-1)]
 
     # -- the walk ---------------------------------------------------------------
+    def run_node(self, node) -> None:
+        """Import one node: its handler's results become the values of its outputs."""
+        self.node = node
+        if node.domain not in ("", "ai.onnx"):
+            raise self.fail(f"operators of domain {node.domain!r} are not supported")
+        handler = HANDLERS.get(node.op_type)
+        if handler is None:
+            raise self.fail("this operator is not supported by the importer (docs/packages.md lists those that are)")
+        missing = [n for n in node.input if n and n not in self.values]
+        if missing:
+            raise self.fail(f"inputs {missing} are not defined before the node")
+        args = [self.values[n] if n else None for n in node.input]
+        try:
+            results = handler(self, node, args, attributes(node))
+        except PackageError:
+            raise
+        except StitchError as e:
+            raise self.fail(str(e)) from None
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            # A required attribute or operand is missing or of the wrong kind.
+            raise self.fail(f"malformed node: {type(e).__name__}: {e}") from None
+        except (ArithmeticError, RuntimeError, MemoryError) as e:
+            # Folding constants evaluates the op now: torch refuses what the model's values make undefined.
+            raise self.fail(f"cannot be evaluated on its constant operands ({type(e).__name__}: "
+                            f"{str(e)[:200]})") from None
+        for out_name, value in zip(node.output, results):
+            self.check_size(value)
+            if out_name:
+                self.values[out_name] = value
+        if len(self.g.operations) > self.limits.max_operations:
+            raise self.over("max_operations", len(self.g.operations), "operations built so far")
+
+    def run_subgraph(self, graph, bound: dict[str, Any]) -> list:
+        """Import a control-flow body once: its inputs bound to values, its initializers made constants;
+        returns the values of its outputs. Outer values stay visible, as ONNX scoping says."""
+        outer = self.node
+        for init in graph.initializer:
+            self.values[init.name] = self.tensor(_array(init, f"initializer {init.name!r}"))
+        self.values.update(bound)
+        for node in graph.node:
+            self.run_node(node)
+        self.node = outer
+        missing = [o.name for o in graph.output if o.name not in self.values]
+        if missing:
+            raise self.fail(f"the body's outputs {missing} are not computed by any of its nodes")
+        return [self.values[o.name] for o in graph.output]
+
     def run(self) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, list]]:
         graph = self.model.graph
         initializers = {init.name for init in graph.initializer}
@@ -173,35 +221,7 @@ class Importer:
             dim_names[vi.name] = names
         self.g._fold_constants = True
         for node in graph.node:
-            self.node = node
-            if node.domain not in ("", "ai.onnx"):
-                raise self.fail(f"operators of domain {node.domain!r} are not supported")
-            handler = HANDLERS.get(node.op_type)
-            if handler is None:
-                raise self.fail("this operator is not supported by the importer (docs/packages.md lists those that are)")
-            missing = [n for n in node.input if n and n not in self.values]
-            if missing:
-                raise self.fail(f"inputs {missing} are not defined before the node")
-            args = [self.values[n] if n else None for n in node.input]
-            try:
-                results = handler(self, node, args, attributes(node))
-            except PackageError:
-                raise
-            except StitchError as e:
-                raise self.fail(str(e)) from None
-            except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
-                # A required attribute or operand is missing or of the wrong kind.
-                raise self.fail(f"malformed node: {type(e).__name__}: {e}") from None
-            except (ArithmeticError, RuntimeError, MemoryError) as e:
-                # Folding constants evaluates the op now: torch refuses what the model's values make undefined.
-                raise self.fail(f"cannot be evaluated on its constant operands ({type(e).__name__}: "
-                                f"{str(e)[:200]})") from None
-            for out_name, value in zip(node.output, results):
-                self.check_size(value)
-                if out_name:
-                    self.values[out_name] = value
-            if len(self.g.operations) > self.limits.max_operations:
-                raise self.over("max_operations", len(self.g.operations), "operations built so far")
+            self.run_node(node)
         self.node = None
         self.g._fold_constants = False
         outputs = {}
@@ -253,6 +273,8 @@ def attributes(node) -> dict[str, Any]:
     for a in node.attribute:
         if a.type == AttributeProto.TENSOR:
             out[a.name] = _array(a.t, f"attribute {a.name!r} of node {node.name!r}")
+        elif a.type == AttributeProto.GRAPH and node.op_type in SUBGRAPH_OPS:
+            out[a.name] = a.g  # imported by the handler, unrolled (onnx_control.py)
         elif a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
             raise PackageError(f"node {node.name!r} ({node.op_type}): control flow subgraphs are not supported")
         else:
