@@ -1,4 +1,5 @@
-"""More ONNX tensor operators, as decompositions into registry ops: CumProd, CenterCropPad, SwiGLU, AffineGrid.
+"""More ONNX tensor operators, as decompositions into registry ops: CumProd, CenterCropPad, SwiGLU, AffineGrid,
+GridSample.
 
 Handlers as in onnx_ops.py. None needs a primitive of its own:
 
@@ -12,11 +13,18 @@ Handlers as in onnx_ops.py. None needs a primitive of its own:
 * ``SwiGLU``: ``a * sigmoid(alpha * a) * b``.
 * ``AffineGrid``: the affine matrices times the normalised sampling grid
   of the output size (a constant once the size is known).
+* ``GridSample``: coordinates unnormalised, moved inside by the padding
+  mode, then each interpolation tap (1 nearest, 2 linear, 4 cubic per axis)
+  gathered from the flattened input and weighted; taps outside the input
+  weigh 0 under ``zeros`` padding.
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
+from .. import dtypes
 from ..ir import UNKNOWN
 from .onnx_ops import _rank, _t, handles
 
@@ -92,3 +100,97 @@ def _affine_grid(cx, node, args, attrs):
     grid = g.cast(g.constant(homo.T.astype(np.float64)), theta.dtype)  # (dims + 1, points)
     out = g.transpose(g.matrix_multiplication(theta, grid), [0, 2, 1])  # (N, points, dims)
     return [g.reshape(out, [size[0], *spatial, len(spatial)])]
+
+
+def _reflect(cx, v, lo: float, hi: float):
+    """ONNX GridSample's reflection of coordinates outside [lo, hi] back into it (repeatedly)."""
+    g = cx.g
+    rng = hi - lo
+    below, above = v < lo, v > hi
+    dx = g.select(below, lo - v, v - hi)
+    n = g.floor(dx / rng)
+    r = dx - n * rng
+    even = g.equal(n - g.floor(n / 2.0) * 2.0, g.constant(0.0, v.dtype))
+    low_side = g.select(even, r + lo, hi - r)  # reflected from below
+    high_side = g.select(even, hi - r, r + lo)
+    return g.select(below, low_side, g.select(above, high_side, v))
+
+
+def _cubic(t):
+    """Keys' cubic convolution weights (a = -0.75) of the taps at -1, 0, 1, 2 for a fraction t."""
+    a = -0.75
+    x = [t + 1.0, t, 1.0 - t, 2.0 - t]
+    near = [((a + 2.0) * xi - (a + 3.0)) * xi * xi + 1.0 for xi in x[1:3]]
+    far = [((a * xi - 5.0 * a) * xi + 8.0 * a) * xi - 4.0 * a for xi in (x[0], x[3])]
+    return [far[0], near[0], near[1], far[1]]
+
+
+@handles("GridSample")
+def _grid_sample(cx, node, args, attrs):
+    g = cx.g
+    x, grid = _t(cx, args[0]), _t(cx, args[1])
+    rank = _rank(cx, x)
+    dims = list(x.shape[2:])
+    nd = len(dims)
+    if nd not in (2, 3) or UNKNOWN in x.shape or grid.shape is None or UNKNOWN in grid.shape:
+        raise cx.fail(f"GridSample needs 4-D or 5-D inputs of known extents, got {x.type} and {grid.type}")
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(attrs.get("mode", "linear"), attrs.get("mode", "linear"))
+    padding = attrs.get("padding_mode", "zeros")
+    if mode not in ("nearest", "linear", "cubic") or padding not in ("zeros", "border", "reflection"):
+        raise cx.fail(f"mode {mode!r} or padding_mode {padding!r} is not one ONNX defines")
+    align = bool(attrs.get("align_corners", 0))
+    n, c = x.shape[:2]
+    out_spatial = list(grid.shape[1:-1])
+    points = int(np.prod(out_spatial))
+    flat = g.reshape(grid, [n, points, nd])
+    taps_per_dim = []
+    for i, size in enumerate(dims):
+        comp = nd - 1 - i  # the grid's last axis holds (x, y[, z]): the fastest-varying axis first
+        v = g.squeeze(g.slice(flat, [0, 0, comp], [n, points, comp + 1]), [2])
+        v = (v + 1.0) * ((size - 1) / 2.0) if align else ((v + 1.0) * float(size) - 1.0) / 2.0
+        if mode == "nearest":
+            v = g.round(v)
+        lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+        if padding == "border":
+            out = g.logical_or(v < lo, v > hi)
+            v = g.select(out, g.clamp(v, g.constant(0.0, v.dtype), g.constant(size - 1.0, v.dtype)), v)
+        elif padding == "reflection":
+            v = _reflect(cx, v, lo, hi)
+        if mode == "nearest":
+            taps = [(v, None)]
+        else:
+            base = g.floor(v)
+            t = v - base
+            if mode == "linear":
+                taps = [(base, 1.0 - t), (base + 1.0, t)]
+            else:
+                taps = [(base + float(k), w) for k, w in zip((-1, 0, 1, 2), _cubic(t))]
+        resolved = []
+        for index, weight in taps:
+            valid = None
+            if padding == "zeros":
+                valid = g.logical_and(index >= 0.0, index <= size - 1.0)
+            elif padding == "reflection":
+                index = g.truncate(_reflect(cx, index, lo, hi))
+            index = g.clamp(index, g.constant(0.0, index.dtype), g.constant(size - 1.0, index.dtype))
+            resolved.append((g.cast(index, dtypes.int64), weight, valid))
+        taps_per_dim.append(resolved)
+    strides = [int(np.prod(dims[i + 1:])) for i in range(nd)]
+    source = g.reshape(x, [n, c, int(np.prod(dims))])
+    total = None
+    for combo in itertools.product(*taps_per_dim):
+        index, weight, valid = None, None, None
+        for (idx, w, ok), stride in zip(combo, strides):
+            term = idx * stride if stride != 1 else idx
+            index = term if index is None else index + term
+            if w is not None:
+                weight = w if weight is None else weight * w
+            if ok is not None:
+                valid = ok if valid is None else g.logical_and(valid, ok)
+        picked = g.gather_along_axis(source, g.broadcast_to(g.reshape(index, [n, 1, points]), [n, c, points]), 2)
+        if valid is not None:
+            weight = g.cast(valid, flat.dtype) if weight is None else g.select(valid, weight, g.constant(0.0, weight.dtype))
+        if weight is not None:
+            picked = picked * g.cast(g.reshape(weight, [n, 1, points]), x.dtype)
+        total = picked if total is None else total + picked
+    return [g.reshape(total, [n, c, *out_spatial])]
