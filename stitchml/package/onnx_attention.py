@@ -130,10 +130,17 @@ def _attention(cx, node, args, attrs):
         qk_out = biased
     precision = attrs.get("softmax_precision")
     sdt = onnx_dtype(precision, "Attention softmax_precision") if precision is not None else dt
-    probs = g.softmax(g.cast(biased, sdt) if sdt != dt else biased, -1)
+    biased = g.cast(biased, sdt) if sdt != dt else biased
+    # The specification's softmax: a row whose largest score is -inf (every key masked) gives zeros, not NaN.
+    top = g.reduction_maximum(biased, [-1], keep_dims=True)
+    zero = g.constant(0.0, sdt)
+    top = g.select(top == float("-inf"), zero, top)
+    e = g.exponent(biased - top)
+    total = g.reduction_sum(e, [-1], keep_dims=True)
+    probs = e / g.select(total == 0.0, g.constant(1.0, sdt), total)
     if bias is not None:  # a row with every key masked attends to nothing
         row_masked = g.reduction_maximum(bias, [-1], keep_dims=True) == float("-inf")
-        probs = g.select(row_masked, g.constant(0.0, sdt), probs)
+        probs = g.select(row_masked, zero, probs)
     if mode == 3:
         qk_out = probs
     probs = g.cast(probs, dt) if sdt != dt else probs

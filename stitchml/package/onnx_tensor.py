@@ -1,5 +1,5 @@
 """More ONNX tensor operators, as decompositions into registry ops: CumProd, CenterCropPad, SwiGLU, AffineGrid,
-GridSample.
+GridSample, ScatterElements, ScatterND.
 
 Handlers as in onnx_ops.py. None needs a primitive of its own:
 
@@ -17,6 +17,9 @@ Handlers as in onnx_ops.py. None needs a primitive of its own:
   mode, then each interpolation tap (1 nearest, 2 linear, 4 cubic per axis)
   gathered from the flattened input and weighted; taps outside the input
   weigh 0 under ``zeros`` padding.
+* ``ScatterElements``/``ScatterND`` with reduction ``none`` or ``add``:
+  additions into zeros (the registry's scatter-add), then taken where an
+  index landed or added to the data.
 """
 from __future__ import annotations
 
@@ -194,3 +197,64 @@ def _grid_sample(cx, node, args, attrs):
             picked = picked * g.cast(g.reshape(weight, [n, 1, points]), x.dtype)
         total = picked if total is None else total + picked
     return [g.reshape(total, [n, c, *out_spatial])]
+
+
+def _wrapped(cx, idx, extent):
+    """Indices counted from the end when negative, as ONNX allows, in int64."""
+    g = cx.g
+    idx = g.cast(idx, dtypes.int64) if idx.dtype != dtypes.int64 else idx
+    return g.select(idx < 0, idx + extent, idx)
+
+
+def _reduction(cx, attrs) -> str:
+    reduction = attrs.get("reduction", "none")
+    if reduction not in ("none", "add"):
+        raise cx.fail(f"reduction {reduction!r} is not supported ('none' and 'add' are)")
+    return reduction
+
+
+@handles("ScatterElements", "Scatter")
+def _scatter_elements(cx, node, args, attrs):
+    # Additions into zeros where the indices point; 'none' then takes those sums where anything landed
+    # (ONNX leaves duplicate indices undefined there), 'add' adds them to the data.
+    g = cx.g
+    data, indices, updates = (_t(cx, a) for a in args[:3])
+    if data.shape is None or UNKNOWN in data.shape or indices.shape is None or UNKNOWN in indices.shape:
+        raise cx.fail(f"ScatterElements needs known extents, got {data.type} and {indices.type}")
+    axis = cx.axis(attrs.get("axis", 0), len(data.shape))
+    idx = _wrapped(cx, indices, data.shape[axis])
+    sums = g.scatter_add_along_axis(g.constant(np.zeros(data.shape), data.dtype), idx, updates, axis)
+    if _reduction(cx, attrs) == "add":
+        return [data + sums]
+    hit = g.scatter_add_along_axis(g.constant(np.zeros(data.shape, np.int64)), idx,
+                                   g.constant(np.ones(indices.shape, np.int64)), axis)
+    return [g.select(hit > 0, sums, data)]
+
+
+@handles("ScatterND")
+def _scatter_nd(cx, node, args, attrs):
+    # The first k axes of the data flattened into one, the index tuples into linear indices along it.
+    g = cx.g
+    data, indices, updates = (_t(cx, a) for a in args[:3])
+    if data.shape is None or UNKNOWN in data.shape or indices.shape is None or UNKNOWN in indices.shape:
+        raise cx.fail(f"ScatterND needs known extents, got {data.type} and {indices.type}")
+    k = indices.shape[-1]
+    lead, rest = list(data.shape[:k]), list(data.shape[k:])
+    if k > len(data.shape):
+        raise cx.fail(f"index tuples of {k} entries for data of rank {len(data.shape)}")
+    count = int(np.prod(indices.shape[:-1]))
+    linear = None
+    for j, extent in enumerate(lead):
+        part = g.squeeze(g.slice(indices, [0] * (indices.rank - 1) + [j], list(indices.shape[:-1]) + [j + 1]),
+                         [indices.rank - 1])
+        term = _wrapped(cx, part, extent) * int(np.prod(lead[j + 1:]))
+        linear = term if linear is None else linear + term
+    linear = g.reshape(linear, [count])
+    flat = g.reshape(data, [int(np.prod(lead))] + rest)
+    ups = g.reshape(updates, [count] + rest)
+    sums = g.scatter_add(g.constant(np.zeros([int(np.prod(lead))] + rest), data.dtype), linear, ups, 0)
+    if _reduction(cx, attrs) == "add":
+        return [g.reshape(flat + sums, list(data.shape))]
+    ones = g.constant(np.ones([count] + [1] * len(rest), np.int64))
+    hit = g.scatter_add(g.constant(np.zeros([int(np.prod(lead))] + [1] * len(rest), np.int64)), linear, ones, 0)
+    return [g.reshape(g.select(hit > 0, sums, flat), list(data.shape))]
