@@ -1,5 +1,5 @@
 """More ONNX tensor operators, as decompositions into registry ops: CumProd, CenterCropPad, SwiGLU, AffineGrid,
-GridSample, ScatterElements, ScatterND.
+GridSample, ScatterElements, ScatterND, CausalConvWithState.
 
 Handlers as in onnx_ops.py. None needs a primitive of its own:
 
@@ -20,6 +20,8 @@ Handlers as in onnx_ops.py. None needs a primitive of its own:
 * ``ScatterElements``/``ScatterND`` with reduction ``none`` or ``add``:
   additions into zeros (the registry's scatter-add), then taken where an
   index landed or added to the data.
+* ``CausalConvWithState``: the importer's depthwise ``Conv`` over the past
+  state followed by the input.
 """
 from __future__ import annotations
 
@@ -258,3 +260,29 @@ def _scatter_nd(cx, node, args, attrs):
     ones = g.constant(np.ones([count] + [1] * len(rest), np.int64))
     hit = g.scatter_add(g.constant(np.zeros([int(np.prod(lead))] + [1] * len(rest), np.int64)), linear, ones, 0)
     return [g.reshape(g.select(hit > 0, sums, flat), list(data.shape))]
+
+
+@handles("CausalConvWithState")
+def _causal_conv(cx, node, args, attrs):
+    # A depthwise 1-D convolution over the past state (zeros without one) followed by the input; the new
+    # state is the last k - 1 positions of that sequence.
+    from .onnx_ops import HANDLERS
+
+    g = cx.g
+    x, w = _t(cx, args[0]), _t(cx, args[1])
+    if _rank(cx, x) != 3 or _rank(cx, w) != 3 or UNKNOWN in x.shape or UNKNOWN in w.shape:
+        raise cx.fail(f"input (batch, channels, length) and weight (channels, 1, k) of known extents, "
+                      f"got {x.type} and {w.type}")
+    b, c, length = x.shape
+    k = w.shape[2]
+    activation = attrs.get("activation", "none")
+    if activation not in ("none", "silu", "swish"):
+        raise cx.fail(f"activation must be none, silu or swish, got {activation!r}")
+    past = _t(cx, args[3]) if len(args) > 3 and args[3] is not None else g.constant(np.zeros((b, c, k - 1)), x.dtype)
+    padded = g.concat([past, x], axis=2) if k > 1 else x
+    bias = args[2] if len(args) > 2 else None
+    y = HANDLERS["Conv"](cx, node, [padded, w, bias], {"group": c, "kernel_shape": [k]})[0]
+    if activation != "none":
+        y = y * g.sigmoid(y)
+    total = length + k - 1
+    return [y, g.slice(padded, [0, 0, total - (k - 1)], [b, c, total])]
