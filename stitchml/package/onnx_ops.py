@@ -519,6 +519,18 @@ def _reduce(cx, node, args, attrs):
     op = node.op_type
     if axes == "noop":
         return [g.identity(x)]
+    if op in ("ReduceMax", "ReduceMin", "ReduceLogSumExp") and x.shape is not None and UNKNOWN not in x.shape:
+        reduced = range(len(x.shape)) if axes is None else axes
+        if any(x.shape[a] == 0 for a in reduced):  # over no elements: the operation's identity, as ONNX says
+            shape = [1 if a in reduced else d for a, d in enumerate(x.shape)] if keep else \
+                [d for a, d in enumerate(x.shape) if a not in reduced]
+            identity = {"ReduceMax": -np.inf, "ReduceMin": np.inf, "ReduceLogSumExp": -np.inf}[op]
+            if x.dtype == dtypes.bool_:
+                identity = op == "ReduceMin"
+            elif x.dtype.is_integer:
+                info = np.iinfo(x.dtype.numpy)
+                identity = info.min if op == "ReduceMax" else info.max
+            return [g.constant(np.full(shape, identity), x.dtype)]
     if op == "ReduceLogSumExp":
         return [g.cast(g.log_sum_exp(x, axes if axes is not None else tuple(range(_rank(cx, x))), keep), x.dtype)]
     pre = {"ReduceL1": g.absolute, "ReduceL2": g.square, "ReduceSumSquare": g.square}.get(op)
