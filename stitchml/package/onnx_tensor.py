@@ -1,5 +1,5 @@
 """More ONNX tensor operators, as decompositions into registry ops: CumProd, CenterCropPad, SwiGLU, AffineGrid,
-GridSample, ScatterElements, ScatterND, CausalConvWithState.
+GridSample, ScatterElements, ScatterND, CausalConvWithState, QuantizeLinear, DequantizeLinear.
 
 Handlers as in onnx_ops.py. None needs a primitive of its own:
 
@@ -22,6 +22,8 @@ Handlers as in onnx_ops.py. None needs a primitive of its own:
   index landed or added to the data.
 * ``CausalConvWithState``: the importer's depthwise ``Conv`` over the past
   state followed by the input.
+* ``QuantizeLinear``/``DequantizeLinear`` to and from the integer types
+  StitchML has, per tensor, per axis or per block, computed in float32.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import numpy as np
 from .. import dtypes
 from ..ir import UNKNOWN
 from .onnx_ops import _rank, _t, handles
+from .onnx_values import onnx_dtype
 
 
 @handles("CumProd")
@@ -286,3 +289,56 @@ def _causal_conv(cx, node, args, attrs):
         y = y * g.sigmoid(y)
     total = length + k - 1
     return [y, g.slice(padded, [0, 0, total - (k - 1)], [b, c, total])]
+
+
+def _per_axis(cx, param, x, attrs):
+    """A scale or zero point shaped to broadcast against x: a scalar, one value per entry along `axis`, or
+    (with block_size) one per block of that many entries along it."""
+    g = cx.g
+    if param.rank == 0 or (param.shape is not None and list(param.shape) in ([], [1])):
+        return g.reshape(param, []) if param.rank else param
+    rank = _rank(cx, x)
+    axis = cx.axis(attrs.get("axis", 1), rank)
+    block = int(attrs.get("block_size", 0))
+    if block > 0:
+        if param.rank != rank:
+            raise cx.fail(f"blocked quantization needs a parameter of rank {rank}, got {param.type}")
+        expanded = g.reshape(g.tile(g.expand_dims(param, [axis + 1]), [1] * (axis + 1) + [block] + [1] * (rank - axis - 1)),
+                             [d * block if a == axis else d for a, d in enumerate(param.shape)])
+        if x.shape[axis] != expanded.shape[axis]:
+            ends = list(expanded.shape)
+            ends[axis] = x.shape[axis]
+            expanded = g.slice(expanded, [0] * rank, ends)
+        return expanded
+    return g.reshape(param, [-1 if a == axis else 1 for a in range(rank)])
+
+
+@handles("DequantizeLinear")
+def _dequantize(cx, node, args, attrs):
+    g = cx.g
+    x, scale = _t(cx, args[0]), _t(cx, args[1])
+    out = onnx_dtype(attrs["output_dtype"], "output_dtype") if attrs.get("output_dtype") else scale.dtype
+    y = g.cast(x, dtypes.float32)
+    if len(args) > 2 and args[2] is not None:
+        y = y - g.cast(_per_axis(cx, _t(cx, args[2]), x, attrs), dtypes.float32)
+    return [g.cast(y * g.cast(_per_axis(cx, scale, x, attrs), dtypes.float32), out)]
+
+
+@handles("QuantizeLinear")
+def _quantize(cx, node, args, attrs):
+    # round(x / scale) half to even, plus the zero point, saturated to the output type's range.
+    g = cx.g
+    x, scale = _t(cx, args[0]), _t(cx, args[1])
+    zp = _t(cx, args[2]) if len(args) > 2 and args[2] is not None else None
+    if attrs.get("output_dtype"):
+        out = onnx_dtype(attrs["output_dtype"], "output_dtype")
+    else:
+        out = zp.dtype if zp is not None else dtypes.uint8
+    if not out.is_integer:
+        raise cx.fail(f"quantizing to {out} is not supported (integer types are)")
+    y = g.round(g.cast(x, dtypes.float32) / g.cast(_per_axis(cx, scale, x, attrs), dtypes.float32))
+    if zp is not None:
+        y = y + g.cast(_per_axis(cx, zp, x, attrs), dtypes.float32)
+    info = np.iinfo(out.numpy)
+    y = g.clamp(y, g.constant(float(info.min), dtypes.float32), g.constant(float(info.max), dtypes.float32))
+    return [g.cast(y, out)]
