@@ -25,7 +25,7 @@ from ..errors import PackageError, StitchError
 from ..graph import Graph
 from ..ir import UNKNOWN, Tensor, TensorType, needed_ops
 from ..version import __version__
-from . import onnx_attention, onnx_control, onnx_nn, onnx_rnn, onnx_tensor  # noqa: F401  (each registers its handlers in onnx_ops.HANDLERS)
+from . import onnx_attention, onnx_bits, onnx_control, onnx_nn, onnx_rnn, onnx_tensor  # noqa: F401  (each registers its handlers in onnx_ops.HANDLERS)
 from .limits import Limits, known_elements, resolve
 from .onnx_ops import HANDLERS
 from .onnx_values import Dims, onnx_dtype
