@@ -1,5 +1,5 @@
 """More ONNX tensor operators, as decompositions into registry ops: CumProd, CenterCropPad, SwiGLU, AffineGrid,
-GridSample, ScatterElements, ScatterND, CausalConvWithState, QuantizeLinear, DequantizeLinear.
+GridSample, ScatterElements, ScatterND, CausalConvWithState, QuantizeLinear, DequantizeLinear, DFT.
 
 Handlers as in onnx_ops.py. None needs a primitive of its own:
 
@@ -24,6 +24,8 @@ Handlers as in onnx_ops.py. None needs a primitive of its own:
   state followed by the input.
 * ``QuantizeLinear``/``DequantizeLinear`` to and from the integer types
   StitchML has, per tensor, per axis or per block, computed in float32.
+* ``DFT``: products with cosine and sine matrices along the axis (forward,
+  inverse, one-sided, and numpy's irfft for inverse one-sided).
 """
 from __future__ import annotations
 
@@ -342,3 +344,65 @@ def _quantize(cx, node, args, attrs):
     info = np.iinfo(out.numpy)
     y = g.clamp(y, g.constant(float(info.min), dtypes.float32), g.constant(float(info.max), dtypes.float32))
     return [g.cast(y, out)]
+
+
+def _dft_matrices(n_in: int, n: int, inverse: bool, onesided: bool):
+    """(A, B, C, D), each (n_in, m): re_out = re A + im B, im_out = re C + im D (C, D None: a real result)."""
+    j = np.arange(n_in)[:, None]
+    if inverse and onesided:  # numpy's irfft: a Hermitian spectrum of n // 2 + 1 bins back to n real samples
+        k = np.arange(n)[None, :]
+        theta = 2 * np.pi * j * k / n
+        weight = np.where((j == 0) | ((n % 2 == 0) & (j == n // 2)), 1.0, 2.0) * (j <= n // 2)
+        return weight * np.cos(theta) / n, -weight * np.sin(theta) / n, None, None
+    m = n // 2 + 1 if onesided else n
+    k = np.arange(m)[None, :]
+    theta = 2 * np.pi * j * k / n
+    used = (j < n).astype(np.float64)  # samples past dft_length are cut; missing ones are zeros
+    cos, sin = np.cos(theta) * used, np.sin(theta) * used
+    if inverse:
+        return cos / n, -sin / n, sin / n, cos / n
+    return cos, sin, -sin, cos
+
+
+@handles("DFT")
+def _dft(cx, node, args, attrs):
+    # A linear map along the axis: products with cosine and sine matrices, in float64 (the spectrum of a
+    # float32 signal computed in float32 misses ONNX's absolute tolerance near zero).
+    g, x = cx.g, _t(cx, args[0])
+    rank = _rank(cx, x)
+    if x.shape is None or UNKNOWN in x.shape or x.shape[-1] not in (1, 2):
+        raise cx.fail(f"the signal must have known extents and a last axis of 1 (real) or 2 (complex), got {x.type}")
+    if cx.opset >= 20:
+        axis = int(cx.static(args[2], "DFT axis").reshape(-1)[0]) if len(args) > 2 and args[2] is not None else -2
+    else:
+        axis = attrs.get("axis", 1)
+    axis = cx.axis(axis, rank)
+    if axis == rank - 1:
+        raise cx.fail("the axis cannot be the last one (it holds the real and imaginary parts)")
+    inverse, onesided = bool(attrs.get("inverse", 0)), bool(attrs.get("onesided", 0))
+    n_in = x.shape[axis]
+    if len(args) > 1 and args[1] is not None:
+        n = int(cx.static(args[1], "DFT dft_length").reshape(-1)[0])
+    else:
+        n = 2 * (n_in - 1) if inverse and onesided else n_in
+    if n <= 0:
+        raise cx.fail(f"dft_length must be positive, got {n}")
+    lead = list(x.shape[:-1])
+    order = [a for a in range(rank - 1) if a != axis] + [axis]  # the axis moved last
+    back = list(np.argsort(order))
+
+    def part(i):  # the real (0) or imaginary (1) parts, in float64, the axis last
+        p = g.squeeze(g.slice(x, [0] * (rank - 1) + [i], lead + [i + 1]), [rank - 1])
+        return g.transpose(g.cast(p, dtypes.float64), order)
+
+    re = part(0)
+    im = part(1) if x.shape[-1] == 2 else None
+    a, b, c, d = _dft_matrices(n_in, n, inverse, onesided)
+
+    def apply(m1, m2):
+        y = g.matrix_multiplication(re, g.constant(m1))
+        return y if im is None else y + g.matrix_multiplication(im, g.constant(m2))
+
+    outs = [apply(a, b)] + ([] if c is None else [apply(c, d)])
+    outs = [g.expand_dims(g.cast(g.transpose(o, back), x.dtype), [rank - 1]) for o in outs]
+    return [outs[0] if len(outs) == 1 else g.concat(outs, axis=rank - 1)]
