@@ -194,6 +194,7 @@ def report(cases: list[Case], results: dict[str, str | None], seconds: float) ->
     scope = [c for c in cases if c.in_scope]
     p_all, n_all, r_all = rate(cases)
     p_in, n_in, r_in = rate(scope)
+    p_typed, n_typed, r_typed = rate([c for c in scope if c.types_supported])
     lines = [
         "# ONNX backend node tests",
         "",
@@ -207,6 +208,8 @@ def report(cases: list[Case], results: dict[str, str | None], seconds: float) ->
         "| --- | --- | --- | --- |",
         f"| all node tests | {p_all} | {n_all} | {r_all:.1f}% |",
         f"| in scope: every operator of the test is in the importer's table | {p_in} | {n_in} | {r_in:.1f}% |",
+        f"| in scope, on element types StitchML has (not uint16/32/64, float8, 4-bit, 2-bit, strings) | "
+        f"{p_typed} | {n_typed} | {r_typed:.1f}% |",
         "",
         "## Failures by cause",
         "",
@@ -243,8 +246,12 @@ def summary(cases: list[Case], results: dict[str, str | None]) -> str:
     p_all = sum(results[c.name] is None for c in cases)
     scope = [c for c in cases if c.in_scope]
     p_in = sum(results[c.name] is None for c in scope)
+    typed = [c for c in scope if c.types_supported]
+    p_typed = sum(results[c.name] is None for c in typed)
     out = [f"all node tests: {p_all}/{len(cases)} ({100 * p_all / max(len(cases), 1):.1f}%)",
-           f"in scope:       {p_in}/{len(scope)} ({100 * p_in / max(len(scope), 1):.1f}%)", "", "failures by cause:"]
+           f"in scope:       {p_in}/{len(scope)} ({100 * p_in / max(len(scope), 1):.1f}%)",
+           f"  on our types: {p_typed}/{len(typed)} ({100 * p_typed / max(len(typed), 1):.1f}%)", "",
+           "failures by cause:"]
     groups = Counter(cause(r) for r in results.values() if r is not None)
     out += [f"  {n:4d}  {text}" for text, n in groups.most_common(15)]
     return "\n".join(out)
