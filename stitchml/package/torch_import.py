@@ -151,7 +151,7 @@ def export_program(module: torch.nn.Module, example_inputs: Sequence[Any], dynam
     """`module` through torch.export, decomposed to core ATen: the program the importer reads."""
     try:
         program = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
-        return program.run_decompositions(torch.export.default_decompositions())
+        return _decompose(program)
     except Exception as e:  # torch.export's own errors have many types; they all mean "cannot export"
         raise PackageError(f"torch.export failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
 
@@ -202,6 +202,19 @@ def program_weights(program) -> dict[str, torch.Tensor]:
             raise PackageError(f"export: no value for {spec.arg.name} ({target})")
         table[spec.arg.name] = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
     return table
+
+
+def _decompose(program):
+    """Core ATen through the default decompositions; where those fail, a narrower table that keeps the
+    operators torch_ops.py maps itself (attention, whose math decomposition leaves strides a later view
+    refuses in GPT-2-style blocks)."""
+    try:
+        return program.run_decompositions(torch.export.default_decompositions())
+    except Exception:  # noqa: BLE001  the narrower table is tried next; its error is the one reported
+        table = torch.export.default_decompositions()
+        for op in (torch.ops.aten.scaled_dot_product_attention.default,):
+            table.pop(op, None)
+        return program.run_decompositions(table)
 
 
 def from_torch(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_shapes=None,
