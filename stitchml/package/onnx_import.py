@@ -32,6 +32,7 @@ from .limits import Limits, known_elements, resolve
 from .onnx_ops import HANDLERS
 from .onnx_values import Dims, onnx_dtype
 from .package import Function, Origin, Package, Port
+from .specialise import SpecializedFunction
 
 SUBGRAPH_OPS = frozenset({"Scan", "Loop", "If"})  # operators whose graph attributes the handlers read
 MIN_OPSET = 1  # handlers read both the attribute and the operand forms; 13+ is what docs/packages.md promises
@@ -434,8 +435,6 @@ def import_graph(proto, name: str, bind: dict[str, Any] | None, limits: Limits,
 
 def _specialised(proto, name: str, bind: dict[str, Any] | None, limits: Limits, error: ImportTimeValueError):
     """A function specialised at run time on the inputs `error` says an import-time operand comes from."""
-    from .specialise import SpecializedFunction
-
     initializers = {i.name for i in proto.graph.initializer}
     graph_inputs = [vi for vi in proto.graph.input if vi.name not in initializers and vi.name not in (bind or {})]
     if not error.inputs or not set(error.inputs) <= {vi.name for vi in graph_inputs}:
@@ -446,4 +445,4 @@ def _specialised(proto, name: str, bind: dict[str, Any] | None, limits: Limits, 
         ports.append(Port(vi.name, TensorType(shape, dt), None if names is None else tuple(names)))
     values = () if error.shapes else error.inputs
     return SpecializedFunction(name, proto, {"limits": limits}, ports[:len(graph_inputs)],
-                               ports[len(graph_inputs):], values, error.shapes)
+                               ports[len(graph_inputs):], values, error.shapes, import_graph, ImportTimeValueError)

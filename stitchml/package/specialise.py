@@ -54,10 +54,13 @@ class SpecializedFunction(Function):
     """
 
     def __init__(self, name: str, model, importer_args: dict, inputs: list[Port], outputs: list[Port],
-                 value_inputs: tuple[str, ...], shapes: bool):
+                 value_inputs: tuple[str, ...], shapes: bool, import_graph, import_time_error: type[Exception]):
         super().__init__(name, None, {p.name: (None, p) for p in inputs}, {p.name: (None, p) for p in outputs})
         self._model = model
         self._importer_args = importer_args
+        # The importer's entry and its "operand known only at run time" error (onnx_import.py, which makes
+        # this function: passed in, so that the two modules do not import each other).
+        self._import_graph, self._import_time_error = import_graph, import_time_error
         self.value_inputs = tuple(value_inputs)
         self.shape_specialised = shapes
         self._cache: OrderedDict[tuple, Function] = OrderedDict()
@@ -108,8 +111,6 @@ class SpecializedFunction(Function):
 
     def specialise(self, **inputs: Any) -> Function:
         """The plain function (one static graph) for these inputs' values and extents."""
-        from .onnx_import import ImportTimeValueError, import_graph
-
         data = self.check_inputs(inputs)
         while True:
             key = self._key(data)
@@ -120,8 +121,8 @@ class SpecializedFunction(Function):
             bind = {n: data[n].numpy() for n in self.value_inputs}
             shapes = {n: tuple(d.shape) for n, d in data.items()} if self.shape_specialised else None
             try:
-                fn = import_graph(self._model, self.name, bind=bind, shapes=shapes, **self._importer_args)
-            except ImportTimeValueError as e:
+                fn = self._import_graph(self._model, self.name, bind=bind, shapes=shapes, **self._importer_args)
+            except self._import_time_error as e:
                 # A second run-time operand, reached once the first is known: key on it too, then retry.
                 new = [n for n in e.inputs if n in data and n not in self.value_inputs]
                 if e.shapes and not self.shape_specialised:
