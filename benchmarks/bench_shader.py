@@ -143,28 +143,54 @@ def bench_mlp(widths, acts, rows: int, device: str) -> dict:
 
 
 def bench_decode(size: int, device: str) -> dict:
+    """The shading kernel (fast path, at its default and the best of a few settings), the byte-gather
+    kernel it replaced, and the same decoder on plain fp16 features (`shade_plain`), each checked
+    against the byte-gather kernel's output first."""
     from stitchml.shader import MLPSpec
-    from stitchml.shader.shading import shade
+    from stitchml.shader import shading
 
     fine, coarse, levels = 4, 12, 7
     spec = MLPSpec((16, 32, 6), ("relu", "none"), "float16", "program")
     rng = np.random.default_rng(1)
     weights = [(rng.standard_normal((a, b)) / np.sqrt(a), rng.standard_normal(b) * 0.1)
                for a, b in zip(spec.widths, spec.widths[1:])]
-    n = (size // 2) ** 2 * fine + (size // 4) ** 2 * coarse
+    n_fine = (size // 2) ** 2 * fine
+    n = n_fine + (size // 4) ** 2 * coarse
     latents = torch.randint(-levels, levels + 1, (n,), dtype=torch.int8, device=device)
     packed = spec.pack(weights, device)
     out = torch.empty(size * size, 8, dtype=torch.float16, device=device)
-    best = _fastest(lambda block, warps, programs, stages: shade(
-        latents, packed, size, fine, coarse, levels, spec, block=block, num_warps=warps, programs=programs, out=out))
+    ref = torch.empty_like(out)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def gather():
+        shading._shade_kernel[(16 * sms,)](
+            latents, packed, ref, size, n_fine, BLOCK=64, C_FINE=fine, C_COARSE=coarse, LEVELS=levels,
+            OUT_P=spec.padded[-1], num_warps=4, **spec.constexprs("MLP_"))
+    ref.fill_(float("nan"))
+    gather()
+    out.fill_(float("nan"))
+    shading.shade(latents, packed, size, fine, coarse, levels, spec, out=out)
+    diff = (out.float() - ref.float()).abs().max().item()
+    default = median_us(lambda: shading.shade(latents, packed, size, fine, coarse, levels, spec, out=out))
+    best = _fastest(lambda block, warps, programs, stages: shading.shade(
+        latents, packed, size, fine, coarse, levels, spec, block=block, num_warps=warps, programs=programs,
+        stages=stages, out=out))
+    features = torch.rand(size * size, 16, device=device, dtype=torch.float16) * 2 - 1
+    plain = _fastest(lambda block, warps, programs, stages: shading.shade_plain(
+        features, packed, spec, block=block, num_warps=warps, programs=programs, stages=stages, out=out))
     src = torch.empty((size * size * 16 + n) // 8, dtype=torch.float32, device=device)  # 8 fp16 out + int8 latents in
     dst = torch.empty_like(src)
-    return {"ours": best[0], "setting": best[2], "copy": median_us(lambda: dst.copy_(src))}
+    psrc = torch.empty(size * size * (32 + 16) // 8, dtype=torch.float32, device=device)  # plain: 16 fp16 in, 8 out
+    pdst = torch.empty_like(psrc)
+    return {"default": default, "ours": best[0], "setting": best[2], "gather": median_us(gather), "diff": diff,
+            "plain": plain[0], "plain_setting": plain[2], "copy": median_us(lambda: dst.copy_(src)),
+            "plain_copy": median_us(lambda: pdst.copy_(psrc))}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["mlp", "decode"], help="one part of the benchmark")
+    parser.add_argument("--json", help="write every row's numbers here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_shader needs a CUDA device", file=sys.stderr)
@@ -172,20 +198,33 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    record: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                    "mlp": [], "decode": None}
     if args.only != "decode":
         print(f"{'network':<16}{'res':>6}{'ours us':>9}{'setting':>14}{'+launch':>9}{'copy us':>9}{'of copy':>8}"
               f"{'eager16':>9}{'eager32':>9}{'compile':>9}{'x compile':>10}{'max err':>9}")
         for widths, acts in SHAPES:
             for res, rows in RESOLUTIONS.items():
                 r = bench_mlp(widths, acts, rows, "cuda")
+                record["mlp"].append({"widths": widths, "res": res, **r})
                 print(f"{'->'.join(map(str, widths)):<16}{res:>6}{r['ours']:>9.1f}{r['setting']:>14}"
                       f"{r['launch']:>9.1f}{r['copy']:>9.1f}{r['copy'] / r['ours']:>8.0%}{r['eager16']:>9.1f}"
                       f"{r['eager32']:>9.1f}{r['compile16']:>9.1f}"
                       f"{r['compile16'] / r['ours']:>9.1f}x{r['err']:>9.1e}", flush=True)
     if args.only != "mlp":
         r = bench_decode(4096, "cuda")
-        print(f"neural-material shading 4096x4096 (16->32->6, bilinear int8 latents, 8 fp16 out): {r['ours']:.1f} us "
-              f"({r['setting']}); copy of its bytes {r['copy']:.1f} us ({r['copy'] / r['ours']:.0%})")
+        record["decode"] = r
+        print(f"neural-material shading 4096x4096 (16->32->6, bilinear int8 latents, 8 fp16 out; copy of its bytes "
+              f"{r['copy']:.1f} us): default {r['default']:.1f} us ({r['copy'] / r['default']:.0%} of copy), best "
+              f"{r['ours']:.1f} us ({r['setting']}); byte-gather kernel {r['gather']:.1f} us "
+              f"(max diff {r['diff']:.1e}); "
+              f"plain fp16 features {r['plain']:.1f} us ({r['plain_setting']}; copy of its bytes "
+              f"{r['plain_copy']:.1f} us); decode / plain {r['default'] / r['plain']:.2f}x")
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
     return 0
 
 

@@ -29,19 +29,25 @@ def main():
     out = torch.empty_like(a)
     exe.run({x: a})
     launch = exe.steps[0].run
-    env = [None] * exe._nslots
+    env = [None] * exe.slot_count
     env[launch.slots[0]], env[launch.slots[1]] = a, out
     rows = [("exe.run", per_call(lambda: exe.run({x: a}))),
             ("step launch (direct launcher)", per_call(lambda: launch(env))),
             ("triton jit entry", per_call(lambda: launch.fn[launch.grid](a, out, num_warps=launch.warps, **launch.meta))),
             ("torch.empty 4K", per_call(lambda: torch.empty((4096,), dtype=torch.float32, device="cuda"))),
-            ("torch.erf 4K (one eager op)", per_call(lambda: torch.erf(a)))]
+            ("torch.erf 4K (one eager op)", per_call(lambda: torch.erf(a))),
+            ("g.run (a request seen before)", per_call(lambda: g.run({x: a}, [y])))]
     real = exe.steps[0].run
     exe.steps[0].run = lambda env: None
     rows.append(("exe.run without the launch", per_call(lambda: exe.run({x: a}))))
     exe.steps[0].run = real
+    gexe = next(iter(g._executables.entries.values()))
+    gexe_run, gexe.run = gexe.run, lambda feeds: None
+    rows.append(("g.run lookup (its executable's run stubbed)", per_call(lambda: g.run({x: a}, [y]))))
+    gexe.run = gexe_run
     for name, us in rows:
-        print(f"{name:<32} {us:7.2f} us")
+        print(f"{name:<44} {us:7.2f} us")
+    print(f"g.run requests answered by the fast lookup: {g._executables.fast_hits}")
 
 
 if __name__ == "__main__":

@@ -153,6 +153,13 @@ def debug(args) -> int:
     return debug_main(args.rest)
 
 
+def conformance(args) -> int:
+    """Run a conformance suite: `conformance onnx` runs every ONNX backend node test and writes the report."""
+    from .package.conformance import main as onnx_main
+
+    return onnx_main(args.rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `stitchml` command's parser; each subcommand's parser is in its arguments as `parser`."""
     from .demos import DEMOS
@@ -178,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = pkg.add_parser("inspect", help=package_inspect.__doc__)
     p.add_argument("package", help="a package file or directory")
     p.set_defaults(fn=package_inspect, parser=p)
+    p = sub.add_parser("conformance", help=conformance.__doc__)
+    p.add_argument("suite", choices=["onnx"], help="which suite (onnx: the ONNX backend node tests)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="[--op NAME] [--out PATH]")
+    p.set_defaults(fn=conformance, parser=p)
     p = sub.add_parser("debug", help=debug.__doc__)
     p.add_argument("rest", nargs=argparse.REMAINDER, help="FILE... [--port N] | bisect GRAPH [--feed NAME=FILE.npy]")
     p.set_defaults(fn=debug, parser=p)

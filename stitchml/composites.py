@@ -15,9 +15,11 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
+
 from . import dtypes
 from .errors import ShapeError
-from .ir import UNKNOWN, Tensor, normalize_axis
+from .ir import UNKNOWN, Tensor, normalize_axes, normalize_axis
 from .registry import builder
 
 
@@ -40,6 +42,7 @@ def composite(fn):
 
     build.__name__ = fn.__name__
     build.__doc__ = fn.__doc__
+    build.__wrapped__ = fn  # inspect.signature (and tools/graph_methods.py) read the real signature
     builder(fn.__name__, composite=True)(build)
     return fn
 
@@ -210,11 +213,48 @@ def layer_normalization(g, x, axes=-1, gamma=None, beta=None, epsilon=1e-5):
                  dtype)
 
 
-@composite
-def batch_normalization(g, x, axes=None, gamma=None, beta=None, epsilon=1e-5, channel_axis=1):
-    """Normalize with the batch's statistics over `axes` (default: all but `channel_axis`).
+def _training_flag(g, op, training, inputs):
+    """`training` as a Python bool (decided while building) or a scalar bool tensor (decided at run time)."""
+    if isinstance(training, Tensor):
+        if not training.dtype.is_bool or training.shape != ():
+            raise g._error(op, f"training must be a bool or a scalar bool tensor, got a tensor {training.type}",
+                           [*inputs, training])
+        return training
+    if isinstance(training, (bool, np.bool_)):
+        return bool(training)
+    raise g._error(op, f"training must be a bool or a scalar bool tensor, got {type(training).__name__}", inputs)
 
-    gamma and beta broadcast against `x`; give them shape (C, 1, 1) for NCHW.
+
+def _statistics_shape(g, x, axes):
+    """The keep-dims shape of statistics over `axes` of `x`: 1 on `axes`, the extent elsewhere."""
+    shape = tuple(1 if a in axes else x.shape[a] for a in range(x.rank))
+    if shape.count(UNKNOWN) > 1:
+        raise g._error("batch_normalization", f"running statistics need the extents off axes {axes} known "
+                                              f"(at most one -1)", [x])
+    return shape
+
+
+@composite
+def batch_normalization(g, x, axes=None, gamma=None, beta=None, epsilon=1e-5, channel_axis=1, *,
+                        running_mean=None, running_variance=None, momentum=0.1, training=True):
+    """Normalize over `axes` (default: all but `channel_axis`) with the batch's or the running statistics.
+
+    gamma and beta broadcast against `x`; give them shape (C, 1, 1) for NCHW. As torch's BatchNorm:
+    with `training` True the batch's mean and (biased) variance normalize; with False, `running_mean`
+    and `running_variance` (any shape of C elements: (C,) as torch, or (C, 1, 1)); a scalar bool tensor
+    (a placeholder fed each run) chooses at run time. Without running statistics the result is `y`.
+    With them it is ``(y, updates)``: `updates` assign ``(1 - momentum) running + momentum batch`` to the
+    two variables (the batch variance unbiased, as torch), or keep them in inference; pass them as target
+    operations. Python False builds no updates (an empty list).
+
+    >>> import numpy as np, stitchml as sm
+    >>> g = sm.Graph()
+    >>> x = g.placeholder((-1, 2, 3, 3), sm.float32, name="x")
+    >>> mean, var = g.variable(np.zeros(2, np.float32)), g.variable(np.ones(2, np.float32))
+    >>> y, updates = g.batch_normalization(x, running_mean=mean, running_variance=var)
+    >>> _ = g.run({x: np.ones((4, 2, 3, 3), np.float32)}, [y], updates)
+    >>> g.variable_value(mean).numpy().tolist()
+    [0.10000000149011612, 0.10000000149011612]
     """
     x = _float(g, x)
     if axes is None:
@@ -222,28 +262,63 @@ def batch_normalization(g, x, axes=None, gamma=None, beta=None, epsilon=1e-5, ch
             raise g._error("batch_normalization", "axes=None needs a tensor of known rank", [x])
         c = g._checked("batch_normalization", [x], normalize_axis, channel_axis, x.rank)
         axes = tuple(a for a in range(x.rank) if a != c)
+    training = _training_flag(g, "batch_normalization", training, [x])
+    running = (running_mean, running_variance)
+    if (running_mean is None) != (running_variance is None):
+        raise g._error("batch_normalization", "give both running_mean and running_variance, or neither", [x])
+    if running_mean is None and training is not True:
+        raise g._error("batch_normalization", "inference (training not True) needs running_mean and "
+                                              "running_variance", [x])
+    if not 0.0 <= momentum <= 1.0:
+        raise g._error("batch_normalization", f"momentum must be in [0, 1], got {momentum}", [x])
     dtype, x = x.dtype, _upcast(g, x)
-    mean = g.reduction_mean(x, axes, keep_dims=True)
-    var = variance(g, x, axes, keep_dims=True)
-    return _back(g, normalization(g, x, mean, var, _upcast_like(g, gamma, x), _upcast_like(g, beta, x), epsilon),
-                 dtype)
+    gamma, beta = _upcast_like(g, gamma, x), _upcast_like(g, beta, x)
+    if training is not False:
+        mean = g.reduction_mean(x, axes, keep_dims=True)
+        var = variance(g, x, axes, keep_dims=True)
+        y = normalization(g, x, mean, var, gamma, beta, epsilon)
+    if running_mean is None:
+        return _back(g, y, dtype)
+    if x.rank is None:
+        raise g._error("batch_normalization", "running statistics need a tensor of known rank", [x])
+    axes = g._checked("batch_normalization", [x], normalize_axes, axes, x.rank)
+    shape = _statistics_shape(g, x, axes)
+    stored_mean, stored_var = (_upcast(g, g.reshape(g.as_tensor(t), shape)) for t in running)
+    inferred = normalization(g, x, stored_mean, stored_var, gamma, beta, epsilon)
+    if training is False:
+        return _back(g, inferred, dtype), []
+    if isinstance(training, Tensor):
+        y = g.select(training, y, inferred)
+    # torch keeps the unbiased variance n / (n - 1) var; one element per channel has none, and keeps var.
+    n = g.element_count(x, axes, dtype=x.dtype)
+    unbiased = var * (n / g.maximum(n - 1.0, 1.0))
+    updates = []
+    for stored, batch, variable in ((stored_mean, mean, running_mean), (stored_var, unbiased, running_variance)):
+        new = g.stop_gradient((1.0 - momentum) * stored + momentum * batch)
+        if isinstance(training, Tensor):
+            new = g.select(training, new, stored)
+        updates.append(g.assign_variable(variable, g.cast(g.reshape(new, variable), variable.dtype)))
+    return _back(g, y, dtype), updates
 
 
 # -- regularization ----------------------------------------------------------------
 @composite
-def dropout(g, x, rate, seed=None):
+def dropout(g, x, rate, seed=None, training=True):
     """Zero each element with probability `rate`, scale the rest by 1 / (1 - rate).
 
-    A new mask is drawn at every run (see ops/random.py).
+    A new mask is drawn at every run (see ops/random.py). As torch.nn.functional.dropout, `training`
+    False is the identity; a scalar bool tensor (a placeholder fed each run) chooses at run time.
     """
     x = _float(g, x)
     if not 0.0 <= rate < 1.0:
         raise g._error("dropout", f"rate must be in [0, 1), got {rate}", [x])
-    if rate == 0.0:
+    training = _training_flag(g, "dropout", training, [x])
+    if rate == 0.0 or training is False:
         return g.identity(x)
     keep = g.random_uniform(x, seed=seed, dtype=x.dtype) >= rate
     # The scale is rounded once, with the product, not first to a half type.
-    return _back(g, g.select(keep, _upcast(g, x) * (1.0 / (1.0 - rate)), 0.0), x.dtype)
+    dropped = _back(g, g.select(keep, _upcast(g, x) * (1.0 / (1.0 - rate)), 0.0), x.dtype)
+    return dropped if training is True else g.select(training, dropped, x)
 
 
 # -- recurrent cells -------------------------------------------------------------------

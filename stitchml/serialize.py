@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from . import dtypes
 from .errors import SerializationError, ShapeError
 from .ir import Operation, Tensor, TensorType
+from .ops.control import Body
 from .registry import REGISTRY
 
 FORMAT = "stitchml.graph"
@@ -42,6 +43,10 @@ def _attr_text(v: Any) -> str:
         return f"<{dtypes.as_dtype(v.dtype)}{list(v.shape)}>"
     if isinstance(v, dtypes.DType):
         return v.name
+    if isinstance(v, Body):
+        outs = ", ".join(f"%{t.name}" for t in v.outputs)
+        inner = dump_text(v.graph).replace("\n", "\n    ")
+        return f"{inner} -> ({outs})"
     return repr(v)
 
 
@@ -72,6 +77,9 @@ def _encode(v: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
         return {"$tensor": key}
     if isinstance(v, dtypes.DType):
         return {"$dtype": v.name}
+    if isinstance(v, Body):  # a control-flow block: its operations, keyed apart from the enclosing graph's
+        return {"$body": {"name": v.graph.name, "operations": _operation_records(v.graph, tensors, f"{key}."),
+                          "outputs": [t.id for t in v.outputs]}}
     if isinstance(v, float) and not math.isfinite(v):
         return {"$float": repr(v)}
     if isinstance(v, (list, tuple)):
@@ -83,9 +91,10 @@ def _encode(v: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
     raise SerializationError(f"attribute {key} holds a {type(v).__name__}, which has no JSON form")
 
 
-def _decode(v: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
+def _decode(v: Any, tensors: dict[str, torch.Tensor], where: str, new_graph: Callable[[str], Any] | None = None
+            ) -> Any:
     if isinstance(v, list):
-        return tuple(_decode(x, tensors, where) for x in v)
+        return tuple(_decode(x, tensors, where, new_graph) for x in v)
     if isinstance(v, dict):
         if "$tensor" in v:
             if v["$tensor"] not in tensors:
@@ -99,7 +108,9 @@ def _decode(v: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
         if "$float" in v:
             return float(v["$float"])
         if "$dict" in v:
-            return {k: _decode(x, tensors, where) for k, x in v["$dict"].items()}
+            return {k: _decode(x, tensors, where, new_graph) for k, x in v["$dict"].items()}
+        if "$body" in v and new_graph is not None:
+            return _read_body(v["$body"], tensors, where, new_graph)
         raise SerializationError(f"{where}: unknown attribute encoding {sorted(v)}")
     return v
 
@@ -111,20 +122,7 @@ def to_dict(graph) -> tuple[dict, dict[str, torch.Tensor]]:
         state = {op_id: v.detach().to("cpu", copy=True) for op_id, v in graph._variable_values.items()}
         run_count = graph.run_count
     tensors: dict[str, torch.Tensor] = {}
-    ops = []
-    for op in graph.operations:
-        ops.append({
-            "id": op.id,
-            "op": op.op,
-            "name": op.name,
-            "inputs": [t.id for t in op.inputs],
-            "attrs": {k: _encode(v, f"op{op.id}.{k}", tensors) for k, v in op.attrs.items()},
-            "outputs": [{"id": t.id, "name": t.name, "shape": None if t.shape is None else list(t.shape),
-                         "dtype": t.dtype.name} for t in op.outputs],
-            "control_deps": [d.id for d in op.control_deps],
-            "scope": op.scope,
-            "location": op.location,
-        })
+    ops = _operation_records(graph, tensors, "")
     variables = []
     for op_id, value in sorted(state.items()):
         tensors[f"state.var{op_id}"] = value.contiguous()
@@ -135,24 +133,73 @@ def to_dict(graph) -> tuple[dict, dict[str, torch.Tensor]]:
     return doc, tensors
 
 
+def _operation_records(graph, tensors: dict[str, torch.Tensor], prefix: str) -> list[dict]:
+    """The JSON records of `graph`'s operations; tensor attributes go to `tensors` under `prefix`."""
+    ops = []
+    for op in graph.operations:
+        ops.append({
+            "id": op.id,
+            "op": op.op,
+            "name": op.name,
+            "inputs": [t.id for t in op.inputs],
+            "attrs": {k: _encode(v, f"{prefix}op{op.id}.{k}", tensors) for k, v in op.attrs.items()},
+            "outputs": [{"id": t.id, "name": t.name, "shape": None if t.shape is None else list(t.shape),
+                         "dtype": t.dtype.name} for t in op.outputs],
+            "control_deps": [d.id for d in op.control_deps],
+            "scope": op.scope,
+            "location": op.location,
+        })
+    return ops
+
+
 def _require(cond: bool, message: str):
     if not cond:
         raise SerializationError(message)
 
 
-def from_dict(doc: dict, tensors: dict[str, torch.Tensor]):
-    """Rebuild a graph from `to_dict`'s output, checking every part of it."""
-    from .graph import Graph
-
+def from_dict(doc: dict, tensors: dict[str, torch.Tensor], new_graph: Callable[[str], Any]):
+    """Rebuild a graph from `to_dict`'s output, checking every part of it; `new_graph(name)` makes the
+    empty graph (`Graph`: this module sits below graph.py, whose save, load and text use it)."""
     _require(isinstance(doc, dict) and doc.get("format") == FORMAT, f"not a {FORMAT} document")
     _require(doc.get("version") in READABLE, f"graph format version {doc.get('version')!r} is not supported "
                                              f"(this build reads versions {', '.join(map(str, READABLE))})")
     _require(isinstance(doc.get("operations"), list), "the document has no operation list")
-    g = Graph(str(doc.get("name", "graph")))
+    g = new_graph(str(doc.get("name", "graph")))
+    tensor_by_id, op_by_id = _read_operations(g, doc["operations"], tensors, "")
+    try:
+        g._next_op = max([int(doc.get("next_op", 0))] + [i + 1 for i in op_by_id])
+        g._next_tensor = max([int(doc.get("next_tensor", 0))] + [i + 1 for i in tensor_by_id])
+    except (TypeError, ValueError) as e:
+        raise SerializationError(f"malformed id counters ({e})") from None
+    _read_state(g, doc, tensors, op_by_id)
+    return g
+
+
+def _read_body(rec: Any, tensors: dict[str, torch.Tensor], where: str, new_graph: Callable[[str], Any]) -> Body:
+    """A control-flow block: its operations, checked as a graph's are, and its outputs; `new_graph` makes
+    the block's graph (the type of the graph being read)."""
+    _require(isinstance(rec, dict) and isinstance(rec.get("operations"), list) and isinstance(rec.get("outputs"), list),
+             f"{where}: a block needs an operation list and an output list")
+    g = new_graph(str(rec.get("name", "body")))
+    tensor_by_id, op_by_id = _read_operations(g, rec["operations"], tensors, f"{where}: ")
+    for t in rec["outputs"]:
+        _require(t in tensor_by_id, f"{where}: block output {t!r} is not a tensor of the block")
+    seen_other = False
+    for op in g.operations:  # the block's inputs are its placeholders, which come first
+        _require(not (seen_other and op.op == "placeholder"), f"{where}: placeholder {op.name} after other operations")
+        seen_other = seen_other or op.op != "placeholder"
+    g._next_op = max(op_by_id, default=-1) + 1
+    g._next_tensor = max(tensor_by_id, default=-1) + 1
+    return Body(g, [tensor_by_id[t] for t in rec["outputs"]])
+
+
+def _read_operations(g, records: list, tensors: dict[str, torch.Tensor], where_prefix: str
+                     ) -> tuple[dict[int, Tensor], dict[int, Operation]]:
+    """Read operation records into `g`, in order, each checked against those before it."""
     tensor_by_id: dict[int, Tensor] = {}
     op_by_id: dict[int, Operation] = {}
-    for i, rec in enumerate(doc["operations"]):
-        where = f"operation #{i}"
+    for i, rec in enumerate(records):
+        where = f"{where_prefix}operation #{i}"
         try:
             op = _read_operation(g, rec, where, tensors, tensor_by_id, op_by_id)
         except SerializationError:
@@ -164,13 +211,7 @@ def from_dict(doc: dict, tensors: dict[str, torch.Tensor]):
                                      f"({type(e).__name__}: {e})") from None
         op_by_id[op.id] = op
         g.operations.append(op)
-    try:
-        g._next_op = max([int(doc.get("next_op", 0))] + [i + 1 for i in op_by_id])
-        g._next_tensor = max([int(doc.get("next_tensor", 0))] + [i + 1 for i in tensor_by_id])
-    except (TypeError, ValueError) as e:
-        raise SerializationError(f"malformed id counters ({e})") from None
-    _read_state(g, doc, tensors, op_by_id)
-    return g
+    return tensor_by_id, op_by_id
 
 
 def _read_state(g, doc: dict, tensors: dict[str, torch.Tensor], op_by_id: dict[int, Operation]) -> None:
@@ -212,7 +253,8 @@ def _read_operation(g, rec: dict, where: str, tensors: dict[str, torch.Tensor], 
         _require(t in tensor_by_id, f"{where} ({opname}): input tensor {t} is not defined before it")
     for d in deps:
         _require(d in op_by_id, f"{where} ({opname}): control dependency {d} is not defined before it")
-    attrs = {k: _decode(v, tensors, f"{where} ({opname}) attribute {k}") for k, v in rec.get("attrs", {}).items()}
+    attrs = {k: _decode(v, tensors, f"{where} ({opname}) attribute {k}", type(g))
+             for k, v in rec.get("attrs", {}).items()}
     try:
         types = [TensorType(None if o["shape"] is None else tuple(o["shape"]), dtypes.as_dtype(o["dtype"]))
                  for o in out_recs]
@@ -251,11 +293,20 @@ def save(graph, path: str | os.PathLike) -> None:
     doc["weights"] = os.path.basename(weights)
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
-    save_file({k: v.cpu() for k, v in tensors.items()}, weights)
+    stored, seen = {}, set()
+    for k, v in tensors.items():
+        v = v.cpu()
+        # One tensor may back several attributes (a loop body that gradients also reference, its copies
+        # in the gradient's blocks): safetensors stores each key's own memory.
+        ptr = v.untyped_storage().data_ptr()
+        stored[k] = v.clone() if ptr in seen else v
+        seen.add(ptr)
+    save_file(stored, weights)
 
 
-def load(path: str | os.PathLike):
-    """The graph `save` wrote at `path`, with its variables' values and run counter as they were saved."""
+def load(path: str | os.PathLike, new_graph: Callable[[str], Any]):
+    """The graph `save` wrote at `path`, with its variables' values and run counter as they were saved;
+    `new_graph` as for `from_dict` (`Graph.load(path)` is the way to call it)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -275,4 +326,4 @@ def load(path: str | os.PathLike):
             tensors = load_file(os.path.join(os.path.dirname(path), weights))
         except (OSError, SafetensorError) as e:
             raise SerializationError(f"{path}: cannot read weights {weights} ({e})") from None
-    return from_dict(doc, tensors)
+    return from_dict(doc, tensors, new_graph)

@@ -31,6 +31,13 @@ def available_devices() -> list[str]:
     return ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0)]
 
 
+class _Present:
+    """The devices this machine has, listed when an error message formats it."""
+
+    def __str__(self) -> str:
+        return ", ".join(available_devices())
+
+
 def resolve_device(device: Any = None) -> torch.device:
     """The torch device for a run or a TensorData; `None` means the default: CUDA when present, else the CPU.
 
@@ -46,7 +53,7 @@ def resolve_device(device: Any = None) -> torch.device:
     """
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    present = ", ".join(available_devices())
+    present = _Present()  # listing the devices costs more than resolving one: only errors name them
     try:
         resolved = device if isinstance(device, torch.device) else torch.device(device)
     except (RuntimeError, TypeError, ValueError):

@@ -338,6 +338,27 @@ def _onnx_models() -> dict:
         "onehot_where": model([n("OneHot", ["i", "d", "v"], ["o"], axis=-1), n("Where", ["c", "o", "z"], ["y"])],
                               [vi("i", [3], T.INT64), vi("c", [3, 4], T.BOOL)], [vi("y", [3, 4])],
                               {"d": np.array(4, np.int64), "v": np.array([0, 1], f32), "z": np.zeros((3, 4), f32)}),
+        "attention": model([n("Attention", ["q", "k", "v", "m"], ["y"], is_causal=1, q_num_heads=2, kv_num_heads=1)],
+                           [vi("q", [1, 3, 4]), vi("k", [1, 3, 2]), vi("v", [1, 3, 2])], [vi("y", [1, 3, 4])],
+                           {"m": np.ones((3, 3), bool)}, opset=23),
+        "grid_scatter": model([n("GridSample", ["x", "g"], ["s"], mode="linear", padding_mode="reflection"),
+                               n("ScatterElements", ["s", "i", "u"], ["y"], axis=3)],
+                              [vi("x", [1, 1, 3, 3])], [vi("y", [1, 1, 2, 2])],
+                              {"g": rs.uniform(-1.5, 1.5, (1, 2, 2, 2)).astype(f32),
+                               "i": np.array([[[[1, 0]]]], np.int64), "u": np.ones((1, 1, 1, 2), f32)}, opset=20),
+        "bits_cumprod": model([n("BitShift", ["x", "s"], ["a"], direction="LEFT"), n("BitwiseXor", ["a", "x"], ["y"]),
+                               n("Cast", ["y"], ["f"], to=T.FLOAT), n("CumProd", ["f", "c"], ["z"])],
+                              [vi("x", [3], T.INT32)], [vi("z", [3])],
+                              {"s": np.array([1, 2, 40], np.int32), "c": np.array(0, np.int64)}, opset=28),
+        "scan_dft": model([n("Scan", ["s0", "x"], ["s", "ys"], num_scan_inputs=1, body=helper.make_graph(
+                               [n("Add", ["si", "row"], ["so"]), n("Identity", ["so"], ["out"])], "body",
+                               [vi("si", [2]), vi("row", [2])], [vi("so", [2]), vi("out", [2])])),
+                           n("Unsqueeze", ["ys", "ax"], ["c"]), n("DFT", ["c", "", "a1"], ["y"])],
+                          [vi("x", [3, 2])], [vi("s", [2]), vi("y", [3, 2, 2])],
+                          {"s0": np.zeros(2, f32), "ax": np.array([2], np.int64), "a1": np.array(1, np.int64)},
+                          opset=20),
+        "runtime_shape": model([n("Reshape", ["x", "shape"], ["y"])], [vi("x", [2, 3]), vi("shape", [2], T.INT64)],
+                               [vi("y", ["a", "b"])]),
     }
     return _MODELS
 
@@ -386,7 +407,9 @@ def _mutate_onnx(rng: random.Random) -> tuple[bytes, str]:
         elif how == "negative":
             new = -np.abs(arr) - 1 if arr.dtype != bool else arr
         elif how == "huge":
-            new = np.full_like(arr, 2 ** 40 if arr.dtype.kind == "i" else 1e30)
+            # 2^40, or the largest value a narrower integer type holds
+            new = np.full_like(arr, min(2 ** 40, np.iinfo(arr.dtype).max) if arr.dtype.kind in "iu" else 1e30) \
+                if arr.dtype != bool else arr
         elif how == "random":
             new = (rng.randint(-50, 50) * np.ones_like(arr)) if arr.dtype != bool else arr
         elif how == "nan":

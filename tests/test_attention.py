@@ -5,7 +5,6 @@ same, already rounded, inputs.
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import math
@@ -17,9 +16,9 @@ import torch
 import stitchml as sm
 from compiler_util import compile_for_cuda
 from stitchml.codegen.common import LIBDEVICE_CUDA, LIBDEVICE_INTERPRET
+from stitchml.runtime.launch import KernelLaunch
 from tolerance import assert_within, sensitivity
 
-lowering = importlib.import_module("stitchml.passes.lower")  # the module; stitchml.passes.lower is the pass
 
 
 def _build(shape, dtype, mask=None, spelling="transpose", kv=None):
@@ -133,7 +132,7 @@ def test_attention_kernels_compile_for_cuda(monkeypatch, tmp_path):
                                 "dtypes": [str(env[s].dtype).replace("torch.", "") for s in self.slots],
                                 "sizes": list(self.sizes)}, sort_keys=True))
 
-    monkeypatch.setattr(lowering._Launch, "__call__", record)
+    monkeypatch.setattr(KernelLaunch, "__call__", record)
     monkeypatch.setattr("stitchml.codegen.attention.blocks", lambda length, keys, head, interpret:
                         (64 if head > 64 else 128, 64, 4))
     causal = torch.full((64, 64), float("-inf")).triu(1).half()

@@ -12,7 +12,6 @@
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import os
@@ -27,6 +26,7 @@ from stitchml.codegen import loader, reduction
 from stitchml.codegen.common import LIBDEVICE_CUDA, LIBDEVICE_INTERPRET
 from stitchml.passes import PIPELINE
 from stitchml.runtime.compiled import ExecutableCache
+from stitchml.runtime.launch import KernelLaunch
 
 from compiler_util import (EXACT, Case, all_cases, assert_match, assert_reference, check_case, compile_case,
                            compile_for_cuda, composite_cases, contraction_cases, opaque_cases, opdb_cases,
@@ -34,7 +34,6 @@ from compiler_util import (EXACT, Case, all_cases, assert_match, assert_referenc
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 F = torch.nn.functional
-lowering = importlib.import_module("stitchml.passes.lower")  # the module; stitchml.passes.lower is the pass
 
 
 def _params(cases: list[Case]) -> list:
@@ -464,7 +463,7 @@ def test_kernels_compile_for_cuda(batch, monkeypatch, tmp_path):
     """The interpreter is lenient (NumPy takes any dtype): every kernel the sample graphs launch must
     also compile for a CUDA GPU (sm_90), which Triton does on the CPU, down to a cubin."""
     launches: dict = {}  # kernel job -> names of the cases that launch it
-    original = lowering._Launch.__call__
+    original = KernelLaunch.__call__
     case = None  # the case being run, which `record` files each launch under
 
     def record(self, env):
@@ -476,7 +475,7 @@ def test_kernels_compile_for_cuda(batch, monkeypatch, tmp_path):
         launches.setdefault(job, set()).add(case.name)
         original(self, env)
 
-    monkeypatch.setattr(lowering._Launch, "__call__", record)
+    monkeypatch.setattr(KernelLaunch, "__call__", record)
     limits = [({}, c) for c in all_cases()] + [(LOOPED, c) for c in _looped_cases(37)] + \
         [(SPLIT_LIMITS, c) for c in _split_cases()]
     for patch, case in limits[batch::CUDA_BATCHES]:

@@ -199,3 +199,37 @@ def test_docstring_examples():
     for name in ("stitchml.debug.capture", "stitchml.debug.bisect"):
         failures, tried = doctest.testmod(importlib.import_module(name))
         assert tried and not failures
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.act = torch.nn.Linear(3, 3), torch.nn.Tanh()
+
+    def forward(self, x):
+        return self.act(self.lin(x)) * 2.0  # the line the tanh and the product come from
+
+
+def test_imported_functions_map_values_back_to_the_model_and_keep_the_map(tmp_path):
+    import inspect
+
+    fn = sm.package.from_torch(_Tiny().eval(), (torch.zeros(2, 3),)).function()
+    line = inspect.getsourcelines(_Tiny.forward)[1] + 1
+    tanh = fn.origins["act#0"]
+    assert (tanh.op, tanh.location) == ("aten.tanh.default", f"{__file__}:{line}")
+    op = fn.graph.tensor(tanh.tensor).op
+    assert (op.op, op.scope, op.location) == ("tanh", "act", f"{__file__}:{line}")
+    assert fn.origins["#0"].op == "aten.mul.Tensor" and fn.origins["#0"].tensor == fn.output_tensor("output").name
+    assert fn.origins["lin#0"].location == f"{__file__}:{line}"  # a torch layer's ops: the line that called it
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    values = debug.torch_program_reference(_Tiny().eval(), (torch.zeros(2, 3),))({"x": x})
+    assert set(fn.origin_names()) <= set(values)
+    fn.package.save(tmp_path / "tiny.smpkg")
+    loaded = sm.load_package(tmp_path / "tiny.smpkg").function()
+    assert loaded.origins == fn.origins
+    fn.package.save(str(tmp_path / "dir") + "/")
+    manifest = json.loads((tmp_path / "dir" / "manifest.json").read_text())
+    manifest["functions"]["main"]["origins"][0]["tensor"] = "nowhere"
+    (tmp_path / "dir" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(sm.PackageError, match=r"origins\[0\]: tensor 'nowhere' is not in the graph"):
+        sm.load_package(str(tmp_path / "dir") + "/")

@@ -191,6 +191,20 @@ def test_api_shows_packages_with_their_kernels_when_shapes_are_known(tmp_path):
     assert {o["op"] for o in net["ops"]} >= {"placeholder", "tanh", "multiplication"}
 
 
+def test_api_shows_which_model_value_each_tensor_of_an_imported_package_holds(tmp_path):
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="act"), helper.make_node("Neg", ["r"], ["y"], name="flip")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    pkg = sm.package.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    pkg.save(tmp_path / "model.smpkg")
+    net = debug.create_app([tmp_path / "model.smpkg"]).test_client().get("/api/network").get_json()
+    kinds = {o["outputs"][0]: o["op"] for o in net["ops"]}
+    assert {kinds[t]: [(o["value"], o["op"]) for o in v] for t, v in net["origins"].items()} == {
+        "relu": [("r", "Relu")], "negative": [("y", "Neg")]}
+
+
 def test_api_serves_a_pipeline_trace_as_written(files):
     client = debug.create_app([files / "trace.json"]).test_client()
     assert client.get("/api/files").get_json()[0]["kind"] == "trace"
@@ -366,3 +380,59 @@ def test_timeline_view_and_a_broken_capture(browser, server, tmp_path):
     Select(browser.find_element(By.ID, "file")).select_by_index(2)
     error = _wait(browser, lambda d: d.find_element(By.ID, "error") if d.find_element(By.ID, "error").text else None)
     assert "Cannot open" in error.text and "capture file" in error.text
+
+
+@pytest.fixture(scope="module")
+def neural_ao(tmp_path_factory):
+    """The neural-AO walk-through's capture (seeded weights, no training) and bisection, served."""
+    import torch
+    from werkzeug.serving import make_server
+
+    from stitchml.demos import neural_ao as ao
+
+    torch.manual_seed(0)
+    net = ao.UNet().eval()
+    broken = ao.import_network(ao.broken_copy(net), 24, 32)
+    g, s, out = ao.gbuffer_graph(24, 32, ao.SCENE.shape[0])
+    gbuffer = g.run({s: ao.SCENE}, [out], device="cpu")[out].numpy()
+    result = ao.bisect_typo(net, broken, gbuffer)
+    folder = tmp_path_factory.mktemp("neural_ao")
+    debug.capture_bisection(broken.graph, {broken.inputs[0].name: gbuffer}, result).save(folder / "neural_ao.capture")
+    broken.package.save(folder / "broken.smpkg")
+    srv = make_server("127.0.0.1", 0, debug.create_app([folder / "neural_ao.capture", folder / "broken.smpkg"]),
+                      threaded=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_port}", result, broken
+    srv.shutdown()
+
+
+def test_the_neural_ao_capture_opens_on_the_typo(browser, neural_ao, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    url, result, _ = neural_ao
+    _open(browser, url + "/?view=bisect")
+    assert _wait(browser, lambda d: d.find_element(By.ID, "bisect-op")).text == result.op.name
+    body = browser.find_element(By.ID, "bisect-body").text
+    assert "(power)" in body and result.op.location in body and "enc1.act" in body
+    browser.save_screenshot(str(tmp_path / "neural_ao_bisect.png"))
+    browser.find_element(By.ID, "bisect-locate").click()
+    assert _wait(browser, lambda d: d.find_element(By.ID, "op-name").text == result.op.name or None)
+    assert browser.find_element(By.ID, "op-location").text == result.op.location
+
+
+def test_an_op_of_the_imported_package_shows_the_model_value_it_holds(browser, neural_ao):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    url, result, fn = neural_ao
+    pow_ = fn.origins["enc1.act#4"]  # the first activation's fifth ATen op: the typo's power
+    assert (pow_.op, pow_.tensor, pow_.location) == ("aten.pow.Tensor_Tensor", result.tensor, result.op.location)
+    _open(browser, url)
+    Select(browser.find_element(By.ID, "file")).select_by_index(1)  # the broken network's package
+    _wait(browser, lambda d: (d.find_element(By.ID, "graph").get_attribute("data-file") or "").endswith("broken.smpkg"))
+    kernel = browser.execute_script(f"return state.net.ops.find((o) => o.name === {result.op.name!r}).kernel")
+    browser.find_element(By.CSS_SELECTOR, f'g.kernel[data-kernel="{kernel}"]').click()  # expands it
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f'g.op[data-op="{result.op.name}"]'))[0].click()
+    origin = _wait(browser, lambda d: d.find_elements(By.ID, "op-origin"))[0].text
+    assert origin == f"{pow_.value} (aten.pow.Tensor_Tensor, {result.op.location})"

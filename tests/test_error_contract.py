@@ -342,3 +342,39 @@ def test_compile_refuses_bad_feeds():
         with pytest.raises(sm.FeedError, match="compile") as info:
             g.compile(feeds, [g.negative(x)], device="cpu")
         assert "expected" in str(info.value) or "must" in str(info.value) or "cannot" in str(info.value), case
+
+
+def test_every_step_kind_names_its_ops():
+    """Each kind of step lower builds (a kernel launch, a library call, a view, a reference call) carries
+    the ops it computes: whichever step fails, the error names its op and the line that built it."""
+    from stitchml.runtime import launch
+
+    g = sm.Graph()
+    a, b = g.placeholder((4, 6), sm.float32, name="a"), g.placeholder((6, 3), sm.float32, name="b")
+    i = g.placeholder((2,), sm.int64, name="i")
+    p = g.matrix_multiplication(a, b)  # step-matmul
+    t = g.transpose(p, 0, 1)  # step-view
+    r = g.gather(t, i, axis=0)  # step-gather
+    y = g.exponent(r) * 2.0  # step-kernel
+    feeds = {a: torch.ones(4, 6), b: torch.ones(6, 3), i: torch.tensor([0, 2])}
+    marks = {"matrix_multiplication": "step-matmul", "transpose": "step-view", "gather": "step-gather",
+             "exponent": "step-kernel"}
+    for backend in BACKENDS:
+        exe = _compile(g, feeds, [y], backend)
+        kinds = {type(s.run).__name__ for s in exe.steps}
+        assert all(hasattr(launch, k) for k in kinds), kinds  # every step runs a named runtime step kind
+        seen = set()
+        for step in exe.steps:
+            assert step.ops, f"step {step.name} ({step.kind}) carries no ops"
+            original, step.run = step.run, _boom
+            try:
+                with pytest.raises(sm.ExecutionError, match="kernel failed") as info:
+                    exe.run(feeds, profile=True)
+            finally:
+                step.run = original
+            for op in step.ops:
+                if op.op in marks:
+                    _names(str(info.value), f"{op.op} (", marks[op.op])
+                    seen.add(op.op)
+        assert seen == set(marks), (backend, seen)
+        assert torch.allclose(exe.run(feeds)[y].torch(), torch.exp(torch.full((2, 4), 6.0)) * 2.0)

@@ -2,8 +2,9 @@
 
 Hypothesis draws a *recipe*: a list of steps (placeholders of small random shapes and dtypes,
 elementwise unary, binary and ternary ops with broadcasting and mixed dtypes, reductions with
-keep_dims over random axes, matrix products, reshape / transpose / broadcast_to / slice /
-expand_dims / squeeze, casts) and the values to return. `build` replays a recipe into a graph; the
+keep_dims over random axes, matrix products and convolutions, reshape / transpose / broadcast_to / slice /
+expand_dims / squeeze / reverse / tile / pad / concat / gather / gather_along_axis / split, casts;
+index reductions of exact values) and the values to return. `build` replays a recipe into a graph; the
 compiled run must equal the eager run: integers and bools exactly, NaN and infinities at the same
 places, other floats within an error bound carried along the steps.
 
@@ -98,10 +99,12 @@ def _role(role: str) -> dict:
 
 
 UNARY, BINARY, REDUCTIONS, MOVES = _role("unary"), _role("binary"), _role("reduction"), _role("move")
+ARG_REDUCTIONS = ("reduction_arg_maximum", "reduction_arg_minimum")  # of an exact operand, along one axis
 JUMPS = [n for n in _role("jump") if operands(n) == 1]  # take exact operands; exact results
 JUMP_BINARY = [n for n in _role("jump") if operands(n) == 2]
-# The roles of one op each, built by Replay's _matmul, _cast, _select and _clamp.
-BUILT_IN = {"matmul": "matrix_multiplication", "cast": "cast", "select": "select", "clamp": "clamp"}
+# The roles of one op each, built by Replay's _matmul, _conv, _cast, _select and _clamp.
+BUILT_IN = {"matmul": "matrix_multiplication", "conv": "convolution2d", "cast": "cast", "select": "select",
+            "clamp": "clamp"}
 GRAPH_GUARDS = ("half", "quarter", "tanh", "tanh34", "divisor")  # what Replay._guard applies
 
 
@@ -111,7 +114,8 @@ def _ulps(name: str) -> float:
 
 
 PROFILES = {  # input dtypes of a lane, and how often each kind of step is drawn
-    "float": ([sm.float32] * 4 + [sm.float64], dict(unary=4, binary=4, jump=2, reduce=2, matmul=1, move=2, cast=1)),
+    "float": ([sm.float32] * 4 + [sm.float64], dict(unary=4, binary=4, jump=2, reduce=2, matmul=1, move=2, cast=1,
+                                                     conv=1)),
     "half": ([sm.float16, sm.bfloat16, sm.float16, sm.float32], dict(unary=4, binary=4, jump=1, reduce=2, matmul=1,
                                                                      move=2, cast=1)),
     "mixed": ([sm.float32, sm.float16, sm.bfloat16, sm.int32, sm.int8, sm.uint8, sm.int64, sm.bool],
@@ -158,6 +162,18 @@ class Replay:
             y = self.g.broadcast_to(x, tuple(arg))
         elif op == "reshape":
             y = self.g.reshape(x, tuple(arg))
+        elif op in ("reverse", "tile"):
+            y = getattr(self.g, op)(x, tuple(arg))
+        elif op == "pad":  # zeros: the bound holds
+            y = self.g.pad(x, tuple(arg[0]), tuple(arg[1]))
+        elif op == "concat":  # the value beside itself
+            y = self.g.concat([x, x], arg)
+        elif op == "gather":  # [axis, indices]: indices as a constant
+            y = self.g.gather(x, self.g.constant(np.array(arg[1], np.int64)), arg[0])
+        elif op == "gather_along_axis":  # [axis, indices of the value's rank]: indices as a constant
+            y = self.g.gather_along_axis(x, self.g.constant(np.array(arg[1], np.int64)), arg[0])
+        elif op == "split":  # [axis, sizes, which piece]
+            y = self.g.split(x, list(arg[1]), arg[0])[arg[2]]
         else:
             y = getattr(self.g, op)(x, arg)
         return Value(y, v.bound, v.err, v.exact)
@@ -246,6 +262,9 @@ class Replay:
     # reductions and products
     def _reduce(self, name: str, i: int, axes, keep: bool) -> Value:
         v = self.values[i]
+        if name in ARG_REDUCTIONS:  # one axis; an index, the same in both runs when the operand is exact
+            y = getattr(self.g, name)(v.tensor, axes[0], keep_dims=keep)
+            return Value(y, float(v.shape[axes[0]]), exact=v.exact)
         y = getattr(self.g, name)(v.tensor, None if axes is None else tuple(axes), keep_dims=keep)
         n = max(1, v.tensor.type.numel() // max(1, y.type.numel()))
         spec = REDUCTIONS[name]
@@ -263,6 +282,15 @@ class Replay:
         ea, eb = a.err + self._promotion_error(a, y.dtype), b.err + self._promotion_error(b, y.dtype)
         bound = k * a.bound * b.bound
         return Value(y, bound, k * (b.bound * ea + a.bound * eb) + _rounding(y.dtype, bound, k + 1), exact=False)
+
+
+    def _conv(self, i: int, j: int) -> Value:
+        """A convolution (NCHW, OIHW, stride 1, no padding): k = C * KH * KW products per output."""
+        a, b = self.values[i], self.values[j]
+        y = self.g.convolution2d(a.tensor, b.tensor)
+        k = b.shape[1] * b.shape[2] * b.shape[3]
+        bound = k * a.bound * b.bound
+        return Value(y, bound, k * (b.bound * a.err + a.bound * b.err) + _rounding(y.dtype, bound, k + 1), exact=False)
 
 
 def _int_bound(name: str, a: float, b: float) -> float:
@@ -376,6 +404,11 @@ def recipes(draw, lane: str) -> dict:
             name = draw(st.sampled_from(list(REDUCTIONS)))
             axes = draw(st.none() | st.lists(st.integers(0, len(v.shape) - 1), min_size=1, unique=True))
             n = math.prod(v.shape) if axes is None else math.prod(v.shape[a] for a in axes)
+            if name in ARG_REDUCTIONS:
+                if replay.values[i].exact:  # rounding could move an inexact operand's extremum
+                    add(["reduce", name, i, [draw(st.integers(0, len(v.shape) - 1))], draw(st.booleans())])
+                    continue
+                name = "reduction_maximum"
             if name == "reduction_product":
                 i = fit(i, min(1.5, LIMIT ** (1.0 / max(n, 1))))
                 if not replay.values[i].dtype.is_floating:
@@ -390,6 +423,18 @@ def recipes(draw, lane: str) -> dict:
             j = new_input([kdim, draw(st.integers(1, 4))])
             bound = math.sqrt(LIMIT / kdim)
             add(["matmul", fit(i, bound), fit(j, bound)])
+        elif kind == "conv":  # float32 or float64 NCHW; the lane's next steps fuse after it as an epilogue
+            if len(v.shape) != 4 or v.dtype not in (sm.float32, sm.float64):
+                dt = draw(st.sampled_from([sm.float32, sm.float64]))
+                i = add(["input", dt.name, [draw(st.integers(1, 2)), draw(st.integers(1, 3)),
+                                            draw(st.integers(3, 6)), draw(st.integers(3, 6))]])
+            x = replay.values[i]
+            size = draw(st.sampled_from([1, 3]))
+            j = add(["input", x.dtype.name, [draw(st.integers(1, 4)), x.shape[1], size, size]])
+            if x.shape[2] < size or x.shape[3] < size:
+                size, j = 1, add(["input", x.dtype.name, [draw(st.integers(1, 4)), x.shape[1], 1, 1]])
+            bound = math.sqrt(LIMIT / (x.shape[1] * size * size))
+            add(["conv", fit(i, bound), fit(j, bound)])
         elif kind == "move":
             add(["move", i, *draw(_movement(v.shape))])
         elif kind == "cast":
@@ -428,7 +473,10 @@ def _broadcasts(a: tuple, b: tuple) -> bool:
 # The movement ops the fuzzer can draw arguments for, and the shapes each applies to.
 MOVE_APPLIES = {"reshape": lambda shape: True, "expand_dims": lambda shape: True, "broadcast_to": lambda shape: True,
                 "transpose": lambda shape: len(shape) > 0, "slice": lambda shape: len(shape) > 0,
-                "squeeze": lambda shape: 1 in shape}
+                "squeeze": lambda shape: 1 in shape, "reverse": lambda shape: True, "tile": lambda shape: True,
+                "pad": lambda shape: len(shape) > 0, "concat": lambda shape: len(shape) > 0,
+                "gather": lambda shape: len(shape) > 0, "split": lambda shape: len(shape) > 0,
+                "gather_along_axis": lambda shape: len(shape) > 0}
 
 
 @st.composite
@@ -451,6 +499,27 @@ def _movement(draw, shape: tuple) -> list:
         return [op, draw(st.permutations(range(rank)))]
     if op == "squeeze":
         return [op, [a for a, d in enumerate(shape) if d == 1][:1]]
+    if op == "reverse":
+        return [op, draw(st.lists(st.integers(0, rank - 1), unique=True)) if rank else []]
+    if op == "tile":
+        return [op, [draw(st.integers(1, 2)) for _ in shape]]
+    if op == "pad":
+        return [op, [[draw(st.integers(0, 2)) for _ in shape] for _ in range(2)]]
+    if op == "concat":
+        return [op, draw(st.integers(0, rank - 1))]
+    if op in ("gather", "gather_along_axis", "split"):
+        axis = draw(st.integers(0, rank - 1))
+        d = shape[axis]
+        if op == "gather":  # repeats and any order
+            return [op, [axis, draw(st.lists(st.integers(0, d - 1), min_size=1, max_size=4))]]
+        if op == "gather_along_axis":  # the value's extents but along `axis`, any index anywhere
+            index_shape = [draw(st.integers(1, 3)) if a == axis else e for a, e in enumerate(shape)]
+            flat = draw(st.lists(st.integers(0, d - 1), min_size=math.prod(index_shape),
+                                 max_size=math.prod(index_shape)))
+            return [op, [axis, np.array(flat, np.int64).reshape(index_shape).tolist()]]
+        first = draw(st.integers(1, d))
+        sizes = [first] + ([d - first] if first < d else [])
+        return [op, [axis, sizes, draw(st.integers(0, len(sizes) - 1))]]
     starts, ends, strides = [], [], []
     for d in shape:  # never empty: a backward slice runs from its start down to the first element
         strides.append(draw(st.sampled_from([1, 1, 2, -1])))

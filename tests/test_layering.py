@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("stitchml.dtypes", "stitchml.errors", "stitchml.tensor_data", "stitchml.data", "stitchml.version")),
     ("ir", ("stitchml.ir",)),
     ("ops", ("stitchml.registry", "stitchml.ops")),
-    ("builder", ("stitchml.graph", "stitchml.composites", "stitchml.serialize")),
+    ("builder", ("stitchml.graph", "stitchml.graph_methods", "stitchml.composites", "stitchml.serialize")),
     ("transforms", ("stitchml.autodiff", "stitchml.optim", "stitchml.nn", "stitchml.distributed")),
     ("codegen", ("stitchml.codegen",)),
     ("runtime", ("stitchml.runtime",)),
@@ -41,10 +41,11 @@ ALLOWED: dict[tuple[str, str], str] = {
         "Operation.primitive looks its registry entry up; the registry is built on the IR's types",
     ("stitchml.ops.fusion", "stitchml.runtime.eager"):
         "a stitched kernel's reference implementation interprets its body op by op",
+    ("stitchml.ops.control", "stitchml.runtime.eager"):
+        "a control-flow op's reference implementation interprets its blocks op by op",
     ("stitchml.graph", "stitchml.autodiff"): "Graph.gradients calls reverse mode",
-    ("stitchml.graph", "stitchml.runtime.eager"): "Graph.run calls the eager interpreter",
-    ("stitchml.graph", "stitchml.runtime.asyncrun"): "Graph.run_async calls the run queue",
-    ("stitchml.graph", "stitchml.runtime.compiled"): "Graph.compile and Graph.run call the compiler entry",
+    ("stitchml.graph", "stitchml.runtime.compiled"):
+        "Graph.compile, Graph.run and Graph.run_async call the runtime's entry (compiled.py)",
 }
 
 
@@ -146,3 +147,69 @@ def test_a_planted_upward_import_fails(tmp_path):
     assert any("stitchml.graph (builder) imports stitchml.autodiff (transforms)" in b for b in bad), bad
     assert any("stitchml.ir (ir) imports stitchml.passes (passes)" in b for b in bad), bad
     assert any("stitchml.errors (base) imports stitchml.debug.capture (debug)" in b for b in bad), bad
+
+
+def test_executable_users_read_no_private_fields():
+    """Bound runs and the debugger use the Executable's public interface (slot layout, run_steps,
+    fusion_entries): an attribute `exe._x` / `self.exe._x` read there fails."""
+    bad = []
+    for path in [ROOT / "runtime" / "bound.py", *sorted((ROOT / "debug").rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+                continue
+            owner = node.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if name in ("exe", "executable"):
+                bad.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: {name}.{node.attr}")
+    assert not bad, "private Executable fields read outside the executable:\n" + "\n".join(bad)
+
+
+def cycles(root: Path, allowed: dict[tuple[str, str], str]) -> list[list[str]]:
+    """Groups of modules that import each other (strongly connected, imports inside functions included),
+    leaving out the allowed upward imports: those are the known ways back up."""
+    known = modules(root)
+    edges = {name: sorted({t for t, _, _ in imports(name, path, known) if t in known and t != name
+                           and (name, t) not in allowed}) for name, path in known.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for name in known:
+        if name not in index:
+            visit(name)
+    return found
+
+
+def test_no_import_cycles():
+    """Within a layer imports may go either way, but no two modules may import each other, directly or
+    through others (the package facade `stitchml` re-exports, and is imported by no module of ours)."""
+    found = cycles(ROOT, ALLOWED)
+    assert not found, "modules that import each other:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_a_planted_cycle_fails(tmp_path):
+    tree = tmp_path / "stitchml"
+    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    serialize = tree / "serialize.py"
+    serialize.write_text(serialize.read_text() + "\n\ndef _planted():\n    from .graph import Graph\n    return Graph\n")
+    assert cycles(tree, ALLOWED) == [["stitchml.graph", "stitchml.serialize"]]

@@ -94,3 +94,19 @@ def test_compiled_cases_can_feed_the_record(name):
     refused = [str(dt) for dt in claimed if not _builds(_elementwise(name, dt).build)]
     assert not refused, (f"{name}: its record claims {refused}, but its compiled case does not build there "
                          f"(operand dtypes {OPERAND_DTYPES.get(name, {})})")
+
+
+def test_every_move_is_drawn():
+    """Each movement op the fuzzer lists is drawn with arguments of its own (not some other move's)."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    seen = set()
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def draw(data):
+        seen.add(data.draw(fuzzer._movement((2, 1, 3)))[0])
+
+    draw()
+    assert seen == set(fuzzer.MOVES), f"never drawn: {sorted(set(fuzzer.MOVES) - seen)}"

@@ -361,7 +361,7 @@ def test_kernels_are_the_same_for_sizes_with_the_same_launch_blocks(monkeypatch)
     """Sizes are kernel arguments: 9 and 16 rows (36 and 64 elements) give the same sources and the same
     constexprs, so Triton compiles each kernel once; 40 rows (160 elements) the same sources with other
     blocks."""
-    lower = importlib.import_module("stitchml.passes.lower")  # the module; stitchml.passes.lower is the pass
+    from stitchml.runtime.launch import KernelLaunch
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     g = sm.Graph()
     x = g.placeholder((-1, 4), sm.float32, name="x")
@@ -372,7 +372,7 @@ def test_kernels_are_the_same_for_sizes_with_the_same_launch_blocks(monkeypatch)
         out = exe.run({x: np.linspace(-1, 1, rows * 4, dtype=np.float32).reshape(rows, 4)})
         np.testing.assert_allclose(out[y[0]].numpy(), np.tanh(np.linspace(-1, 1, rows * 4)).reshape(rows, 4) * 2,
                                    rtol=1e-6)
-        steps = [s for s in exe.steps if isinstance(s.run, lower._Launch)]
+        steps = [s for s in exe.steps if isinstance(s.run, KernelLaunch)]
         assert len(steps) == 2
         return [(loader.file_name(s.source), s.run.meta) for s in steps]
 

@@ -53,12 +53,14 @@ def test_block_compression_baselines(material):
 
 def test_training_reaches_the_measured_quality(material, trained):
     compressed, losses = trained
-    assert losses[-1] < 0.015 * losses[0]  # measured 0.0086
+    assert losses[-1] < 0.01 * losses[0]  # measured 0.0050 (seeds 1, 2: 0.0052, 0.0081)
     assert compressed.latents.dtype == torch.int8 and compressed.latents.numel() == 16 * 16 * 4 + 8 * 8 * 6
     assert compressed.latents.abs().max() <= nm.Layout(32).levels
     q = nm.measure(material, nm.decode_reference(compressed))
-    # measured (seed 0, 80 steps): base color 26.9 dB, roughness 30.9 dB, normals 3.52 degrees
-    assert q["base color dB"] > 26 and q["roughness dB"] > 30 and q["normal deg"] < 3.9
+    # measured (80 steps, the first 56 with noise, loss weights 1, 3, 8): seed 0 base color 24.59 dB,
+    # roughness 37.46 dB, normals 2.36 degrees; seeds 1 and 2 (other draws, as on another device):
+    # 21.93-22.11 dB, 35.34-35.87 dB, 2.46-4.27°
+    assert q["base color dB"] > 21.5 and q["roughness dB"] > 34.5 and q["normal deg"] < 4.7
     assert nm.Layout(32).bits_per_texel() == (6.875, 550 * 16 / 32 ** 2)
 
 
@@ -79,4 +81,40 @@ def test_command(tmp_path, capsys):
     assert demos.run("neural-materials", ["--size", "32", "--steps", "5", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "BC7+BC5" in text and "neural (kernel)" in text and "latents 6.88 + weights 8.59" in text
+    # 15.47 bits per texel is 97% of BC's 16: the goal (at most half) is reported as not met, whatever the quality
+    assert "goal against BC7+BC5 (16 bits/texel): neural at 97% of its bits" in text and text.count(": not met") == 2
     assert Image.open(out).size == (5 * 32, 2 * 32)
+
+
+def test_goal_report_compares_every_measure_and_the_footprint():
+    bc = {"base color dB": 39.0, "roughness dB": 33.5, "normal dB": 39.7, "normal deg": 1.29}
+    better = {"base color dB": 39.5, "roughness dB": 38.0, "normal dB": 40.0, "normal deg": 1.20}
+    assert nm.shortfalls(better, bc) == []
+    assert nm.goal_report(better, 8.0, {"BC7+BC5": (bc, 16)}) == [
+        "goal against BC7+BC5 (16 bits/texel): neural at 50% of its bits, no texture worse: met"]
+    assert nm.goal_report(better, 8.5, {"BC7+BC5": (bc, 16)})[0].endswith("no texture worse: not met")
+    worse = dict(better, **{"base color dB": 34.0, "normal deg": 1.30})
+    assert nm.shortfalls(worse, bc) == ["base color -5.00 dB", "normal angle -0.010 deg"]
+    assert nm.goal_report(worse, 7.4, {"BC7+BC5": (bc, 16)})[0].endswith(
+        "at 46% of its bits, worse in base color -5.00 dB, normal angle -0.010 deg: not met")
+
+
+def test_training_graph_matches_pytorch(tmp_path):
+    """The throughput benchmark's check, run here: from the same start, three Adam steps of the StitchML
+    training graph and of the same model in PyTorch give the same losses."""
+    import importlib.util
+    import json
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                        "bench_material_training.py")
+    spec = importlib.util.spec_from_file_location("bench_material_training", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "b.json"
+    args = ["--device", "cpu", "--quick", "--sizes", "16", "--no-compile", "--no-jax", "--json", str(out)]
+    assert bench.main(args) == 0
+    row = json.loads(out.read_text())["results"][0]
+    assert row["texels"] == 256 and row["stitchml"]["texels_per_s"] > 0 and row["torch eager"]["texels_per_s"] > 0
+    ours, theirs = row["stitchml"]["losses"], row["torch eager"]["losses"]
+    assert ours[2] < ours[0]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4)  # measured 5e-6 at 32x32

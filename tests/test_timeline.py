@@ -107,6 +107,42 @@ def test_pipeline_dimensions_are_checked(cnn):
         _pipeline(fn, dev, {"y": (2, 3, 16, 16)})
 
 
+def test_pipeline_takes_its_work_from_the_compile(monkeypatch):
+    """The pipeline's output types are the compiled program's, dimensions an op refuses are a
+    PipelineError naming the op, and the argument table is the only check of a dispatch's tensors."""
+    from stitchml.runtime import bound
+
+    g = sm.Graph()
+    x, w = g.placeholder((-1, 4), sm.float32, name="x"), g.placeholder((-1, 3), sm.float32, name="w")
+    fn = Package.from_graph(g, {"x": x, "w": w}, {"y": g.matrix_multiplication(x, w)}).function()
+    dev = sm.device("cpu")
+    pipe = _pipeline(fn, dev, {"x": (2, 4), "w": (4, 3)})
+    assert pipe.output_types["y"] is pipe.executable.program.outputs[0].type
+    assert pipe.output_shapes == {"y": (2, 3)}
+    with pytest.raises(sm.PipelineError, match=r"do not fit: matrix_multiplication \("):
+        _pipeline(fn, dev, {"x": (2, 4), "w": (5, 3)})
+    seen = []
+    original = bound.BoundRun.__init__
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("checked", args[5] if len(args) > 5 else False))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(bound.BoundRun, "__init__", spy)
+    xv, wv = torch.randn(2, 4), torch.randn(4, 3)
+    y = dev.new_tensor((2, 3), sm.float32)
+    cb = dev.new_command_queue().command_buffer()
+    enc = cb.ml_encoder()
+    enc.set_pipeline(pipe)
+    enc.set_argument_table({"x": sm.TensorData(xv), "w": sm.TensorData(wv), "y": y})
+    enc.dispatch_network(dev.new_heap(pipe.intermediates_heap_size))
+    enc.end()
+    cb.commit()
+    cb.wait()
+    assert seen == [True]
+    assert torch.allclose(y.torch().double(), xv.double() @ wv.double(), atol=1e-5)
+
+
 def test_encoder_rules():
     dev = sm.device("cpu")
     cb = dev.new_command_queue().command_buffer()
@@ -339,7 +375,8 @@ def test_module_examples():
     import doctest
     import importlib
 
-    for module in (importlib.import_module("stitchml.pipeline.commands"), importlib.import_module("stitchml.pipeline.device")):
+    for name in ("commands", "device", "ml", "resources"):
+        module = importlib.import_module(f"stitchml.pipeline.{name}")
         failures, tried = doctest.testmod(module)
         assert tried > 0 and failures == 0
 

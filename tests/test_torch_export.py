@@ -97,3 +97,36 @@ def test_aten_operator_groups_match_pytorch(name):
         want = model(x).numpy()
     got = fn(x=x.numpy())["output"].numpy()
     assert got.shape == want.shape and np.abs(got - want).max() <= TOL
+
+
+class _Blocks(torch.nn.Module):
+    """any over a dim, group norm, and a cat onto an empty cache, as transformer and ConvNeXt blocks use."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(2, 4)
+
+    def forward(self, x, mask):
+        cache = torch.zeros(0)
+        y = self.norm(x)
+        keep = mask.any(dim=-1, keepdim=True) & ~mask.all(dim=-1, keepdim=True)
+        return torch.cat([cache, (y.flatten(1) * keep).flatten()]), keep
+
+
+def test_any_all_group_norm_and_cat_with_an_empty_tensor_match_pytorch():
+    model = _Blocks().eval()
+    with torch.no_grad():
+        model.norm.weight.normal_()
+        model.norm.bias.normal_()
+    x = torch.randn(3, 4, 5, 5)
+    mask = torch.tensor([[True, False], [True, True], [False, False]])
+    batch = torch.export.Dim("batch", min=2, max=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fn = sm.package.from_torch(model, (x, mask), dynamic_shapes=({0: batch}, {0: batch})).function()
+    out = fn(x=x.numpy(), mask=mask.numpy())
+    with torch.no_grad():
+        want, want_keep = model(x, mask)
+    got = [out[p.name].numpy() for p in fn.outputs]
+    np.testing.assert_array_equal(got[1], want_keep.numpy())
+    assert np.abs(got[0] - want.numpy()).max() <= TOL * max(1.0, np.abs(want.numpy()).max())

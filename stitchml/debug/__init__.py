@@ -3,18 +3,21 @@
     capture(graph_or_executable, feeds, targets)   every intermediate, keyed by the original ops
     load_capture(path)                              a saved capture, checked
     bisect(graph, feeds, reference)                 the first op whose output departs from a reference
+    capture_bisection(graph, feeds, result)         a bisected run as a capture, for the web debugger
     serve(path, port)                               the web debugger (`stitchml debug FILE`)
     export_onnx(graph, path)                        a graph as an ONNX model
 
 Capturing recomputes the program op by op through the reference
 implementations; compiled runs carry no instrumentation.
 """
-from .bisect import BisectResult, bisect, float64_reference, import_onnx, onnx_reference, torch_reference
+from .bisect import (BisectResult, bisect, capture_bisection, float64_reference, import_onnx, onnx_reference, torch_program_reference,
+                     torch_reference)
 from .capture import Capture, CaptureError, OpRecord, capture, load_capture
 from .onnx_export import export_onnx
 
-__all__ = ["Capture", "CaptureError", "OpRecord", "capture", "load_capture", "BisectResult", "bisect",
-           "float64_reference", "import_onnx", "onnx_reference", "torch_reference", "export_onnx", "create_app", "serve"]
+__all__ = ["Capture", "CaptureError", "OpRecord", "capture", "load_capture", "BisectResult", "bisect", "capture_bisection",
+           "float64_reference", "import_onnx", "onnx_reference", "torch_reference",
+           "torch_program_reference", "export_onnx", "create_app", "serve"]
 
 
 def __getattr__(name: str):

@@ -13,13 +13,19 @@ every float carried in float64). Builders of references:
 
 * `torch_reference(module)`: a PyTorch module; forward hooks record the
   output of every named submodule under its qualified name ("blocks.3.act");
+* `torch_program_reference(module, example_inputs)`: a PyTorch module
+  exported as the importer exports it (torch.export, core ATen) and run by
+  PyTorch node by node, every node's value under its `Origin.key`
+  (``module#k``), so a network imported with `package.from_torch` lines up
+  op by op through `Function.origin_names()`, even against another version
+  of the module;
 * `onnx_reference(model)`: an ONNX model run by onnxruntime with every
   node output exposed as a graph output, under the ONNX value names;
 * `float64_reference(graph)`: what "float64" means.
 
 Mapping rule: a reference intermediate belongs to the graph tensor of the
 same name (builders take `name=`; ONNX imports name tensors after the ONNX
-values through `stitchml.debug.import_onnx`); `names={reference: tensor}`
+values, `Function.origins`, through `stitchml.debug.import_onnx`); `names={reference: tensor}`
 renames reference entries first. Ops whose outputs have no reference entry
 are not compared; a divergence is then reported at the first compared op
 downstream of the fault.
@@ -44,7 +50,7 @@ from ..errors import GraphError
 from ..ir import Tensor
 from ..runtime.eager import prune
 from ..tensor_data import TensorData, resolve_device
-from .capture import OpRecord, _attr_summary, _feeds_by_tensor, run_ops
+from .capture import Capture, OpRecord, _attr_summary, _feeds_by_tensor, capture, run_ops
 
 Reference = Callable[[dict[str, np.ndarray]], Mapping[str, Any]]
 _SOURCES = ("placeholder", "constant", "variable")
@@ -125,6 +131,46 @@ def torch_reference(module: torch.nn.Module, inputs: Iterable[str] | None = None
                 h.remove()
         if torch.is_tensor(out):
             seen["output"] = out.detach()
+        return seen
+    return run
+
+
+def torch_program_reference(module: torch.nn.Module, example_inputs, inputs: Iterable[str] | None = None) -> Reference:
+    """A PyTorch module as a reference op by op: the value of every ATen node by its origin key.
+
+    The module is exported as `stitchml.package.from_torch` exports it (`example_inputs` fix the
+    shapes) and its nodes run in PyTorch one by one, in the module's dtypes, as eager PyTorch runs them.
+    Keys are `Origin.key`s (``module#k``, `package.torch_import.origin_keys`); the feeds are passed in
+    the order of `inputs` (default: the order they are given in), the program's output also as "output".
+    """
+    from ..package.torch_import import export_program, origin_keys, program_weights
+
+    program = export_program(module, example_inputs)
+    keys = origin_keys(program)
+    weights = program_weights(program)
+    order = None if inputs is None else list(inputs)
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        args = iter(torch.as_tensor(np.asarray(feeds[k])) for k in (order or list(feeds)))
+        env: dict[str, Any] = {}
+        seen: dict[str, torch.Tensor] = {}
+
+        def value(a):
+            if isinstance(a, torch.fx.Node):
+                return env[a.name]
+            return type(a)(value(x) for x in a) if isinstance(a, (list, tuple)) else a
+        with torch.no_grad():
+            for node in program.graph.nodes:
+                if node.op == "placeholder":
+                    env[node.name] = weights[node.name] if node.name in weights else next(args)
+                elif node.op == "call_function":
+                    env[node.name] = node.target(*value(node.args), **{k: value(v) for k, v in node.kwargs.items()})
+                    if torch.is_tensor(env[node.name]):
+                        seen[keys[node.name]] = env[node.name]
+                elif node.op == "output":
+                    out = value(node.args[0])
+                    if len(out) == 1 and torch.is_tensor(out[0]):
+                        seen["output"] = out[0]
         return seen
     return run
 
@@ -255,14 +301,30 @@ def bisect(graph, feeds: dict, reference: Reference | str = "float64", targets: 
     return BisectResult(record, t.name, mine, expected[t.name], err, len(probes), len(candidates), trail, compared)
 
 
-def import_onnx(model):
-    """An ONNX model as (graph, {ONNX value name: graph tensor name}) for bisecting against `onnx_reference`.
+def capture_bisection(graph, feeds: dict, result: BisectResult, targets: Iterable[Tensor] | None = None,
+                      device=None) -> Capture:
+    """A capture of the run that `result` bisected, for the web debugger's bisection page.
 
-    The importer names graph tensors its own way; this reads which tensor each ONNX value became.
+    It holds every intermediate, the reference's values of the compared tensors (for difference maps)
+    and the result; the diverging tensor holds the compiled run's value, as the bisection saw it.
+    `targets` defaults to every value no op consumes.
     """
-    from ..package.onnx_import import Importer, load_model
+    cap = capture(graph, feeds, list(targets) if targets is not None else _sinks(graph), device=device)
+    cap.reference = {k: torch.from_numpy(np.ascontiguousarray(v)).to(cap.tensors[k].dtype)
+                     for k, v in result.references.items() if k in cap.tensors}
+    if result.tensor is not None and result.tensor in cap.tensors:
+        cap.tensors[result.tensor] = torch.from_numpy(np.ascontiguousarray(result.ours)).to(
+            cap.tensors[result.tensor].dtype)
+    cap.bisect = {k: v for k, v in result.to_json().items() if k not in ("ours", "expected")}
+    if result.op is not None:
+        cap.bisect["op"]["kernel"] = cap.record(result.op.name).kernel
+    return cap
 
-    importer = Importer(load_model(model), "main", None)
-    importer.run()
-    names = {k: v.name for k, v in importer.values.items() if isinstance(v, Tensor) and v.graph is importer.g}
-    return importer.g, names
+
+def import_onnx(model):
+    """An ONNX model as (graph, {ONNX value name: graph tensor name}) for bisecting against `onnx_reference`:
+    the package function's graph and `Function.origin_names()`."""
+    from ..package import from_onnx
+
+    fn = from_onnx(model).function()
+    return fn.graph, fn.origin_names()

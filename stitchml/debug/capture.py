@@ -140,9 +140,7 @@ def _kernel_map(exe) -> tuple[dict[str, str], list[dict]]:
     sources = exe.kernel_sources()
     owner: dict[str, str] = {}
     kernels = []
-    for entry in exe._report:
-        if "note" in entry:  # a pass's line, not a kernel
-            continue
+    for entry in exe.fusion_entries:
         name = f"kernel{entry['kernel']}_{entry['template']}"
         ops = [text[text.index("(") + 1:-1] for text in entry["ops"]]
         for op_name in ops:

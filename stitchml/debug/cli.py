@@ -58,7 +58,7 @@ def _feeds(graph, specs: list[str]) -> dict:
 
 
 def bisect_command(args) -> int:
-    from . import bisect, capture, float64_reference, onnx_reference
+    from . import bisect, capture_bisection, float64_reference, onnx_reference
 
     graph, names, onnx_model = _load_graph(args.graph)
     feeds = _feeds(graph, args.feed)
@@ -69,18 +69,7 @@ def bisect_command(args) -> int:
     result = bisect(graph, feeds, reference, tolerance=args.tolerance, names=names if kind == "onnx" else None)
     print(result.summary())
     if args.output:
-        used = {t.id for op in graph.operations for t in op.inputs}
-        targets = [t for op in graph.operations if op.op not in ("placeholder", "constant", "variable")
-                   for t in op.outputs if t.id not in used]
-        cap = capture(graph, feeds, targets)
-        cap.reference = {k: torch.from_numpy(np.ascontiguousarray(v)).to(cap.tensors[k].dtype)
-                         for k, v in result.references.items() if k in cap.tensors}
-        if result.tensor is not None:
-            cap.tensors[result.tensor] = torch.from_numpy(np.ascontiguousarray(result.ours)).to(
-                cap.tensors[result.tensor].dtype)  # the compiled run's value, as the bisection saw it
-        cap.bisect = {k: v for k, v in result.to_json().items() if k not in ("ours", "expected")}
-        if result.op is not None:
-            cap.bisect["op"]["kernel"] = cap.record(result.op.name).kernel
+        cap = capture_bisection(graph, feeds, result)
         cap.save(args.output)
         print(f"wrote {args.output} (open it with: stitchml debug {args.output})")
     return 1 if result.op is not None else 0

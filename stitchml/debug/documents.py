@@ -32,6 +32,7 @@ class Document:
     trace: list[dict] = field(default_factory=list)
     error: str | None = None
     note: str | None = None  # why some part is missing (no kernels: shapes unknown, say)
+    origins: dict[str, list[dict]] = field(default_factory=dict)  # tensor name -> the model values it holds
 
     def summary(self) -> dict:
         return {"path": self.path, "kind": self.kind, "name": self.name, "error": self.error, "note": self.note,
@@ -42,7 +43,7 @@ class Document:
 
     def network(self) -> dict:
         return {"name": self.name, "ops": [asdict(r) for r in self.records], "kernels": self.kernels,
-                "note": self.note}
+                "note": self.note, "origins": self.origins}
 
     def timeline(self) -> list[dict]:
         """Chrome trace events: the trace file's, or the profiled run's kernels with their dependencies."""
@@ -135,7 +136,10 @@ def open_document(path: str) -> Document:
         from ..package import load_package
 
         fn = load_package(path).function()
-        return _with_kernels(Document(path, "package", fn.name, _records_of_graph(fn.graph)), fn.graph)
+        doc = Document(path, "package", fn.name, _records_of_graph(fn.graph))
+        for o in fn.origins.values():  # an imported function: which values of the model each tensor holds
+            doc.origins.setdefault(o.tensor, []).append(o.record())
+        return _with_kernels(doc, fn.graph)
     except (StitchError, OSError, ValueError) as e:
         return Document(path, "error", os.path.basename(path), error=f"{type(e).__name__}: {e}")
 

@@ -6,9 +6,12 @@ import os
 import sys
 
 DEMOS = {
+    "gan": "a DCGAN whose generator and discriminator train in one graph run; samples scored by the classifier",
     "gelu": "GeLU built from primitives, checked against torch on every device",
     "mnist": "the digit classifier: convolutions, pooling, dense layers, trained with Adam or SGD",
+    "lstm": "a character-level LSTM trained on Shakespeare, sampling text in one graph run with for_loop",
     "neural-materials": "material channels as quantized latents + an MLP decoded in a Triton kernel, against BC1/BC7",
+    "neural-ao": "a UNet's ambient occlusion on a command buffer, and a typo in it found by bisection",
 }
 
 

@@ -46,6 +46,7 @@ class Classifier:
     correct: sm.Tensor  # how many predictions of the batch are right
     updates: list[sm.Operation]  # one optimizer step
     parameters: list[sm.Tensor]
+    logits: sm.Tensor  # (batch, classes), before the softmax
 
 
 def build(image_shape: tuple[int, int, int], classes: int = 10, *, seed: int = 0, optimizer: str = "adam",
@@ -79,7 +80,7 @@ def build(image_shape: tuple[int, int, int], classes: int = 10, *, seed: int = 0
     correct = g.reduction_sum(g.equal(g.reduction_arg_maximum(logits, axis=-1), labels), name="correct")
     parameters = conv1.parameters + conv2.parameters + hidden.parameters + output.parameters
     updates = OPTIMIZERS[optimizer](learning_rate).minimize(g, loss, parameters, data_parallel=data_parallel)
-    return Classifier(g, images, labels, loss, correct, updates, parameters)
+    return Classifier(g, images, labels, loss, correct, updates, parameters, logits)
 
 
 def train(model: Classifier, dataset: data.Dataset, epochs: int, batch_size: int, *, seed: int = 0,
@@ -127,6 +128,35 @@ def save_weights(model: Classifier, path: str, metadata: dict[str, str] | None =
     from safetensors.numpy import save_file
 
     save_file({v.name: model.graph.variable_value(v).numpy() for v in model.parameters}, path, metadata=metadata)
+
+
+def load_weights(model: Classifier, path: str) -> dict[str, str]:
+    """Set the parameters from a file `save_weights` wrote; returns its metadata.
+
+    A missing file, a missing key or a tensor of another shape or dtype (weights of the MNIST network given to
+    the 8x8 one, say) raises `DataError` naming the file, the key, what was expected and what was found.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    if not os.path.isfile(path):
+        raise sm.DataError(f"{path}: no such file (expected classifier weights that `stitchml demo mnist --out` "
+                           f"writes)")
+    try:
+        with safe_open(path, "numpy") as f:
+            found = {key: f.get_tensor(key) for key in f.keys()}
+            metadata = f.metadata() or {}
+    except (SafetensorError, OSError) as e:
+        raise sm.DataError(f"{path}: not a safetensors file ({e})") from None
+    for v in model.parameters:
+        if v.name not in found:
+            raise sm.DataError(f"{path}: expected a tensor {v.name!r}, found only {sorted(found)}")
+        value = found[v.name]
+        if value.shape != tuple(v.shape) or value.dtype != v.dtype.numpy:
+            raise sm.DataError(f"{path}: {v.name!r} expected {v.dtype.name}{list(v.shape)}, found "
+                               f"{value.dtype}{list(value.shape)} (weights of another image size?)")
+    for v in model.parameters:
+        model.graph.set_variable_value(v, found[v.name])
+    return metadata
 
 
 def _writable(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:

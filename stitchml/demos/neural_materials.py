@@ -3,13 +3,17 @@ trained with StitchML, decoded per pixel inside a Triton shading kernel, compare
 
     $ stitchml demo neural-materials                          # 128x128 on the CPU: about 2-3 minutes on two cores
     $ stitchml demo neural-materials --size 1024 --steps 4000 --device cuda
+    $ stitchml demo neural-materials --size 1024 --steps 2000 --device cuda --sweep --weights 1 1 1
 
 The material: one surface, every channel derived from one photograph (scikit-image's coffee by default):
 base color is the photograph, the normals come from its luminance taken as height, roughness from its
 local detail; the channels share the surface's structure, as a real material's do. BC baselines,
 encoded by etcpak and decoded by texture2ddecoder: base color BC1 + normal BC5 + roughness BC4, or base
 color and roughness in BC7 + normal BC5: 16 bits per texel either way. The neural set counts its
-latents at their stored bits and its weights at half precision.
+latents at their stored bits and its weights at half precision; its training loss weighs the textures
+(--weights) to share the bits among them. The goal, printed per BC set: at most half its bits per
+texel, and no texture's PSNR nor the normals' angular error worse. `--sweep` adds the lowest rate at
+which the neural set matches BC7.
 """
 from __future__ import annotations
 
@@ -25,9 +29,20 @@ import torch
 import stitchml as sm
 from stitchml import optim
 from stitchml.cli import positive
+from stitchml.ir import Tensor
 from stitchml.shader import MLP, PROGRAM, MLPSpec
+from stitchml.tensor_data import resolve_device
 
 OUTPUTS = 6  # base color RGB, normal x and y (z is rebuilt), roughness
+NOISE = 0.7  # fraction of the training steps that quantize with noise rather than rounding
+# Loss weights of the textures (base color, normal, roughness).
+WEIGHTS = (1.0, 3.0, 8.0)
+
+
+def output_weights(weights: tuple[float, float, float]) -> np.ndarray:
+    """The loss weight of each decoder output (r, g, b, normal x, normal y, roughness) from the textures'."""
+    color, normal, rough = weights
+    return np.array([color] * 3 + [normal] * 2 + [rough], np.float32)
 
 
 @dataclass
@@ -143,10 +158,28 @@ class Compressed:
     weights: list[tuple[np.ndarray, np.ndarray]]
 
 
-def train(m: Material, layout: Layout, steps: int, *, learning_rate: float = 0.05, seed: int = 0,
-          device: str | None = None, log_every: int = 0) -> tuple[Compressed, list[float]]:
-    """Fit latents and decoder with Adam on every texel per step; latents quantized in the forward pass
-    (straight-through rounding), so what is stored is what was trained."""
+@dataclass
+class Training:
+    """The training graph of a layout: latents and decoder as variables, one Adam step per run over every
+    texel. `noise` (a scalar placeholder, 1 or 0) picks how the latents are quantized in the forward
+    pass: uniform noise of one quantization step (1), or straight-through rounding (0), which is what
+    is stored."""
+
+    graph: sm.Graph
+    fine: Tensor
+    coarse: Tensor
+    net: MLP
+    target: Tensor
+    learning_rate: Tensor
+    noise: Tensor
+    loss: Tensor
+    updates: list
+
+
+def training_graph(layout: Layout, seed: int = 0, weights: tuple[float, float, float] = WEIGHTS) -> Training:
+    """The graph `train` runs: latents quantized (noise or rounding), upsampled bilinearly to every texel,
+    decoded by the MLP; mean squared error against the target, each texture's weighted by `weights`
+    (base color, normal, roughness); Adam."""
     s, rng = layout.size, np.random.default_rng(seed)
     g = sm.Graph("neural_material")
     fine = g.variable(rng.uniform(-0.1, 0.1, (layout.fine, s // 2, s // 2)).astype(np.float32), name="latents/fine")
@@ -155,28 +188,57 @@ def train(m: Material, layout: Layout, steps: int, *, learning_rate: float = 0.0
     net = MLP(g, layout.spec, rng=rng, name="decoder")
     target = g.placeholder((s * s, OUTPUTS), sm.float32, name="target")
     lr = g.placeholder((), sm.float32, name="learning_rate")
+    noise = g.placeholder((), sm.float32, name="noise")
 
-    def quantized(v):
+    def quantized(v, seed):
+        # Noise of one quantization step lets every latent move freely early on; rounding (its gradient
+        # passed straight through) makes the decoder learn the values that are stored.
         c = g.clamp(v, -1.0, 1.0)
-        return c + g.stop_gradient(g.round(c * layout.levels) / layout.levels - c)
+        jitter = g.random_uniform(tuple(v.shape), seed=seed, minimum=-0.5 / layout.levels, maximum=0.5 / layout.levels)
+        rounding = g.stop_gradient(g.round(c * layout.levels) / layout.levels - c)
+        return c + noise * jitter + (1.0 - noise) * rounding
 
-    grids = [g.resize(quantized(v), (v.shape[0], s, s), mode="linear") for v in (fine, coarse)]
+    grids = [g.resize(quantized(v, seed + i), (v.shape[0], s, s), mode="linear") for i, v in enumerate((fine, coarse))]
     features = g.transpose(g.reshape(g.concat(grids, axis=0), (layout.fine + layout.coarse, s * s)), (1, 0))
-    loss = g.reduction_mean(g.square(net(features) - target))
+    loss = g.reduction_mean(g.square(net(features) - target) * g.constant(output_weights(weights)))
     updates = optim.Adam(lr).minimize(g, loss, [fine, coarse] + net.parameters)
-    feeds = {target: m.targets().reshape(-1, OUTPUTS)}
+    return Training(g, fine, coarse, net, target, lr, noise, loss, updates)
+
+
+def schedule(step: int, steps: int, learning_rate: float, noise_fraction: float) -> tuple[float, float]:
+    """(learning rate, noise switch) of `step`: cosine decay to 1e-4; noise for the first `noise_fraction`
+    of the steps, rounding after."""
+    lr = learning_rate * 0.5 * (1 + math.cos(math.pi * step / steps)) + 1e-4
+    return lr, 1.0 if step < noise_fraction * steps else 0.0
+
+
+def train(m: Material, layout: Layout, steps: int, *, learning_rate: float = 0.05, noise_fraction: float = NOISE,
+          weights: tuple[float, float, float] = WEIGHTS, seed: int = 0, device: str | None = None,
+          log_every: int = 0) -> tuple[Compressed, list[float]]:
+    """Fit latents and decoder with Adam on every texel per step (`training_graph`), quantizing with noise
+    for the first `noise_fraction` of the steps and with straight-through rounding after, so what is
+    stored is what was trained last. Returns the stored form and the loss of the first and last steps
+    and of every `log_every`-th."""
+    t = training_graph(layout, seed, weights)
+    # The target stays on the device: fed as an array it would be copied there on every step.
+    feeds = {t.target: torch.from_numpy(m.targets().reshape(-1, OUTPUTS)).to(resolve_device(device))}
     losses = []
     for step in range(steps):
-        feeds[lr] = np.float32(learning_rate * 0.5 * (1 + math.cos(math.pi * step / steps)) + 1e-4)
-        losses.append(g.run(feeds, [loss], updates, device=device)[loss].item())
-        if log_every and (step % log_every == 0 or step == steps - 1):
-            print(f"  step {step:5d}  loss {losses[-1]:.5f}  ({10 * math.log10(1 / max(losses[-1], 1e-12)):.1f} dB)")
+        lr, noise = schedule(step, steps, learning_rate, noise_fraction)
+        feeds[t.learning_rate], feeds[t.noise] = np.float32(lr), np.float32(noise)
+        loss = t.graph.run(feeds, [t.loss], t.updates, device=device)[t.loss]
+        logged = bool(log_every) and step % log_every == 0
+        if step == 0 or step == steps - 1 or logged:  # reading the loss waits for the device
+            losses.append(loss.item())
+        if logged or (log_every and step == steps - 1):
+            print(f"  step {step:5d}  loss {losses[-1]:.5f}  ({10 * math.log10(1 / max(losses[-1], 1e-12)):.1f} dB)"
+                  + ("  (noise)" if noise else ""))
 
     def stored(v):
-        q = np.round(np.clip(g.variable_value(v).numpy(), -1, 1) * layout.levels).astype(np.int8)
+        q = np.round(np.clip(t.graph.variable_value(v).numpy(), -1, 1) * layout.levels).astype(np.int8)
         return torch.from_numpy(np.ascontiguousarray(q.transpose(1, 2, 0)).ravel())
 
-    return Compressed(layout, torch.cat([stored(fine), stored(coarse)]), net.weights()), losses
+    return Compressed(layout, torch.cat([stored(t.fine), stored(t.coarse)]), t.net.weights()), losses
 
 
 def _decode_output(y: torch.Tensor, size: int) -> Material:
@@ -220,9 +282,40 @@ def angular_error(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def measure(ref: Material, got: Material) -> dict[str, float]:
+    """PSNR of every texture (normals' x and y over [-1, 1] mapped to [0, 1]) and the normals' mean angular error."""
     return {"base color dB": psnr(ref.base_color, got.base_color), "roughness dB": psnr(ref.roughness, got.roughness),
             "normal dB": psnr(ref.normal[..., :2] * 0.5, got.normal[..., :2] * 0.5),
             "normal deg": angular_error(ref.normal, got.normal)}
+
+
+def shortfalls(q: dict[str, float], bc: dict[str, float]) -> list[str]:
+    """Where quality `q` is worse than `bc` (lower PSNR, larger angle), with the margin; empty when no worse."""
+    out = []
+    for k in q:
+        worse = q[k] - bc[k] if k.endswith("dB") else bc[k] - q[k]
+        if worse < 0:
+            unit = k.split()[-1]
+            out.append(f"{k.replace(' dB', '').replace(' deg', ' angle')} {worse:+.{2 if unit == 'dB' else 3}f} {unit}")
+    return out
+
+
+def goal_report(neural: dict[str, float], neural_bpp: float, baselines: dict[str, tuple[dict[str, float], float]]
+                ) -> list[str]:
+    """Lines saying, per BC set, whether the neural set meets the goal: at most half the set's bits per
+    texel and no texture's PSNR nor the normals' angular error worse."""
+    lines = []
+    for name, (bc, bpp) in baselines.items():
+        short = shortfalls(neural, bc)
+        half = neural_bpp <= bpp / 2
+        verdict = "met" if half and not short else "not met"
+        lines.append(f"goal against {name} ({bpp:g} bits/texel): neural at {100 * neural_bpp / bpp:.0f}% of its bits, "
+                     + (f"worse in {', '.join(short)}" if short else "no texture worse") + f": {verdict}")
+    return lines
+
+
+# Layouts of the sweep, in increasing bits per texel: (fine channels, coarse channels, bits, hidden width).
+LADDER = [(2, 4, 5, 32), (4, 6, 5, 32), (4, 8, 6, 32), (6, 8, 6, 32), (6, 12, 6, 64), (8, 16, 6, 64),
+          (12, 16, 6, 64), (16, 24, 6, 64)]
 
 
 def save_comparison(path: str, ref: Material, rows: dict[str, Material]) -> None:
@@ -239,6 +332,40 @@ def save_comparison(path: str, ref: Material, rows: dict[str, Material]) -> None
     Image.fromarray(np.round(np.concatenate(cols, 1) * 255).astype(np.uint8)).save(path)
 
 
+def _table(material: Material, rows: dict[str, tuple[Material, float]]) -> dict[str, dict[str, float]]:
+    """Print one row per version (bits per texel, every measure); return the measures."""
+    out = {name: measure(material, mat) for name, (mat, _) in rows.items()}
+    keys = list(next(iter(out.values())))
+    print(f"{'':<22}{'bits/texel':>11}" + "".join(f"{k:>15}" for k in keys))
+    for name, (_, bpp) in rows.items():
+        print(f"{name:<22}{bpp:>11.2f}" + "".join(f"{v:>15.2f}" for v in out[name].values()))
+    return out
+
+
+def sweep(material: Material, bc: dict[str, float], args: argparse.Namespace, device: str) -> None:
+    """Train the LADDER's layouts from the cheapest up until one is no worse than `bc` (the BC7 set) in
+    every measure; print each and the bits per texel of the first that matches."""
+    print(f"sweep: layouts in increasing bits per texel until one matches BC7+BC5 ({args.steps} steps each)")
+    for fine, coarse, bits, hidden in LADDER:
+        layout = Layout(args.size, fine, coarse, bits, hidden)
+        start = time.perf_counter()
+        compressed, _ = train(material, layout, args.steps, learning_rate=args.learning_rate,
+                              noise_fraction=args.noise_fraction, weights=tuple(args.weights), seed=args.seed,
+                              device=device)
+        q = measure(material, decode_reference(compressed))
+        bpp = sum(layout.bits_per_texel())
+        short = shortfalls(q, bc)
+        print(f"  {fine:>2} + {coarse:>2} at {bits} bits, hidden {hidden:>3}: {bpp:6.2f} bits/texel  "
+              + "  ".join(f"{k} {v:.2f}" for k, v in q.items())
+              + f"  ({time.perf_counter() - start:.0f} s)  "
+              + ("matches BC7+BC5" if not short else "worse in " + ", ".join(short)))
+        if not short:
+            print(f"lowest bits per texel at which the neural set matches BC7+BC5: {bpp:.2f} "
+                  f"({100 * bpp / 16:.0f}% of its 16)")
+            return
+    print("no layout of the sweep matches BC7+BC5")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="stitchml demo neural-materials", description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=positive(int), default=128, help="texels per side, a multiple of 16 (default 128)")
@@ -251,9 +378,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="stored bits per latent (default 5)")
     parser.add_argument("--hidden", type=positive(int), default=32, help="decoder hidden width (default 32)")
     parser.add_argument("--learning-rate", type=positive(float), default=0.05)
+    parser.add_argument("--noise-fraction", type=_fraction, default=NOISE,
+                        help=f"share of the steps quantizing latents with noise before rounding (default {NOISE})")
+    parser.add_argument("--weights", type=positive(float), nargs=3, default=WEIGHTS,
+                        metavar=("COLOR", "NORMAL", "ROUGH"),
+                        help="loss weights of base color, normal and roughness (default %(default)s)")
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: CUDA when present, else the CPU")
     parser.add_argument("--decode", choices=["kernel", "reference"], default="kernel",
                         help="decode in the Triton shading kernel (the interpreter on the CPU) or in PyTorch")
+    parser.add_argument("--sweep", action="store_true",
+                        help="then train layouts of increasing size until one matches BC7+BC5, and report its bits")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="neural_materials.png", help="the side-by-side image (default %(default)s)")
     args = parser.parse_args(argv)
@@ -269,24 +403,34 @@ def main(argv: list[str] | None = None) -> int:
     material = make_material(args.size, args.surface)
     print(f"material {args.size}x{args.size} from {args.surface}: base color, normals (luminance as height), "
           f"roughness (local detail); decoder {layout.spec.widths}, latents {args.fine}@size/2 + {args.coarse}@size/4 "
-          f"at {args.bits} bits")
+          f"at {args.bits} bits; loss weights {tuple(args.weights)}")
     start = time.perf_counter()
     baselines = block_compressed(material)
-    compressed, _ = train(material, layout, args.steps, learning_rate=args.learning_rate, seed=args.seed,
+    compressed, _ = train(material, layout, args.steps, learning_rate=args.learning_rate,
+                          noise_fraction=args.noise_fraction, weights=tuple(args.weights), seed=args.seed,
                           device=device, log_every=max(args.steps // 6, 1))
     trained = time.perf_counter() - start
     neural = decode_kernel(compressed, device, 128 if device == "cuda" else 1024) if args.decode == "kernel" \
         else decode_reference(compressed)
     latent_bpp, weight_bpp = layout.bits_per_texel()
     rows = {name: (mat, bpp) for name, (mat, bpp) in baselines.items()}
-    rows[f"neural ({args.decode})"] = (neural, latent_bpp + weight_bpp)
-    keys = list(measure(material, material).keys())
+    name = f"neural ({args.decode})"
+    rows[name] = (neural, latent_bpp + weight_bpp)
     print(f"trained {args.steps} steps in {trained:.1f} s on {device}; decode: {args.decode}")
-    print(f"{'':<20}{'bits/texel':>11}" + "".join(f"{k:>15}" for k in keys))
-    for name, (mat, bpp) in rows.items():
-        print(f"{name:<20}{bpp:>11.2f}" + "".join(f"{v:>15.2f}" for v in measure(material, mat).values()))
+    quality = _table(material, rows)
     print(f"neural bits per texel: latents {latent_bpp:.2f} + weights {weight_bpp:.2f} "
           f"({layout.spec.parameter_count} half-precision parameters)")
+    bc = {k: (quality[k], bpp) for k, (_, bpp) in baselines.items()}
+    print("\n".join(goal_report(quality[name], latent_bpp + weight_bpp, bc)))
     save_comparison(args.out, material, {k: v[0] for k, v in rows.items()})
     print(f"wrote {args.out} (columns: original, " + ", ".join(rows) + ", neural error x8)")
+    if args.sweep:
+        sweep(material, quality["BC7+BC5"], args, device)
     return 0
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text}")
+    return value

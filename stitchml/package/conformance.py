@@ -1,5 +1,9 @@
 """Run the ONNX backend node tests through the ONNX importer and the eager executor.
 
+Public: a user checks what the installed onnx version's operators give here;
+the report is docs/onnx_conformance.md and tests/test_onnx_conformance.py runs
+the in-scope cases (`cases_for`, `check`).
+
 The node tests are written by the ONNX project: one model of one operator,
 inputs, and the outputs its authors computed. They are read from
 ``onnx/backend/test/data/node`` when the installed onnx package ships that
@@ -8,14 +12,15 @@ folder, and otherwise generated from the test-case definitions it does ship
 Outputs are compared as ONNX's own backend runner does: same dtype, then
 ``assert_allclose(rtol=1e-3, atol=1e-7)``.
 
-    $ python -m stitchml.package.conformance            # writes docs/onnx_conformance.md
-    $ python -m stitchml.package.conformance --op Conv   # one operator, failures printed
+    $ stitchml conformance onnx             # prints the rates, writes docs/onnx_conformance.md
+    $ stitchml conformance onnx --op Conv   # one operator, each test's result printed
 """
 from __future__ import annotations
 
 import argparse
 import glob
 import os
+import re
 import sys
 import time
 from collections import Counter, defaultdict
@@ -23,23 +28,6 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
-
-# The operators of common CNN, RNN/LSTM and transformer models (the importer's promise).
-IN_SCOPE = frozenset("""
-Abs Acos Acosh Add And ArgMax ArgMin Asin Asinh Atan Atanh AveragePool BatchNormalization Cast CastLike Ceil Celu
-Clip Concat Constant ConstantOfShape Conv ConvTranspose Cos Cosh CumSum DepthToSpace Div Dropout Einsum Elu Equal
-Erf Exp Expand Flatten Floor GRU Gather GatherElements Gelu Gemm GlobalAveragePool GlobalMaxPool Greater
-GreaterOrEqual GroupNormalization HardSigmoid HardSwish Hardmax Identity InstanceNormalization IsInf IsNaN LSTM
-LayerNormalization LeakyRelu Less LessOrEqual Log LogSoftmax LpNormalization MatMul Max MaxPool Mean
-MeanVarianceNormalization Min Mish Mod Mul Neg Not OneHot Or PRelu Pad Pow RMSNormalization RNN Range Reciprocal
-ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum ReduceSumSquare
-Relu Reshape Resize Round Selu Shape Shrink Sigmoid Sign Sin Sinh Size Slice Softmax Softplus Softsign
-SpaceToDepth Split Sqrt Squeeze Sub Sum Swish Tan Tanh ThresholdedRelu Tile TopK Transpose Trilu Unsqueeze
-Where Xor
-""".split())
-
-BOUND: set[str] = set()  # cases that ran with integer operand inputs bound at import time
-
 
 @dataclass
 class Case:
@@ -59,8 +47,16 @@ class Case:
         return all(v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in _ONNX_DTYPES for v in values)
 
     @property
+    def ops(self) -> set[str]:
+        """Every operator the test's model uses (an expanded test uses several)."""
+        return {n.op_type for n in self.model.graph.node}
+
+    @property
     def in_scope(self) -> bool:
-        return self.op in IN_SCOPE and self.types_supported
+        """Whether the importer has a handler for every operator of the model (the registry's ops)."""
+        from .onnx_import import HANDLERS
+
+        return self.ops <= set(HANDLERS)
 
 
 def _op_of(model, name: str, ops_by_name: dict[str, str]) -> str:
@@ -136,23 +132,12 @@ def _first_line(e: BaseException) -> str:
 
 
 def check(case: Case) -> str | None:
-    """None when the case passes, else why it failed (one line)."""
+    """None when the case passes, else why it failed (one line). Inputs are fed as the test gives them."""
     from ..errors import PackageError
-    from .onnx_import import ImportTimeValueError, from_onnx
+    from .onnx_import import from_onnx
 
-    given = dict(zip([v.name for v in case.model.graph.input], case.data_sets[0][0]))
-    bind: dict[str, np.ndarray] = {}
     try:
-        while True:
-            try:
-                fn = from_onnx(case.model, bind=bind).function()
-                break
-            except ImportTimeValueError as e:
-                # An operand the importer needs at import time (axes, a shape) is bound from the data set.
-                if e.input_name not in given or e.input_name in bind:
-                    raise
-                bind[e.input_name] = np.asarray(given[e.input_name])
-                BOUND.add(case.name)
+        fn = from_onnx(case.model).function()
     except PackageError as e:
         return f"import: {str(e)[:200]}"
     except Exception as e:  # an importer bug is a failure to report, not a crash of the run
@@ -191,6 +176,16 @@ def run(cases: list[Case]) -> dict[str, str | None]:
     return {c.name: check(c) for c in cases}
 
 
+def cause(failure: str) -> str:
+    """A failure's reason without the values of one case (names, numbers, shapes), to group by."""
+    text = re.sub(r"^(import|run): node '[^']*' \(\w+\): ", r"\1: ", failure)
+    text = re.sub(r"node '[^']*' \((\w+)\)", r"node (\1)", text)
+    text = re.sub(r"; (inputs|built at).*$", "", text)
+    text = re.sub(r"\([^()]*\bbuilt at [^()]*\)", "", text)
+    text = re.sub(r"\[[^\]]*\]|\([0-9, ]*\)|'[^']*'|\b\d+(\.\d+)?(e-?\d+)?\b", "…", text)
+    return text[:140]
+
+
 def report(cases: list[Case], results: dict[str, str | None], seconds: float) -> str:
     """The Markdown written to docs/onnx_conformance.md."""
     import onnx
@@ -203,53 +198,67 @@ def report(cases: list[Case], results: dict[str, str | None], seconds: float) ->
     scope = [c for c in cases if c.in_scope]
     p_all, n_all, r_all = rate(cases)
     p_in, n_in, r_in = rate(scope)
+    p_typed, n_typed, r_typed = rate([c for c in scope if c.types_supported])
     lines = [
         "# ONNX backend node tests",
         "",
-        "Generated by `python -m stitchml.package.conformance`; do not edit by hand.",
+        "Generated by `stitchml conformance onnx`; do not edit by hand.",
         f"onnx {onnx.__version__}, {n_all} node tests, run in {seconds:.0f} s on the CPU through the ONNX "
-        "importer and the eager executor, compared as ONNX's backend runner compares (dtype, then "
-        "`assert_allclose(rtol=1e-3, atol=1e-7)`).",
+        "importer and the eager executor. Each test's model is imported as it is and fed the test's inputs "
+        "(TensorProtos read with `onnx.numpy_helper`); nothing is bound at import time. Outputs are compared as "
+        "ONNX's backend runner compares (dtype, shape, then `assert_allclose(rtol=1e-3, atol=1e-7)`).",
         "",
         "| selection | passed | total | rate |",
         "| --- | --- | --- | --- |",
         f"| all node tests | {p_all} | {n_all} | {r_all:.1f}% |",
-        f"| in scope (operators of CNN, RNN/LSTM and transformer models) | {p_in} | {n_in} | {r_in:.1f}% |",
+        f"| in scope: every operator of the test is in the importer's table | {p_in} | {n_in} | {r_in:.1f}% |",
+        f"| in scope, on element types StitchML has (not uint16/32/64, float8, 4-bit, 2-bit, strings) | "
+        f"{p_typed} | {n_typed} | {r_typed:.1f}% |",
         "",
-        f"In scope means an in-scope operator on element types StitchML has; "
-        f"{sum(c.op in IN_SCOPE and not c.types_supported for c in cases)} tests of in-scope operators use "
-        "others (float8, int4, uint16/32/64, strings) and count only in the overall rate. "
-        f"{len(BOUND & {c.name for c in cases})} tests take an operand the importer needs at import time "
-        "(axes, a shape, pads, repeats) as a graph input; they ran with that input bound to the data set's "
-        "value (`from_onnx(model, bind=...)`).",
+        "## Failures by cause",
         "",
-        f"Without that binding, {p_in - sum(results[c.name] is None and c.name in BOUND for c in scope)} of "
-        f"the {n_in} in-scope tests pass.",
-        "",
-        "## In-scope operators",
-        "",
-        "| operator | passed | in scope | all tests of the operator |",
-        "| --- | --- | --- | --- |",
+        "| cause | tests | operators |",
+        "| --- | --- | --- |",
     ]
+    groups: dict[str, list[Case]] = defaultdict(list)
+    for c in cases:
+        if results[c.name] is not None:
+            groups[cause(results[c.name])].append(c)
+    for text, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        ops = sorted({c.op for c in members})
+        shown = ", ".join(ops[:8]) + (f" and {len(ops) - 8} more" if len(ops) > 8 else "")
+        lines.append(f"| {text.replace('|', '/')} | {len(members)} | {shown} |")
+    lines += ["", "## Operators", "",
+              "A test counts under the operator it tests (an `_expanded` test under the operator it expands).", "",
+              "| operator | passed | total | in scope | passed in scope |", "| --- | --- | --- | --- | --- |"]
     by_op = defaultdict(list)
     for c in cases:
         by_op[c.op].append(c)
-    for op in sorted(IN_SCOPE):
-        p, n, _ = rate([c for c in by_op.get(op, []) if c.in_scope])
-        lines.append(f"| {op} | {p} | {n} | {len(by_op.get(op, []))} |")
-    lines += ["", "## In-scope failures and their causes", ""]
+    for op in sorted(by_op):
+        p, n, _ = rate(by_op[op])
+        pi, ni, _ = rate([c for c in by_op[op] if c.in_scope])
+        lines.append(f"| {op} | {p} | {n} | {ni} | {pi} |")
+    lines += ["", "## Failures in scope", ""]
     for c in scope:
         if results[c.name] is not None:
             lines.append(f"- `{c.name}` ({c.op}): {results[c.name]}")
-    lines += ["", "## Out-of-scope operators", "",
-              "Not promised by the importer (quantization, sequences, control flow, strings, training, signal "
-              "processing, classical ML, newer fused operators); counted in the overall rate above.", "",
-              "| operator | passed | total | typical cause |", "| --- | --- | --- | --- |"]
-    for op in sorted(set(by_op) - IN_SCOPE):
-        p, n, _ = rate(by_op[op])
-        causes = Counter((results[c.name] or "").split(":")[0] for c in by_op[op] if results[c.name])
-        lines.append(f"| {op} | {p} | {n} | {causes.most_common(1)[0][0] if causes else ''} |")
     return "\n".join(lines) + "\n"
+
+
+def summary(cases: list[Case], results: dict[str, str | None]) -> str:
+    """The lines the command prints: the rates, then the largest groups of failures."""
+    p_all = sum(results[c.name] is None for c in cases)
+    scope = [c for c in cases if c.in_scope]
+    p_in = sum(results[c.name] is None for c in scope)
+    typed = [c for c in scope if c.types_supported]
+    p_typed = sum(results[c.name] is None for c in typed)
+    out = [f"all node tests: {p_all}/{len(cases)} ({100 * p_all / max(len(cases), 1):.1f}%)",
+           f"in scope:       {p_in}/{len(scope)} ({100 * p_in / max(len(scope), 1):.1f}%)",
+           f"  on our types: {p_typed}/{len(typed)} ({100 * p_typed / max(len(typed), 1):.1f}%)", "",
+           "failures by cause:"]
+    groups = Counter(cause(r) for r in results.values() if r is not None)
+    out += [f"  {n:4d}  {text}" for text, n in groups.most_common(15)]
+    return "\n".join(out)
 
 
 def cases_for(op: str | None = None, in_scope_only: bool = False) -> Iterator[Case]:
@@ -259,9 +268,10 @@ def cases_for(op: str | None = None, in_scope_only: bool = False) -> Iterator[Ca
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stitchml.package.conformance", description=__doc__.splitlines()[0])
-    parser.add_argument("--op", help="only this ONNX operator; prints its failures")
-    parser.add_argument("--out", default=os.path.join("docs", "onnx_conformance.md"), help="where to write the report")
+    parser = argparse.ArgumentParser(prog="stitchml conformance onnx", description=__doc__.splitlines()[0])
+    parser.add_argument("--op", help="only this ONNX operator; prints each test's result")
+    parser.add_argument("--out", default=os.path.join("docs", "onnx_conformance.md"),
+                        help="where to write the report (default: docs/onnx_conformance.md; '-' writes none)")
     args = parser.parse_args(argv)
     start = time.time()
     cases = list(cases_for(args.op))
@@ -269,12 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.op:
         for c in cases:
             print(f"{'PASS' if results[c.name] is None else 'FAIL'} {c.name}  {results[c.name] or ''}")
+        print(summary(cases, results))
         return 0
-    text = report(cases, results, time.time() - start)
-    with open(args.out, "w") as f:
-        f.write(text)
-    print("\n".join(text.splitlines()[5:10]))
-    print(f"wrote {args.out}")
+    print(summary(cases, results))
+    if args.out != "-":
+        with open(args.out, "w") as f:
+            f.write(report(cases, results, time.time() - start))
+        print(f"wrote {args.out}")
     return 0
 
 

@@ -8,6 +8,8 @@ on symbolic extents (``Shape(x)`` where x has a ``dim_param``) is tracked as
 ``Reshape(x, Concat(Shape(x)[0:1], [-1]))`` becomes a reshape that copies the
 batch extent at run time. The op handlers live in onnx_ops.py (with
 onnx_nn.py and onnx_rnn.py), one per ONNX operator, in a table keyed by op type.
+The function's `origins` map each ONNX value a node computed, by its name, to
+the graph tensor that holds it (`Function.origin_names()`).
 
     pkg = sm.package.from_onnx("resnet18.onnx")
     print(pkg.function("main").inputs[0])      # input: float32[batch, 3, 224, 224]
@@ -23,37 +25,64 @@ import torch
 from .. import dtypes
 from ..errors import PackageError, StitchError
 from ..graph import Graph
-from ..ir import UNKNOWN, Tensor, needed_ops
+from ..ir import UNKNOWN, Tensor, TensorType, needed_ops
 from ..version import __version__
-from . import onnx_nn, onnx_rnn  # noqa: F401  (each registers its handlers in onnx_ops.HANDLERS)
+from . import onnx_attention, onnx_bits, onnx_control, onnx_nn, onnx_rnn, onnx_tensor  # noqa: F401  (each registers its handlers in onnx_ops.HANDLERS)
 from .limits import Limits, known_elements, resolve
 from .onnx_ops import HANDLERS
 from .onnx_values import Dims, onnx_dtype
-from .package import Package
+from .package import Function, Origin, Package, Port
+from .specialise import SpecializedFunction
 
+SUBGRAPH_OPS = frozenset({"Scan", "Loop", "If"})  # operators whose graph attributes the handlers read
 MIN_OPSET = 1  # handlers read both the attribute and the operand forms; 13+ is what docs/packages.md promises
 
 class ImportTimeValueError(PackageError):
     """An operand the importer needs at import time (axes, a shape, pads) is only known at run time.
 
-    `input_name` names the graph input to bind (``from_onnx(bind=...)``) when that is where it comes from.
+    `inputs` names the graph inputs it is computed from; `shapes` says it depends on their extents (a
+    ``Shape`` the importer cannot follow symbolically) rather than on their values. `from_onnx` turns such a
+    model into a function specialised per value or per input shapes at run time (specialise.py).
     """
 
-    def __init__(self, message: str, input_name: str | None = None):
+    def __init__(self, message: str, inputs: tuple[str, ...] = (), shapes: bool = False):
         super().__init__(message)
-        self.input_name = input_name
+        self.inputs = tuple(inputs)
+        self.shapes = shapes
+
+    @property
+    def input_name(self) -> str | None:
+        """The one graph input the value is, when it is one."""
+        return self.inputs[0] if len(self.inputs) == 1 else None
+
+
+def _sources(tensors: Sequence[Tensor]) -> tuple[str, ...]:
+    """The placeholders (graph inputs) the tensors are computed from, in order of first reach."""
+    seen, found, stack = set(), [], list(tensors)
+    while stack:
+        t = stack.pop()
+        if not isinstance(t, Tensor) or t.op.id in seen:
+            continue
+        seen.add(t.op.id)
+        if t.op.op == "placeholder":
+            found.append(t.name)
+        stack.extend(t.op.inputs)
+    return tuple(found)
 
 
 class Importer:
     """The state of one import: the graph, the ONNX value table and the opset."""
 
-    def __init__(self, model, name: str, bind: dict[str, Any] | None = None, limits: Limits | None = None):
+    def __init__(self, model, name: str, bind: dict[str, Any] | None = None, limits: Limits | None = None,
+                 shapes: dict[str, tuple[int, ...]] | None = None):
         self.model = model
+        self.shapes = dict(shapes or {})  # input extents fixed for this import (a shape specialisation)
         self.limits = resolve(limits)
         self.unrolled_steps = 0  # recurrent steps unrolled so far, over every layer (onnx_rnn.py)
         self.bind = dict(bind or {})
         self.g = Graph(model.graph.name or name)
         self.values: dict[str, Any] = {}  # ONNX name -> Tensor | Dims
+        self.origins: dict[str, Origin] = {}  # ONNX value a node computed -> where it lives in the graph
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         self.node = None
 
@@ -94,25 +123,31 @@ class Importer:
         if isinstance(value, Dims):
             known = value.known()
             if known is None:
-                raise self.fail("this computes with symbolic extents in a way the importer cannot follow; "
-                                "export with static shapes or a simpler shape computation")
+                raise self.symbolic(value)
             return self.constant(known)
         return self.constant(value)
 
+    def symbolic(self, value: Dims) -> ImportTimeValueError:
+        """The error for a shape vector with run-time extents used where the importer cannot follow it."""
+        tensors = [e[0] for e in value.entries if isinstance(e, tuple)]
+        return ImportTimeValueError(f"{self.where()}: this computes with symbolic extents in a way the importer "
+                                    "cannot follow symbolically", _sources(tensors), shapes=True)
+
     def static(self, value: Any, what: str) -> np.ndarray:
-        """The value as a NumPy array; PackageError when it is only known at run time."""
+        """The value as a NumPy array; ImportTimeValueError when it is only known at run time."""
         if isinstance(value, Dims):
             known = value.known()
             if known is not None:
                 return known
+            raise self.symbolic(value)
         elif isinstance(value, Tensor) and value.op.op == "constant":
             v = value.op.attrs["value"]
             return (v.float() if v.dtype == torch.bfloat16 else v).numpy()  # NumPy has no bfloat16
         elif isinstance(value, np.ndarray):
             return value
-        name = value.name if isinstance(value, Tensor) and value.op.op == "placeholder" else None
         raise ImportTimeValueError(f"{self.where()}: {what} must be known when the model is imported "
-                                   "(a constant or an initializer; or bind the input with from_onnx(bind=...))", name)
+                                   "(a constant or an initializer, or computed from graph inputs)",
+                                   _sources([value]) if isinstance(value, Tensor) else ())
 
     def dims(self, value: Any, what: str) -> list:
         """A shape vector as entries: ints and (tensor, axis) pairs."""
@@ -121,6 +156,55 @@ class Importer:
         return [int(v) for v in self.static(value, what).reshape(-1)]
 
     # -- the walk ---------------------------------------------------------------
+    def run_node(self, node) -> None:
+        """Import one node: its handler's results become the values of its outputs."""
+        self.node = node
+        if node.domain not in ("", "ai.onnx"):
+            raise self.fail(f"operators of domain {node.domain!r} are not supported")
+        handler = HANDLERS.get(node.op_type)
+        if handler is None:
+            raise self.fail("this operator is not supported by the importer (docs/packages.md lists those that are)")
+        missing = [n for n in node.input if n and n not in self.values]
+        if missing:
+            raise self.fail(f"inputs {missing} are not defined before the node")
+        args = [self.values[n] if n else None for n in node.input]
+        try:
+            results = handler(self, node, args, attributes(node))
+        except PackageError:
+            raise
+        except StitchError as e:
+            raise self.fail(str(e)) from None
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            # A required attribute or operand is missing or of the wrong kind.
+            raise self.fail(f"malformed node: {type(e).__name__}: {e}") from None
+        except (ArithmeticError, RuntimeError, MemoryError) as e:
+            # Folding constants evaluates the op now: torch refuses what the model's values make undefined.
+            raise self.fail(f"cannot be evaluated on its constant operands ({type(e).__name__}: "
+                            f"{str(e)[:200]})") from None
+        for out_name, value in zip(node.output, results):
+            self.check_size(value)
+            if out_name:
+                self.values[out_name] = value
+                if isinstance(value, Tensor):
+                    self.origins[out_name] = Origin(out_name, out_name, node.op_type, value.name)
+        if len(self.g.operations) > self.limits.max_operations:
+            raise self.over("max_operations", len(self.g.operations), "operations built so far")
+
+    def run_subgraph(self, graph, bound: dict[str, Any]) -> list:
+        """Import a control-flow body once: its inputs bound to values, its initializers made constants;
+        returns the values of its outputs. Outer values stay visible, as ONNX scoping says."""
+        outer = self.node
+        for init in graph.initializer:
+            self.values[init.name] = self.tensor(_array(init, f"initializer {init.name!r}"))
+        self.values.update(bound)
+        for node in graph.node:
+            self.run_node(node)
+        self.node = outer
+        missing = [o.name for o in graph.output if o.name not in self.values]
+        if missing:
+            raise self.fail(f"the body's outputs {missing} are not computed by any of its nodes")
+        return [self.values[o.name] for o in graph.output]
+
     def run(self) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, list]]:
         graph = self.model.graph
         initializers = {init.name for init in graph.initializer}
@@ -135,41 +219,15 @@ class Importer:
                 self.values[vi.name] = self.tensor(np.asarray(self.bind[vi.name]))
                 continue
             dt, shape, names = value_type(vi)
+            if vi.name in self.shapes:
+                shape = tuple(self.shapes[vi.name])
             inputs[vi.name] = self.g.placeholder(shape, dt, name=vi.name)
             self.check_size(inputs[vi.name])
             self.values[vi.name] = inputs[vi.name]
             dim_names[vi.name] = names
         self.g._fold_constants = True
         for node in graph.node:
-            self.node = node
-            if node.domain not in ("", "ai.onnx"):
-                raise self.fail(f"operators of domain {node.domain!r} are not supported")
-            handler = HANDLERS.get(node.op_type)
-            if handler is None:
-                raise self.fail("this operator is not supported by the importer (docs/packages.md lists those that are)")
-            missing = [n for n in node.input if n and n not in self.values]
-            if missing:
-                raise self.fail(f"inputs {missing} are not defined before the node")
-            args = [self.values[n] if n else None for n in node.input]
-            try:
-                results = handler(self, node, args, attributes(node))
-            except PackageError:
-                raise
-            except StitchError as e:
-                raise self.fail(str(e)) from None
-            except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
-                # A required attribute or operand is missing or of the wrong kind.
-                raise self.fail(f"malformed node: {type(e).__name__}: {e}") from None
-            except (ArithmeticError, RuntimeError, MemoryError) as e:
-                # Folding constants evaluates the op now: torch refuses what the model's values make undefined.
-                raise self.fail(f"cannot be evaluated on its constant operands ({type(e).__name__}: "
-                                f"{str(e)[:200]})") from None
-            for out_name, value in zip(node.output, results):
-                self.check_size(value)
-                if out_name:
-                    self.values[out_name] = value
-            if len(self.g.operations) > self.limits.max_operations:
-                raise self.over("max_operations", len(self.g.operations), "operations built so far")
+            self.run_node(node)
         self.node = None
         self.g._fold_constants = False
         outputs = {}
@@ -221,6 +279,8 @@ def attributes(node) -> dict[str, Any]:
     for a in node.attribute:
         if a.type == AttributeProto.TENSOR:
             out[a.name] = _array(a.t, f"attribute {a.name!r} of node {node.name!r}")
+        elif a.type == AttributeProto.GRAPH and node.op_type in SUBGRAPH_OPS:
+            out[a.name] = a.g  # imported by the handler, unrolled (onnx_control.py)
         elif a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
             raise PackageError(f"node {node.name!r} ({node.op_type}): control flow subgraphs are not supported")
         else:
@@ -331,9 +391,10 @@ def from_onnx(model: Any, name: str = "main", bind: dict[str, Any] | None = None
               limits: Limits | None = None) -> Package:
     """Import an ONNX model into a one-function package; PackageError names the node that failed.
 
-    `bind` fixes graph inputs to values (arrays) at import time; operands the
-    importer must know (axes, shapes, pads, repeats) can be given this way
-    when the model takes them as inputs. The model must pass ONNX's checker
+    An operand the graph needs as a constant (axes, a shape, pads, repeats) that
+    the model computes from its inputs makes the function specialised at run
+    time on those inputs' values (specialise.py); `bind` fixes graph inputs to
+    values (arrays) at import time instead. The model must pass ONNX's checker
     (`onnx.checker.check_model(full_check=True)`); `limits` bounds what importing
     may cost (limits.py). Any invalid or hostile model raises PackageError.
 
@@ -349,12 +410,39 @@ def from_onnx(model: Any, name: str = "main", bind: dict[str, Any] | None = None
     limits = resolve(limits)
     proto = load_model(model, limits)
     check_model(proto, limits)
-    importer = Importer(proto, name, bind, limits)
-    if importer.opset < MIN_OPSET:
-        raise PackageError(f"the model uses opset {importer.opset}; the importer reads opset {MIN_OPSET} and later "
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < MIN_OPSET:
+        raise PackageError(f"the model uses opset {opset}; the importer reads opset {MIN_OPSET} and later "
                            "(13 and later fully); convert it with onnx.version_converter")
-    inputs, outputs, dim_names = importer.run()
     producer = {"name": "stitchml.onnx", "version": __version__,
-                "source": f"ONNX opset {importer.opset}, from {proto.producer_name or 'unknown'} "
+                "source": f"ONNX opset {opset}, from {proto.producer_name or 'unknown'} "
                           f"{proto.producer_version}".rstrip()}
-    return Package.from_graph(importer.g, inputs, outputs, name=name, producer=producer, dim_names=dim_names)
+    try:
+        fn = import_graph(proto, name, bind, limits)
+    except ImportTimeValueError as e:
+        fn = _specialised(proto, name, bind, limits, e)
+    return Package({name: fn}, producer)
+
+
+def import_graph(proto, name: str, bind: dict[str, Any] | None, limits: Limits,
+                 shapes: dict[str, tuple[int, ...]] | None = None) -> Function:
+    """The function of a checked model: one graph, `bind`'s inputs fixed to values, `shapes`' extents fixed."""
+    importer = Importer(proto, name, bind, limits, shapes)
+    inputs, outputs, dim_names = importer.run()
+    return Package.from_graph(importer.g, inputs, outputs, name=name, dim_names=dim_names,
+                              origins=importer.origins).function(name)
+
+
+def _specialised(proto, name: str, bind: dict[str, Any] | None, limits: Limits, error: ImportTimeValueError):
+    """A function specialised at run time on the inputs `error` says an import-time operand comes from."""
+    initializers = {i.name for i in proto.graph.initializer}
+    graph_inputs = [vi for vi in proto.graph.input if vi.name not in initializers and vi.name not in (bind or {})]
+    if not error.inputs or not set(error.inputs) <= {vi.name for vi in graph_inputs}:
+        raise error
+    ports = []
+    for vi in [*graph_inputs, *proto.graph.output]:
+        dt, shape, names = value_type(vi)
+        ports.append(Port(vi.name, TensorType(shape, dt), None if names is None else tuple(names)))
+    values = () if error.shapes else error.inputs
+    return SpecializedFunction(name, proto, {"limits": limits}, ports[:len(graph_inputs)],
+                               ports[len(graph_inputs):], values, error.shapes, import_graph, ImportTimeValueError)

@@ -143,8 +143,23 @@ def _pool(cx, node, args, attrs):
     desc = Pooling2DDescriptor(kernel_size=tuple(kernel), stride=tuple(strides), dilation=tuple(dil), padding=pad,
                                ceil_mode=bool(attrs.get("ceil_mode", 0)),
                                include_zero_padding=bool(attrs.get("count_include_pad", 0)))
-    y = g.max_pooling2d(x2, desc) if node.op_type == "MaxPool" else g.avg_pooling2d(x2, desc)
+    y = g.max_pooling2d(x2, desc) if node.op_type == "MaxPool" else g.avg_pooling2d(x2, desc)  # LpPool: average
     return [g.squeeze(y, [2]) if one_d else y]
+
+
+@handles("LpPool")
+def _lp_pool(cx, node, args, attrs):
+    # (sum over the window of |x|^p)^(1/p): an average including the zero padding, times the window's size.
+    g, x = cx.g, _t(cx, args[0])
+    p = float(attrs.get("p", 2))
+    if p <= 0:
+        raise cx.fail(f"p must be positive, got {p}")
+    window = 1
+    for k in attrs["kernel_shape"]:
+        window *= int(k)
+    powered = g.power(g.absolute(x), g.constant(p, x.dtype))
+    avg = _pool(cx, node, [powered], {**attrs, "count_include_pad": 1})[0]
+    return [g.power(avg * float(window), g.constant(1.0 / p, x.dtype))]
 
 
 @handles("GlobalAveragePool", "GlobalMaxPool")

@@ -416,6 +416,31 @@ def _constant_of_shape(cx, node, args, attrs):
     return [shapes.broadcast_to(cx.g, value, entries)]
 
 
+@handles("EyeLike")
+def _eye_like(cx, node, args, attrs):
+    x = _t(cx, args[0])
+    if x.shape is None or len(x.shape) != 2 or UNKNOWN in x.shape:
+        raise cx.fail(f"the input must be 2-D with known extents, got {x.type}")
+    dt = onnx_dtype(attrs["dtype"], "EyeLike dtype") if "dtype" in attrs else x.dtype
+    eye = np.eye(x.shape[0], x.shape[1], int(attrs.get("k", 0)), dtype=np.float64)
+    return [cx.g.cast(cx.tensor(eye), dt)]
+
+
+@handles("Compress")
+def _compress(cx, node, args, attrs):
+    # The condition decides the result's extent, so it is an import-time operand (a value specialisation
+    # when it is a graph input).
+    x = _t(cx, args[0])
+    keep = np.nonzero(cx.static(args[1], "Compress condition").reshape(-1))[0].astype(np.int64)
+    if "axis" not in attrs:
+        x, axis = cx.g.reshape(x, [-1]), 0
+    else:
+        axis = cx.axis(attrs["axis"], _rank(cx, x))
+    if x.shape[axis] != UNKNOWN and keep.size and keep[-1] >= x.shape[axis]:
+        raise cx.fail(f"the condition selects index {keep[-1]} of an axis of extent {x.shape[axis]}")
+    return [cx.g.gather(x, cx.tensor(keep), axis)]
+
+
 @handles("Range")
 def _range(cx, node, args, attrs):
     start, limit, delta = (cx.static(a, "Range operands") for a in args)
@@ -494,6 +519,18 @@ def _reduce(cx, node, args, attrs):
     op = node.op_type
     if axes == "noop":
         return [g.identity(x)]
+    if op in ("ReduceMax", "ReduceMin", "ReduceLogSumExp") and x.shape is not None and UNKNOWN not in x.shape:
+        reduced = range(len(x.shape)) if axes is None else axes
+        if any(x.shape[a] == 0 for a in reduced):  # over no elements: the operation's identity, as ONNX says
+            shape = [1 if a in reduced else d for a, d in enumerate(x.shape)] if keep else \
+                [d for a, d in enumerate(x.shape) if a not in reduced]
+            identity = {"ReduceMax": -np.inf, "ReduceMin": np.inf, "ReduceLogSumExp": -np.inf}[op]
+            if x.dtype == dtypes.bool_:
+                identity = op == "ReduceMin"
+            elif x.dtype.is_integer:
+                info = np.iinfo(x.dtype.numpy)
+                identity = info.min if op == "ReduceMax" else info.max
+            return [g.constant(np.full(shape, identity), x.dtype)]
     if op == "ReduceLogSumExp":
         return [g.cast(g.log_sum_exp(x, axes if axes is not None else tuple(range(_rank(cx, x))), keep), x.dtype)]
     pre = {"ReduceL1": g.absolute, "ReduceL2": g.square, "ReduceSumSquare": g.square}.get(op)

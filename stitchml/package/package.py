@@ -32,6 +32,7 @@ from typing import Any, Sequence
 from .. import dtypes
 from ..codegen import loader
 from ..errors import PackageError, SerializationError
+from ..graph import Graph
 from ..ir import UNKNOWN, Tensor, TensorType
 from ..serialize import from_dict, to_dict
 from ..tensor_data import TensorData
@@ -77,6 +78,29 @@ class KernelEntry:
     compiler: str = ""
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where a value of an imported function came from: the public map from the graph back to the model.
+
+    `key` names the value in the model it was imported from: the ONNX value name, or for torch.export
+    ``module#k``, the k-th ATen op that submodule (``enc.act``; ``""`` for the top-level forward) ran. Such
+    keys survive changes elsewhere in the network, so two versions of one module line up (the debugger's
+    bisection compares an imported network with a PyTorch run of another version through them).
+    `value` and `op` are the source's own names (ONNX value and op type; FX node and ATen operator),
+    `tensor` the graph tensor holding the value, `location` the source line that computed it
+    (``"unet.py:42"`` for torch.export, ``""`` for ONNX, which records none).
+    """
+
+    key: str
+    value: str
+    op: str
+    tensor: str
+    location: str = ""
+
+    def record(self) -> dict:
+        return {"key": self.key, "value": self.value, "op": self.op, "tensor": self.tensor, "location": self.location}
+
+
 def _describe(target: dict[str, str]) -> str:
     build = f" (build {target['triton_build']})" if "triton_build" in target else ""
     return f"{target.get('arch')}/triton {target.get('triton')}{build}"
@@ -88,14 +112,25 @@ class Function:
     ``fn(**inputs)`` returns ``{output name: TensorData}`` on the inputs'
     device: compiled on CUDA (one executable per input signature), eagerly on
     the CPU, as `Graph.run` does.
+
+    `origins` maps each value of the model an importer read (by `Origin.key`) to the graph tensor that
+    holds it, with the source's names and line; empty for a function built from a graph. It is saved
+    with the package.
     """
 
-    def __init__(self, name: str, graph, inputs: dict[str, tuple[Tensor, Port]], outputs: dict[str, tuple[Tensor, Port]]):
+    def __init__(self, name: str, graph, inputs: dict[str, tuple[Tensor, Port]], outputs: dict[str, tuple[Tensor, Port]],
+                 origins: dict[str, Origin] | None = None):
         self.name = name
         self.graph = graph
         self._inputs = inputs
         self._outputs = outputs
+        self.origins: dict[str, Origin] = dict(origins or {})
         self.package: Package | None = None  # set by the package that holds the function
+
+    def origin_names(self) -> dict[str, str]:
+        """{origin key: graph tensor name}, the `names=` that `stitchml.debug.bisect` takes to compare this
+        function with a reference keyed like the model it was imported from."""
+        return {k: o.tensor for k, o in self.origins.items()}
 
     @property
     def inputs(self) -> list[Port]:
@@ -179,12 +214,17 @@ class Package:
 
     @classmethod
     def from_graph(cls, graph, inputs: dict[str, Tensor], outputs: dict[str, Tensor], name: str = "main",
-                   producer: dict | None = None, dim_names: dict[str, Sequence[str | None]] | None = None) -> "Package":
-        """A one-function package from a graph, its input placeholders and output tensors."""
+                   producer: dict | None = None, dim_names: dict[str, Sequence[str | None]] | None = None,
+                   origins: dict[str, Origin] | None = None) -> "Package":
+        """A one-function package from a graph, its input placeholders and output tensors (and, from an
+        importer, where its values came from: `Function.origins`)."""
         for n, t in inputs.items():
             if t.op.op != "placeholder" or t.graph is not graph:
                 raise PackageError(f"input {n!r} must be a placeholder of the graph, got {t!r}")
-        fn = Function(name, graph, _ports_of(inputs, dim_names), _ports_of(outputs, dim_names))
+        if origins:
+            present = {t.name for op in graph.operations for t in op.outputs}
+            origins = {k: o for k, o in origins.items() if o.tensor in present}  # values folded away have none
+        fn = Function(name, graph, _ports_of(inputs, dim_names), _ports_of(outputs, dim_names), origins)
         return cls({name: fn}, producer)
 
     def function(self, name: str = "main") -> Function:
@@ -284,6 +324,8 @@ class Package:
                 "inputs": [p.record(t.id) for t, p in fn._inputs.values()],
                 "outputs": [p.record(t.id) for t, p in fn._outputs.values()],
             }
+            if fn.origins:
+                functions[name]["origins"] = [o.record() for o in fn.origins.values()]
         kernels = [{"function": k.function, "input_dimensions": {n: list(d) for n, d in k.input_dimensions.items()},
                     "target": k.target, "part": k.part, "compiler": k.compiler} for k in self.kernels]
         manifest = {"format": FORMAT, "version": VERSION, "producer": self.producer, "functions": functions,
@@ -355,7 +397,7 @@ def _load_function(name: str, rec: Any, parts: dict[str, bytes], where: str, lim
     except (SafetensorError, ValueError, RuntimeError, OverflowError) as e:
         raise PackageError(f"{where}: weights {rec['weights']} are not valid safetensors ({e})") from None
     try:
-        graph = from_dict(doc, tensors)
+        graph = from_dict(doc, tensors, Graph)
     except SerializationError as e:
         raise PackageError(f"{where}: invalid IR: {e}") from None
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
@@ -380,7 +422,22 @@ def _load_function(name: str, rec: Any, parts: dict[str, bytes], where: str, lim
                 _need(t.dtype == port.type.dtype, pw, f"the graph's tensor is {t.type}, the signature says {port.type}")
             table[port.name] = (t, port)
         ports[kind] = table
-    return Function(name, graph, ports["inputs"], ports["outputs"])
+    return Function(name, graph, ports["inputs"], ports["outputs"], _origins(rec.get("origins", []), by_id, where))
+
+
+def _origins(recs: Any, by_id: dict, where: str) -> dict[str, Origin]:
+    _need(isinstance(recs, list), where, f"origins must be a list, got {type(recs).__name__}")
+    names = {t.name for t in by_id.values()}
+    out: dict[str, Origin] = {}
+    for i, r in enumerate(recs):
+        ow = f"{where} origins[{i}]"
+        _need(isinstance(r, dict) and set(r) == set(Origin.__dataclass_fields__)
+              and all(isinstance(v, str) for v in r.values()), ow,
+              f"expected an object of text fields {sorted(Origin.__dataclass_fields__)}, got {str(r)[:120]!r}")
+        _need(r["key"] not in out, ow, f"key {r['key']!r} is used twice")
+        _need(r["tensor"] in names, ow, f"tensor {r['tensor']!r} is not in the graph")
+        out[r["key"]] = Origin(**r)
+    return out
 
 
 def _load_kernels(manifest: dict, functions: dict, parts: dict[str, bytes]) -> tuple[list[KernelEntry], dict]:

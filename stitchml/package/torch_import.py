@@ -9,6 +9,12 @@ for every extent a `torch.export.Dim` made symbolic, named after the Dim.
 Symbolic sizes that reach shapes (``view(x, [s0, -1])``) are tracked as
 (tensor, axis) entries and become run-time extents (package/shapes.py).
 
+The ops built for an ATen node carry the node's source line (the innermost
+frame of its stack trace outside torch itself: the model's own code) as
+their `location`, and the submodule that ran it as their `scope`; the
+function's `origins` map each node (``module#k``, `origin_keys`) to the
+tensor holding its value.
+
     >>> import torch, stitchml as sm
     >>> m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
     >>> batch = torch.export.Dim("batch")
@@ -19,6 +25,8 @@ Symbolic sizes that reach shapes (``view(x, [s0, -1])``) are tracked as
 from __future__ import annotations
 
 import inspect
+import os
+import re
 from typing import Any, Sequence
 
 import torch
@@ -29,7 +37,10 @@ from ..graph import Graph
 from ..ir import UNKNOWN, Tensor
 from ..version import __version__
 from .limits import Limits, known_elements, resolve
-from .package import Package
+from .package import Origin, Package
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
 class TorchImporter:
@@ -136,8 +147,48 @@ def _symbol_names(module, program, example_inputs: Sequence[Any], dynamic_shapes
     return out
 
 
-def _weights(program) -> dict[str, torch.Tensor]:
-    """Placeholder name -> tensor for parameters, buffers and lifted constants."""
+def export_program(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_shapes=None):
+    """`module` through torch.export, decomposed to core ATen: the program the importer reads."""
+    try:
+        program = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+        return _decompose(program)
+    except Exception as e:  # torch.export's own errors have many types; they all mean "cannot export"
+        raise PackageError(f"torch.export failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+
+def module_path(node) -> str:
+    """The qualified name of the submodule whose forward ran an FX node ("" for the top-level forward)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return str(list(stack.values())[-1][0]) if stack else ""
+
+
+def origin_keys(program) -> dict[str, str]:
+    """FX node name -> ``module#k`` for every ATen node of `program`: the k-th node that submodule ran.
+
+    Keys depend only on the nodes of the same submodule before it, so two versions of a network
+    (one operator changed) give the same key to corresponding values.
+    """
+    counts: dict[str, int] = {}
+    keys = {}
+    for node in program.graph.nodes:
+        if node.op == "call_function":
+            path = module_path(node)
+            keys[node.name] = f"{path}#{counts.get(path, 0)}"
+            counts[path] = counts.get(path, 0) + 1
+    return keys
+
+
+def source_line(node) -> str:
+    """``file:line`` of the model code that made an FX node: the innermost frame of its stack trace
+    outside torch's own modules (an ``nn.Conv2d`` node points at the line that called the layer)."""
+    frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+    own = [f for f in frames if not os.path.abspath(f[0]).startswith(_TORCH_DIR)]
+    path, line = (own or frames or [("", "")])[-1]
+    return f"{path}:{line}" if path else ""
+
+
+def program_weights(program) -> dict[str, torch.Tensor]:
+    """Placeholder name -> tensor for the parameters, buffers and lifted constants of an exported program."""
     sig = program.graph_signature
     state = program.state_dict
     consts = getattr(program, "constants", {}) or {}
@@ -153,6 +204,19 @@ def _weights(program) -> dict[str, torch.Tensor]:
     return table
 
 
+def _decompose(program):
+    """Core ATen through the default decompositions; where those fail, a narrower table that keeps the
+    operators torch_ops.py maps itself (attention, whose math decomposition leaves strides a later view
+    refuses in GPT-2-style blocks)."""
+    try:
+        return program.run_decompositions(torch.export.default_decompositions())
+    except Exception:  # noqa: BLE001  the narrower table is tried next; its error is the one reported
+        table = torch.export.default_decompositions()
+        for op in (torch.ops.aten.scaled_dot_product_attention.default,):
+            table.pop(op, None)
+        return program.run_decompositions(table)
+
+
 def from_torch(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_shapes=None,
                name: str = "main", limits: Limits | None = None) -> Package:
     """Export `module` with torch.export and import it into a one-function package.
@@ -164,20 +228,18 @@ def from_torch(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_s
     """
     from .torch_ops import HANDLERS
 
-    try:
-        program = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
-        program = program.run_decompositions(torch.export.default_decompositions())
-    except Exception as e:  # torch.export's own errors have many types; they all mean "cannot export"
-        raise PackageError(f"torch.export failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    program = export_program(module, example_inputs, dynamic_shapes)
     limits = resolve(limits)
     n_nodes = len(program.graph.nodes)
     if n_nodes > limits.max_nodes:
         raise limits.exceeded("max_nodes", n_nodes, "the exported program's nodes")
     imp = TorchImporter(program, name)
-    weights = _weights(program)
+    weights = program_weights(program)
     names = _symbol_names(module, program, example_inputs, dynamic_shapes)
     inputs, dim_names = {}, {}
     outputs: dict[str, Tensor] = {}
+    keys = origin_keys(program)
+    origins: dict[str, Origin] = {}
     for node in program.graph.nodes:
         imp.node = node
         if node.op == "placeholder":
@@ -195,6 +257,7 @@ def from_torch(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_s
             handler = HANDLERS.get(str(node.target))
             if handler is None:
                 raise imp.fail("this ATen operator is not supported by the importer (docs/packages.md lists those that are)")
+            built = len(imp.g.operations)
             try:
                 result = handler(imp, node, *[imp.arg(a) for a in node.args],
                                  **{k: imp.arg(v) for k, v in node.kwargs.items()})
@@ -202,8 +265,13 @@ def from_torch(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_s
                 raise
             except StitchError as e:
                 raise imp.fail(str(e)) from None
-            imp.values[node.name] = _match_meta(imp, node, result)
-            _check_size(imp, limits, imp.values[node.name])
+            imp.values[node.name] = value = _match_meta(imp, node, result)
+            _check_size(imp, limits, value)
+            line, scope = source_line(node), module_path(node)
+            for op in imp.g.operations[built:]:
+                op.location, op.scope = line or op.location, scope
+            if isinstance(value, Tensor):
+                origins[keys[node.name]] = Origin(keys[node.name], node.name, str(node.target), value.name, line)
         elif node.op == "output":
             results = [imp.tensor(imp.arg(a)) for a in node.args[0]]
             for i, t in enumerate(results):
@@ -213,7 +281,7 @@ def from_torch(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_s
     producer = {"name": "stitchml.torch_export", "version": __version__,
                 "source": f"torch.export from torch {torch.__version__}, {type(module).__name__}"}
     return Package.from_graph(imp.g, inputs, outputs, name=name, producer=producer,
-                              dim_names={k: v for k, v in dim_names.items() if any(v)})
+                              dim_names={k: v for k, v in dim_names.items() if any(v)}, origins=origins)
 
 
 def _check_size(imp: TorchImporter, limits: Limits, value: Any) -> None:

@@ -71,6 +71,15 @@ def _div_mode(imp, node, a, b, rounding_mode=None):
     return g.truncate(q) if rounding_mode == "trunc" else q
 
 
+@aten("bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor")
+def _bitwise(imp, node, a, b):
+    # On booleans (masks combined with & | ^) these are the logical operators; integer bit operations are not.
+    if a.dtype != dtypes.bool_ or b.dtype != dtypes.bool_:
+        raise imp.fail(f"bit operations on {a.dtype} are not supported (booleans are)")
+    op = str(node.target).split(".")[1].replace("bitwise", "logical")
+    return getattr(imp.g, op)(a, b)
+
+
 @aten("where.self")
 def _where(imp, node, cond, a, b):
     return imp.g.select(cond, a, b)
@@ -223,9 +232,17 @@ def _select(imp, node, x, dim, index):
     return imp.g.index(x, tuple(key))
 
 
+def _empty(t: Tensor) -> bool:
+    return t.shape is not None and UNKNOWN not in t.shape and 0 in t.shape
+
+
 @aten("cat.default")
 def _cat(imp, node, tensors, dim=0):
-    return imp.g.concat(tensors, _axis(tensors[0], dim))
+    # torch.cat skips empty tensors (a (0,)-shaped one of any rank, as a KV cache starts): so does the import.
+    kept = [t for t in tensors if not _empty(t)] or list(tensors[:1])
+    if len(kept) == 1:
+        return imp.g.identity(kept[0])
+    return imp.g.concat(kept, _axis(kept[0], dim))
 
 
 @aten("split_with_sizes.default")
@@ -246,6 +263,13 @@ def _split(imp, node, x, size, dim=0):
 def _full(imp, node, size, value, dtype=None, **_):
     dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.as_dtype(torch.get_default_dtype())
     return shapes.broadcast_to(imp.g, imp.g.constant(value, dt), list(size))
+
+
+@aten("full_like.default")
+def _full_like(imp, node, x, value, dtype=None, **_):
+    dt = dtypes.as_dtype(dtype) if dtype is not None else x.dtype
+    entries = [(x, i) if d == UNKNOWN else d for i, d in enumerate(x.shape)]
+    return shapes.broadcast_to(imp.g, imp.g.constant(value, dt), entries)
 
 
 @aten("scalar_tensor.default")
@@ -328,6 +352,19 @@ def _reduce(imp, node, x, dims=None, keepdim=False, dtype=None):
     return fn(x, _dims(x, dims), keepdim)
 
 
+@aten("any.dim", "any.dims", "any.default", "all.dim", "all.dims", "all.default")
+def _any(imp, node, x, dims=None, keepdim=False):
+    # any: some element is non-zero; all: no element is zero. Counted as int64, compared with 0.
+    g = imp.g
+    if isinstance(dims, int):
+        dims = [dims]
+    is_all = str(node.target).startswith("aten.all")
+    zero = g.constant(0, x.dtype) if x.dtype != dtypes.bool_ else g.constant(False, dtypes.bool_)
+    hits = g.cast(g.equal(x, zero) if is_all else g.not_equal(x, zero), dtypes.int64)
+    count = g.reduction_sum(hits, _dims(x, dims), keepdim)
+    return g.equal(count, g.constant(0, dtypes.int64)) if is_all else g.greater_than(count, g.constant(0, dtypes.int64))
+
+
 @aten("argmax.default", "argmin.default")
 def _argmax(imp, node, x, dim=None, keepdim=False):
     g = imp.g
@@ -352,6 +389,38 @@ def _var(imp, node, x, dims=None, correction=1, keepdim=False):
 def _softmax(imp, node, x, dim, half_to_float=False):
     fn = imp.g.softmax if "_softmax" in str(node.target) and "log" not in str(node.target) else imp.g.log_softmax
     return fn(x, _axis(x, dim))
+
+
+@aten("scaled_dot_product_attention.default")
+def _sdpa(imp, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    # torch's math definition: softmax(q k^T * scale + bias) v, a boolean mask selecting the keys attended
+    # and is_causal keeping key j <= query i (top-left aligned); grouped-query heads repeat each kv head.
+    import numpy as np
+
+    g = imp.g
+    if dropout_p:
+        raise imp.fail("attention dropout is not supported (packages run inference)")
+    head = q.shape[-1]
+    if head == UNKNOWN or q.shape[-2] == UNKNOWN or k.shape[-2] == UNKNOWN:
+        raise imp.fail("attention needs known sequence lengths and head size")
+    if enable_gqa and q.shape[-3] != k.shape[-3]:
+        rep = q.shape[-3] // k.shape[-3]
+
+        def repeat(x):
+            entries = [(x, i) if d == UNKNOWN else d for i, d in enumerate(x.shape)]
+            y = g.tile(g.expand_dims(x, [x.rank - 2]), [1] * (x.rank - 2) + [rep, 1, 1])
+            return shapes.reshape_to(g, y, entries[:-3] + [x.shape[-3] * rep] + entries[-2:])
+
+        k, v = repeat(k), repeat(v)
+    scale = 1.0 / float(np.sqrt(head)) if scale is None else float(scale)
+    scores = g.matrix_multiplication(q, g.transpose(k, list(range(k.rank - 2)) + [k.rank - 1, k.rank - 2])) * scale
+    neg = g.constant(-np.inf, scores.dtype)
+    if is_causal:
+        keep = np.tril(np.ones((q.shape[-2], k.shape[-2]), bool))
+        scores = g.select(g.constant(keep), scores, neg)
+    if attn_mask is not None:
+        scores = g.select(attn_mask, scores, neg) if attn_mask.dtype == dtypes.bool_ else scores + attn_mask
+    return g.matrix_multiplication(g.softmax(scores, scores.rank - 1), v)
 
 
 # -- linear algebra and convolution -----------------------------------------------------------------
@@ -439,6 +508,23 @@ def _batch_norm(imp, node, x, weight, bias, mean, var, momentum, eps):
         return None if v is None else g.reshape(v, shape)
 
     y = g.normalization(x, per_channel(mean), per_channel(var), per_channel(weight), per_channel(bias), eps)
+    return (y, None, None)
+
+
+@aten("native_group_norm.default")
+def _group_norm(imp, node, x, weight, bias, n, c, hw, groups, eps):
+    # Normalise each (sample, group) over its channels and positions, then scale and shift per channel.
+    g = imp.g
+    if x.shape is None or UNKNOWN in x.shape[1:]:
+        raise imp.fail(f"group norm needs known channel and spatial extents, got {x.type}")
+    entries = [(x, 0) if x.shape[0] == UNKNOWN else x.shape[0], int(groups), -1]
+    y = g.layer_normalization(shapes.reshape_to(g, x, entries), (2,), None, None, eps)
+    y = shapes.reshape_to(g, y, [(x, 0) if x.shape[0] == UNKNOWN else x.shape[0], *x.shape[1:]])
+    per_channel = (-1,) + (1,) * (x.rank - 2)
+    if weight is not None:
+        y = y * g.reshape(weight, per_channel)
+    if bias is not None:
+        y = y + g.reshape(bias, per_channel)
     return (y, None, None)
 
 

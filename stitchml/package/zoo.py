@@ -1,7 +1,10 @@
-"""Small reference networks with random weights: a CNN, a UNet, an LSTM, a transformer block, a ResNet-18.
+"""Small reference networks with random weights: a CNN, a UNet, an LSTM, a transformer block, a ResNet-18, and
+models of the transformers library (BERT, GPT-2, Llama, ViT, ConvNeXt, ResNet) from small configs.
 
-The importers are checked against PyTorch on these (tests/test_torch_export.py,
-tests/test_onnx_zoo.py), and the benchmark and the timeline example use them.
+Public: the networks to try packages and pipelines on without a model file
+(docs/packages.md starts from `zoo.build("cnn")`). The importers are checked
+against PyTorch on these (tests/test_torch_export.py, tests/test_onnx_zoo.py),
+and the benchmarks and the timeline example use them.
 Each entry gives the module (in eval mode, seeded) and example inputs.
 
     >>> from stitchml.package import zoo
@@ -138,10 +141,56 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple]]] = {
 }
 
 
+class FirstOutput(nn.Module):
+    """A transformers model's first output (its last hidden state) as a plain tensor."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x, return_dict=False)[0]
+
+
+def _transformers(family: str) -> tuple[nn.Module, tuple]:
+    """A model of the transformers library from a small config (random weights; nothing is downloaded)."""
+    import transformers as tf
+
+    tokens = lambda: (torch.randint(0, 100, (2, 8)),)  # noqa: E731
+    images = lambda n: (torch.randn(2, 3, n, n),)  # noqa: E731
+    families = {
+        "bert": lambda: (tf.BertModel(tf.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                                    num_attention_heads=4, intermediate_size=64,
+                                                    max_position_embeddings=32)), tokens()),
+        "gpt2": lambda: (tf.GPT2Model(tf.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=32,
+                                                    bos_token_id=0, eos_token_id=0)), tokens()),
+        "llama": lambda: (tf.LlamaModel(tf.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                                       num_attention_heads=4, num_key_value_heads=2,
+                                                       intermediate_size=64, max_position_embeddings=32)),
+                          tokens()),
+        "vit": lambda: (tf.ViTModel(tf.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                 intermediate_size=64, image_size=16, patch_size=4)), images(16)),
+        "convnext": lambda: (tf.ConvNextModel(tf.ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2,
+                                                                image_size=32)), images(32)),
+        "resnet": lambda: (tf.ResNetModel(tf.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                                                          layer_type="basic")), images(32)),
+    }
+    if family not in families:
+        raise KeyError(f"no transformers family {family!r}; there are {sorted(families)}")
+    model, inputs = families[family]()
+    return FirstOutput(model.eval()).eval(), inputs
+
+
+TRANSFORMERS = ("bert", "gpt2", "llama", "vit", "convnext", "resnet")  # built as "hf:<family>"
+
+
 def build(name: str, seed: int = 0) -> tuple[nn.Module, tuple]:
-    """The model `name` with weights from `seed`, in eval mode, and example inputs."""
-    make, inputs = MODELS[name]
+    """The model `name` with weights from `seed`, in eval mode, and example inputs; ``hf:<family>`` builds
+    one of `TRANSFORMERS` (needs the transformers package)."""
     torch.manual_seed(seed)
+    if name.startswith("hf:"):
+        return _transformers(name[3:])
+    make, inputs = MODELS[name]
     model = make()
     with torch.no_grad():
         _randomize_norms(model)

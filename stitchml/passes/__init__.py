@@ -8,7 +8,7 @@
     attention     softmax(Q Kᵀ · scale [+ mask]) V from primitives becomes one fused kernel
     stitch        adjacent ops grouped into kernels (legality, score, policy kept apart)
     plan_memory   every intermediate gets an offset in one arena, by liveness
-    lower         each kernel becomes a pre-bound launch
+    lower         each kernel becomes a pre-bound launch: the LaunchPlan an Executable runs
 
 Set STITCHML_DUMP_IR=1 to print the program after every pass, or to a
 directory to write one file per pass there.
@@ -39,15 +39,24 @@ class CompileContext:
     """What the passes share: the target, options, and what each pass reports."""
 
     device: torch.device
-    backend: str  # "triton" (CUDA or TRITON_INTERPRET on the CPU) or "reference"
+    backend: str  # "triton" (CUDA), "interpret" (TRITON_INTERPRET on the CPU), "native" (C++, CPU) or "reference"
     options: dict[str, Any] = field(default_factory=dict)
     run_context: Callable[[], Any] | None = None  # a run's RunContext (its run index), for random ops
     fusion_report: list = field(default_factory=list)  # stitch: kernels and refusals
     attention_report: list = field(default_factory=list)  # attention: where it applied, or why not
     boundaries: list = field(default_factory=list)  # stitch: a reason for every edge between steps
     memory_plan: Any = None  # plan_memory
-    launches: list = field(default_factory=list)  # lower
+    launch_plan: Any = None  # lower: a runtime.launch.LaunchPlan
     timings: dict[str, float] = field(default_factory=dict)
+
+    def compile_block(self, program: Program) -> tuple[Program, "CompileContext"]:
+        """`program` (a control-flow block's) through the whole pipeline for this target, in a context of
+        its own; its fusion report joins this one's (passes/control.py: a passes module cannot import
+        the pipeline that imports it)."""
+        sub = CompileContext(device=self.device, backend=self.backend, options=dict(self.options))
+        program = run_pipeline(program, sub)
+        self.fusion_report.extend(sub.fusion_report)
+        return program, sub
 
 
 PIPELINE: list[tuple[str, Callable[[Program, CompileContext], Program]]] = [

@@ -247,8 +247,8 @@ def _training(op: Operation, program: Program, uses: dict, outputs: set, positio
 
 
 def attention(program: Program, ctx) -> Program:
-    if ctx is not None and ctx.options.get("attention", True) is False:
-        return program
+    if ctx is not None and (ctx.options.get("attention", True) is False or ctx.backend not in ("triton", "interpret")):
+        return program  # the CPU's C++ and reference backends keep their own kernels
     uses: dict[int, int] = {}
     for op in program.operations:
         for t in op.inputs:

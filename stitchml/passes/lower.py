@@ -1,8 +1,10 @@
 """lower: turn the stitched, planned program into a list of pre-bound steps.
 
-Requires: `ctx.memory_plan`. Ensures: `ctx.launches` holds one step per
-operation that does work, in schedule order, each reading and writing value
-slots of an environment list; `ctx.slots` maps tensor ids to slots.
+Requires: `ctx.memory_plan`. Ensures: `ctx.launch_plan` is the `LaunchPlan`
+(runtime/launch.py) that `build_launch_plan` returns: one step per operation
+that does work, in schedule order, each reading and writing value slots of an
+environment list, and the map from tensor ids to slots. This pass decides
+what each operation becomes; the step kinds it builds live in the runtime.
 
 * pointwise and reduction kernels: generated Triton source (codegen/),
   loaded from the kernel cache and launched with their grid;
@@ -11,8 +13,12 @@ slots of an environment list; `ctx.slots` maps tensor ids to slots.
   with no epilogue the vendor call writes the output directly;
 * views: a torch view of the input (no copy);
 * opaque ops: their reference implementation, result copied into its buffer;
-* with the reference backend (CPU without the Triton interpreter) kernels run
-  their bodies op by op.
+* with the native backend (CPU, a C++ compiler) kernels become C++ loop nests,
+  an executable's kernels compiled together (codegen/cpu.py);
+* with the reference backend (CPU without a compiler or the Triton
+  interpreter) kernels run their bodies op by op;
+* control-flow ops: a step running their blocks, each compiled once
+  (passes/control.py).
 
 Every step carries the user's ops it computes (a fused kernel: all of them; a
 vendor call, gather or view: its op), so a step that fails raises the
@@ -24,20 +30,24 @@ reads once at its end (`raise_flagged`): a kernel cannot raise.
 from __future__ import annotations
 
 import functools
+import logging
 
-import numpy as np
 import torch
 
-from ..codegen import attention, attention_backward, choices, loader, pointwise, reduction
+from ..codegen import attention, attention_backward, choices, cpu, pointwise, reduction
 from ..codegen.common import Layout
 from ..dtypes import float32
 from ..errors import StitchError
 from ..graph import Graph
 from ..ir import Operation, built_at
 from ..registry import lookup
+from ..runtime.launch import Chain, CublasLtCall, KernelLaunch, LaunchPlan, ReferenceCall, VendorCall, ViewOf
 from ..runtime.steps import Step
+from .control import CONTROL_FLOW, control_step
 from .memory import _is_view
 from .program import CompileError, Program, copy_op
+
+log = logging.getLogger("stitchml.compile")
 
 
 def _layouts(op: Operation, plan) -> list[Layout]:
@@ -46,51 +56,6 @@ def _layouts(op: Operation, plan) -> list[Layout]:
         lay = plan.place[t.id][2]
         out.append(Layout(lay.shape, lay.strides, 0))  # the slot holds the view: its pointer includes the offset
     return out
-
-
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # CUDA builds: the current stream as an int
-
-
-class _Launch:
-    """Launch a generated kernel on its pre-bound slots.
-
-    The first launch goes through Triton's JIT entry (it compiles, or loads
-    from Triton's disk cache). Later launches on CUDA call the compiled
-    kernel's launcher directly, which skips Triton's per-call argument
-    binding; they fall back to the JIT entry when the pointers' 16-byte
-    alignment differs from what the kernel was specialised for.
-    """
-
-    def __init__(self, src: pointwise.KernelSource, ins: list[int], outs: list[int]):
-        self.fn = loader.load(src.name, src.source)
-        self.grid = tuple(src.grid) + (1,) * (3 - len(src.grid))
-        self.meta = src.constexprs
-        self.meta_values = list(src.constexprs.values())
-        self.warps = src.num_warps
-        self.sizes = src.sizes  # extents the kernel takes as arguments, after its buffers
-        self.slots = ins + outs
-        self.compiled = None
-        self.alignment = None
-        self.interpret = loader.interpreting()
-
-    def __call__(self, env) -> None:
-        args = [env[s] for s in self.slots]
-        if self.compiled is not None:
-            if tuple(a.data_ptr() % 16 == 0 for a in args) == self.alignment:
-                k = self.compiled
-                stream = _raw_stream(args[0].device.index) if _raw_stream else torch.cuda.current_stream().cuda_stream
-                k.run(*self.grid, stream, k.function, k.packed_metadata, None, None, None, *args, *self.sizes,
-                      *self.meta_values)
-                return
-        if self.interpret:
-            # masked lanes may compute log(0) and the like; the interpreter runs one launch at a time
-            with loader.interpreter_lock, np.errstate(all="ignore"):
-                self.fn[self.grid](*args, *self.sizes, num_warps=self.warps, **self.meta)
-            return
-        k = self.fn[self.grid](*args, *self.sizes, num_warps=self.warps, **self.meta)
-        if self.compiled is None and all(hasattr(k, a) for a in ("run", "function", "packed_metadata")):
-            self.compiled = k
-            self.alignment = tuple(a.data_ptr() % 16 == 0 for a in args)
 
 
 def _generate(name: str, template: str, body: Program, layouts: list[Layout], interpret: bool, options: dict):
@@ -123,19 +88,22 @@ def _epilogue(body: Program) -> tuple[Operation, Program | None, list[int]]:
     return contraction, Program(g, [mapping[t.id] for t in body.outputs], dict(body.notes)), used
 
 
-def _vendor(contraction: Operation, placeholders, ins: list[int], out_slot: int):
+def _vendor(contraction: Operation, placeholders, ins: list[int], out_slot: int) -> VendorCall:
     """The contraction's library call (registry: Primitive.vendor), writing or binding `out_slot`."""
-    call = lookup(contraction.op).vendor
     slots = [ins[placeholders.index(t)] for t in contraction.inputs]
-    attrs = contraction.attrs
-
-    def run(env):
-        env[out_slot] = call(env[out_slot], *[env[s] for s in slots], **attrs)
-    return run
+    return VendorCall(lookup(contraction.op).vendor, slots, out_slot, contraction.attrs)
 
 
 def lower(program: Program, ctx) -> Program:
-    plan = ctx.memory_plan
+    """The pass: `ctx.launch_plan` becomes the program's launch plan; the program is unchanged."""
+    ctx.launch_plan = build_launch_plan(program, ctx.memory_plan, ctx.backend, ctx.options, ctx.run_context, ctx)
+    return program
+
+
+def build_launch_plan(program: Program, plan, backend: str, options: dict, run_context=None,
+                      ctx=None) -> LaunchPlan:
+    """The steps that run `program` with memory plan `plan` on `backend`, and the slots they use
+    (`ctx`, the compile context, compiles the blocks of control-flow ops)."""
     slots: dict[int, int] = {}
     for op in program.operations:
         for t in op.outputs:
@@ -147,11 +115,17 @@ def lower(program: Program, ctx) -> Program:
     flag_slot = len(slots) + len(temps)  # used only when a kernel divides integers
     checks: list[Operation] = []
     steps: list[Step] = []
+    module = cpu.Module()  # the native CPU backend's kernels, compiled together below
+    if backend == "native":
+        options = {**options, "native_module": module}
     for op in program.operations:
         if op.op in ("placeholder", "variable", "constant", "assign_variable"):
             continue
         try:
-            step = _step(op, plan, slots, scratch_slots, ctx.backend, ctx.options, ctx.run_context, (checks, flag_slot))
+            if op.op in CONTROL_FLOW:
+                step = control_step(op, [slots[t.id] for t in op.inputs], [slots[t.id] for t in op.outputs], ctx)
+            else:
+                step = _step(op, plan, slots, scratch_slots, backend, options, run_context, (checks, flag_slot))
         except StitchError:
             raise
         except Exception as e:  # a kernel the code generator cannot make: name the user's ops and lines
@@ -161,12 +135,10 @@ def lower(program: Program, ctx) -> Program:
         step.ops = _computes(op)
         step.inputs = tuple((t.name, slots[t.id]) for t in op.inputs)
         steps.append(step)
-    ctx.launches = steps
-    ctx.slots = slots
-    ctx.scratch_slots = scratch_slots
-    ctx.checks = checks
-    ctx.flag_slot = flag_slot if checks else None
-    return program
+    module.build()
+    for kernel, reason in module.errors.items():
+        log.info("kernel %s runs through its reference implementation on the CPU: %s", kernel, reason)
+    return LaunchPlan(steps, slots, scratch_slots, checks, flag_slot if checks else None)
 
 
 def _computes(op: Operation) -> tuple[Operation, ...]:
@@ -181,12 +153,16 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     ins = [slots[t.id] for t in op.inputs]
     outs = [slots[t.id] for t in op.outputs]
     if _is_view(op) and plan.place[op.outputs[0].id][:2] != ("buffer", op.outputs[0].id):
-        return Step(op.name, "view", _view(op, ins[0], outs[0]))
+        return Step(op.name, "view", ViewOf(lookup(op.op).impl, ins[0], outs[0], op.attrs))
     if op.op != "fusion":
-        return Step(op.name, "vendor", _opaque(op, ins, outs, run_context=run_context))
+        prim = lookup(op.op)
+        return Step(op.name, "vendor", ReferenceCall(prim.impl, ins, outs, op.attrs,
+                                                     context=run_context if prim.needs_context else None))
     body, template = op.attrs["body"], op.attrs["template"]
     if backend == "reference":
-        return Step(op.name, "reference", _opaque(op, ins, outs, into=True))
+        return Step(op.name, "reference", ReferenceCall(lookup(op.op).impl, ins, outs, op.attrs, into=True))
+    if backend == "native":
+        return _native_step(op, plan, ins, outs, scratch_slots, flags, options["native_module"])
     interpret = backend == "interpret"
     checks, flag_slot = flags
     options = {**options, "first_check": len(checks)}
@@ -197,20 +173,21 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         flag = [flag_slot] if first.checks else []
         if isinstance(src, reduction.SplitSource):
             tmp = scratch_slots[op.id]
-            run = _chain(_Launch(src.partial, ins, [tmp] + outs + flag), _Launch(src.finish, ins + [tmp], outs + flag))
+            run = Chain(KernelLaunch(src.partial, ins, [tmp] + outs + flag),
+                        KernelLaunch(src.finish, ins + [tmp], outs + flag))
             return Step(op.name, template, run, src.partial.source)
-        return Step(op.name, template, _Launch(src, ins, outs + flag), src.source)
+        return Step(op.name, template, KernelLaunch(src, ins, outs + flag), src.source)
     if template == "attention":
         src = attention.generate(op.name, body.notes["attention"], _layouts(op, plan), op.outputs[0].shape,
                                  op.inputs[0].dtype.name, interpret, options.get("attention_split", True),
                                  lse=len(op.outputs) == 2)
-        return Step(op.name, template, _Launch(src, ins, outs), src.source)
+        return Step(op.name, template, KernelLaunch(src, ins, outs), src.source)
     if template == "attention_backward":
         kv, dq = attention_backward.generate(op.name, body.notes["attention"], _layouts(op, plan),
                                              [t.shape for t in op.outputs], op.inputs[0].dtype.name, interpret,
                                              options.get("attention_split", True))
         delta = [scratch_slots[op.id]]  # Δ per query row: the dQ kernel writes it, the dK/dV kernel reads it
-        return Step(op.name, template, _chain(_Launch(dq, ins, outs + delta), _Launch(kv, ins, outs + delta)),
+        return Step(op.name, template, Chain(KernelLaunch(dq, ins, outs + delta), KernelLaunch(kv, ins, outs + delta)),
                     dq.source + kv.source)
     contraction, epi, used = _epilogue(body)
     placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
@@ -221,8 +198,8 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     src = _generate(op.name, "pointwise", epi, layouts, interpret, options)
     checks.extend(src.checks)
     vendor = _vendor(contraction, placeholders, ins, tmp)
-    launch = _Launch(src, [tmp] + [ins[i] for i in used], outs + ([flag_slot] if src.checks else []))
-    run = _chain(vendor, launch)
+    launch = KernelLaunch(src, [tmp] + [ins[i] for i in used], outs + ([flag_slot] if src.checks else []))
+    run = Chain(vendor, launch)
     fused = _cublaslt_epilogue(body, contraction, placeholders, ins, outs) if backend == "triton" else None
     if fused is not None:
         kind, fused_run = fused
@@ -232,8 +209,43 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     return Step(op.name, template, run, src.source)
 
 
+def _native_step(op: Operation, plan, ins: list[int], outs: list[int], scratch_slots: dict, flags,
+                 module: cpu.Module) -> Step:
+    """A fusion as a C++ loop nest (codegen/cpu.py) compiled with the executable's other kernels; its
+    reference implementation when the C++ generator has no form for it or it does not compile (the
+    reason is logged)."""
+    body, template = op.attrs["body"], op.attrs["template"]
+    checks, flag_slot = flags
+    reference = ReferenceCall(lookup(op.op).impl, ins, outs, op.attrs, into=True)
+    try:
+        if template == "pointwise" or template == "reduction" and cpu.fits(body):
+            gen = cpu.pointwise if template == "pointwise" else cpu.reduction
+            src = gen(op.name, body, _layouts(op, plan), len(checks))
+            module.add(src)
+            run = cpu.NativeLaunch(module, src, ins, outs + ([flag_slot] if src.checks else []), reference)
+            checks.extend(src.checks)
+            return Step(op.name, template, run, src.source)
+        if template in ("pointwise", "reduction"):
+            raise NotImplementedError(f"its rows need more than {cpu.MAX_SCRATCH} scratch elements per thread")
+        contraction, epi, used = _epilogue(body)
+        placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
+        if epi is None:
+            return Step(op.name, template, _vendor(contraction, placeholders, ins, outs[0]))
+        tmp = scratch_slots[op.id]
+        layouts = [Layout.contiguous(contraction.outputs[0].shape)] + [_layouts(op, plan)[i] for i in used]
+        src = cpu.pointwise(op.name, epi, layouts, len(checks))
+        module.add(src)
+        launch = cpu.NativeLaunch(module, src, [tmp] + [ins[i] for i in used],
+                                  outs + ([flag_slot] if src.checks else []), reference)
+        checks.extend(src.checks)
+        return Step(op.name, template, Chain(_vendor(contraction, placeholders, ins, tmp), launch), src.source)
+    except NotImplementedError as e:
+        log.info("kernel %s runs through its reference implementation on the CPU: %s", op.name, e)
+        return Step(op.name, "reference", reference)
+
+
 def _cublaslt_epilogue(body: Program, contraction: Operation, placeholders, ins: list[int], outs: list[int]):
-    """cuBLASLt runs bias, bias+ReLU and bias+GeLU(tanh) inside the GEMM: (kind, run) when the epilogue is
+    """cuBLASLt runs bias, bias+ReLU and bias+GeLU(tanh) inside the GEMM: (kind, CublasLtCall) when the epilogue is
     exactly one of those on a 2-D product, else None."""
     product = contraction.outputs[0]
     a, b = contraction.inputs
@@ -259,17 +271,7 @@ def _cublaslt_epilogue(body: Program, contraction: Operation, placeholders, ins:
     if body.outputs[0] is not rest[-1].outputs[0]:
         return None
     ia, ib, ibias = (ins[placeholders.index(t)] for t in (a, b, bias))
-    out = outs[0]
-    gelu = kind == "bias_gelu"
-
-    def run(env):
-        bias_1d = env[ibias].reshape(-1)
-        if kind == "bias":
-            torch.addmm(bias_1d, env[ia], env[ib], out=env[out])
-        else:
-            torch._addmm_activation(bias_1d, env[ia], env[ib], use_gelu=gelu, out=env[out])
-
-    return kind, run
+    return kind, CublasLtCall(kind, ia, ib, ibias, outs[0])
 
 
 def _dataflow(ops: list[Operation], source) -> list | None:
@@ -300,44 +302,3 @@ def _gelu_tanh() -> list:
     x = g.placeholder((1,), float32)
     g.gelu(x, approximate="tanh")
     return _dataflow([o for o in g.operations if o.op not in ("placeholder", "constant")], x)
-
-
-def _chain(*fns):
-    def run(env):
-        for fn in fns:
-            fn(env)
-    return run
-
-
-def _view(op: Operation, src: int, dst: int):
-    prim = lookup(op.op)
-    attrs = op.attrs
-
-    def run(env):
-        env[dst] = prim.impl(env[src], **attrs)
-    return run
-
-
-def _opaque(op: Operation, ins: list[int], outs: list[int], into: bool = False, run_context=None):
-    """Run an op's reference implementation: its results are bound as they come (library memory),
-    or copied into planned buffers with `into`. A result that is one of the inputs' memory is copied,
-    so no output or assignment ever aliases a feed, constant or variable; a strided result (a slice,
-    a transposed convolution) is made row-major, the layout the plan gives every buffer. Ops that need
-    a run context (random draws: the run index picks the numbers) get `run_context()`."""
-    prim = lookup(op.op)
-    attrs = op.attrs
-    context = run_context if prim.needs_context else None
-
-    def run(env):
-        args = [env[s] for s in ins]
-        result = prim.impl(context(), *args, **attrs) if context else prim.impl(*args, **attrs)
-        result = result if isinstance(result, tuple) else (result,)
-        shared = {a.untyped_storage().data_ptr() for a in args}
-        for s, r in zip(outs, result):
-            if into:
-                env[s].copy_(r)
-            else:
-                shares = r.untyped_storage().data_ptr() in shared
-                env[s] = r.clone(memory_format=torch.contiguous_format) if shares else r.contiguous()
-    return run
-

@@ -1,5 +1,8 @@
 """The Metal-4-style runtime: devices, ML pipelines, command queues and buffers, encoders, events, traces.
 
+device.py (devices), resources.py (heaps, shared events), ml.py (ML pipelines and their compiler),
+commands.py (queues, command buffers, encoders), trace.py (Chrome/Perfetto traces).
+
 ::
 
     dev = sm.device("cuda"); fn = sm.load_package("net.smpkg").function("main")
@@ -13,7 +16,9 @@
 See docs/packages.md ("Running packages").
 """
 from .commands import CommandBuffer, CommandQueue, ComputeEncoder, MLEncoder, Span
-from .device import Compiler, Device, Heap, MLPipeline, MLPipelineDescriptor, SharedEvent, device
+from .device import Device, device
+from .ml import Compiler, MLPipeline, MLPipelineDescriptor
+from .resources import Heap, SharedEvent
 from .trace import trace_events, write_trace
 
 __all__ = ["device", "Device", "Heap", "SharedEvent", "Compiler", "MLPipeline", "MLPipelineDescriptor",

@@ -22,7 +22,7 @@ does it on the calling thread when nothing committed before it is still
 waiting on the queue's worker (a buffer that waits for an event nobody has
 signaled yet goes to the worker, and so do the buffers after it, which keeps
 queue order). A dispatch is then one CUDA-graph replay of the pipeline
-bound to the argument table (pipeline/device.py, runtime/bound.py).
+bound to the argument table (pipeline/ml.py, runtime/bound.py).
 
     >>> import numpy as np, stitchml as sm
     >>> g = sm.Graph(); x = g.placeholder((2, 2), sm.float32, name="x")
@@ -42,7 +42,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -50,7 +50,11 @@ from ..errors import PipelineError, StitchError
 from ..runtime import cudart
 from ..runtime.cudart import using
 from ..tensor_data import TensorData
-from .device import Device, Heap, MLPipeline, SharedEvent
+from .ml import MLPipeline
+from .resources import Heap, SharedEvent
+
+if TYPE_CHECKING:
+    from .device import Device
 
 DEFAULT_EVENT_TIMEOUT = 60.0  # seconds a queue waits for an event before the command buffer fails
 log = logging.getLogger("stitchml.pipeline")

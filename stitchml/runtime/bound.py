@@ -18,9 +18,14 @@ and copies in the launch (recorded in the graph too): an input that is not
 contiguous, an output that is not contiguous, that overlaps an input, or
 that the last step leaves in library memory (a cuDNN convolution result).
 
-Executables that read or assign variables, draw random numbers or run in
-poison mode are not bindable; `Executable.bind` returns None for them and
-callers use `Executable.run`.
+The feeds' and outputs' shapes, dtypes and devices are checked at bind
+time, unless the caller has checked them already (`bind(..., checked=True)`:
+an ML pipeline's argument table). Executables that read or assign variables, draw random numbers or run in
+poison mode are not bindable (`Executable.bindable`); `Executable.bind`
+returns None for them and callers use `Executable.run`. A bound run uses only
+the executable's public interface: how a run is laid out (`feed_slots`,
+`output_buffers`, `result_slots`, `environment`) and how its steps run
+(`run_steps`, `check_flag`, `run_lock`).
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ import os
 import torch
 
 from ..errors import ExecutionError, GraphError
-from .steps import built_at, raise_flagged, run_steps
+from ..ir import built_at
 from . import cudart
 from .cudart import using
 
@@ -46,27 +51,17 @@ def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
-def bindable(exe) -> bool:
-    """Whether `exe` can be bound (see the module docstring)."""
-    return not (exe._variables or exe._in_place or exe._assigns or exe._poison
-                or any(op.primitive.kind == "random" for op in exe.program.operations))
-
-
 class BoundRun:
     """One executable on fixed feed, output and heap tensors; see the module docstring."""
 
-    def __init__(self, exe, feeds: dict, outputs: dict, arena: torch.Tensor, names: dict):
+    def __init__(self, exe, feeds: dict, outputs: dict, arena: torch.Tensor, names: dict, checked: bool = False):
         self.exe = exe
-        env: list = [None] * exe._nslots
-        for slot, value in exe._constants:
-            env[slot] = value
-        for slot, view in exe._arena_views(arena):
-            env[slot] = view
+        env = exe.environment(arena)
         self.stage_in: list[tuple[torch.Tensor, torch.Tensor]] = []  # (bound buffer, caller's tensor)
         inputs = []
-        for key, slot, shape, dtype, name in exe._feed_keys:
+        for key, slot, shape, dtype, name in exe.feed_slots:
             t, name = feeds[key], names.get(key, name)
-            if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != exe.device:
+            if not checked and (tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != exe.device):
                 raise GraphError(f"bind: feed {name} must be {tuple(shape)} {dtype} on {exe.device}, "
                                  f"got {tuple(t.shape)} {t.dtype} on {t.device}")
             if t.is_contiguous():
@@ -75,14 +70,15 @@ class BoundRun:
                 env[slot] = torch.empty(shape, dtype=dtype, device=exe.device)
                 self.stage_in.append((env[slot], t))
             inputs.append(_span(t))
-        output_slots = {slot for slot, _, _ in exe._outputs}
-        for slot, shape, dtype in exe._outputs:
+        output_slots = {slot for slot, _, _ in exe.output_buffers}
+        for slot, shape, dtype in exe.output_buffers:
             env[slot] = torch.empty(shape, dtype=dtype, device=exe.device)
         self.results: list[tuple[int, torch.Tensor]] = []  # (slot, caller's tensor): copied unless it is the slot
         placed = []
-        for (user, slot, _), t in zip(exe._results, exe.program.outputs):
+        for (user, slot, _), t in zip(exe.result_slots, exe.program.outputs):
             dst, name = outputs[user], names.get(user, user.name)
-            if dst.device != exe.device or tuple(dst.shape) != tuple(t.shape) or dst.dtype != t.dtype.torch:
+            if not checked and (dst.device != exe.device or tuple(dst.shape) != tuple(t.shape)
+                                or dst.dtype != t.dtype.torch):
                 raise GraphError(f"bind: output {name} must be {tuple(t.shape)} {t.dtype} on {exe.device}, "
                                  f"got {tuple(dst.shape)} {dst.dtype} on {dst.device}")
             span = _span(dst)
@@ -101,7 +97,7 @@ class BoundRun:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.capture_error: str | None = None
         self._can_capture = exe.device.type == "cuda" and os.environ.get("STITCHML_CUDA_GRAPHS", "1") != "0"
-        self._lock = exe.graph._run_lock  # its steps use the executable's arena when no heap is given
+        self._lock = exe.run_lock  # its steps use the executable's arena when no heap is given
         self._direct = None  # the direct-call runtime, once there is a graph to launch
         self._exec = 0
         self._capturing = False  # while capturing, the steps must not read the division flag
@@ -136,10 +132,10 @@ class BoundRun:
                 self.launches += 1
 
     def _steps(self) -> None:
-        env, exe = self.env, self.exe
+        env = self.env
         for bound, caller in self.stage_in:
             bound.copy_(caller)
-        run_steps(exe.steps, env, exe._checks, exe._flag_slot, check_flag=not self._capturing)
+        self.exe.run_steps(env, check_flag=not self._capturing)
         for slot, dst in self.results:
             if env[slot] is not dst:
                 dst.copy_(env[slot])
@@ -147,8 +143,7 @@ class BoundRun:
     def check(self) -> None:
         """Raise the ExecutionError of an integer division by zero that a replayed launch met (reads one
         int from the device: call it once the launches are done); a no-op for runs that divide no integers."""
-        if self.exe._flag_slot is not None:
-            raise_flagged(self.env, self.exe._checks, self.exe._flag_slot)
+        self.exe.check_flag(self.env)
 
     def _replay_failed(self, error) -> None:
         ops = ", ".join(built_at(op) for s in self.exe.steps for op in s.ops)

@@ -1,7 +1,9 @@
 """From a graph and a signature to an Executable, and the per-graph cache of them.
 
 `compile_graph` extracts the program the targets need, runs the pass
-pipeline and wraps the result. `cached_run` is what `Graph.run` uses on CUDA:
+pipeline and wraps the result. This module is the graph's one way into the
+runtime: `Graph.compile`, `Graph.run` (`run_graph`: op by op, or compiled and
+cached) and `Graph.run_async` (`submit`) call it. `cached_run` is what `Graph.run` uses on CUDA:
 one executable per signature (feed shapes and dtypes, targets, target ops,
 device) in a bounded LRU cache; every compile after the first says which part
 of the signature changed (`Graph.compile_log`).
@@ -15,17 +17,26 @@ from collections.abc import Mapping
 
 import torch
 
+from ..codegen import cpu
 from ..dtypes import as_dtype
 from ..errors import ExecutionError, FeedError
-from ..ir import Tensor, TensorType, built_at
-from ..passes import CompileContext, CompileError, extract, run_pipeline
+from ..ir import Operation, Tensor, TensorType, built_at
 from ..tensor_data import TensorData, resolve_device
+from .asyncrun import submit  # noqa: F401  (Graph.run_async's entry)
 from .buckets import BucketedExecutable, Refused, bucket_types, check_spec, pad_graph
-from .eager import RunContext, check_request
+from .eager import RunContext, check_request, run_graph as run_eager
 from .executable import Executable, Signature
 
 log = logging.getLogger("stitchml.compile")
 CACHE_SIZE = int(os.environ.get("STITCHML_EXECUTABLE_CACHE", "16"))
+# Graph.run on the CPU compiles a signature on its run after this many op-by-op runs (native backend only).
+CPU_COMPILE_AFTER = int(os.environ.get("STITCHML_CPU_COMPILE_AFTER", "2"))
+
+
+def compiles_by_default(device: torch.device) -> bool:
+    """Whether Graph.run compiles on `device` when not told: always on CUDA; on the CPU when kernels
+    compile to native code (the Triton interpreter and the reference backend are slower than op by op)."""
+    return device.type == "cuda" or _backend(device) == "native"
 
 
 def _backend(device: torch.device) -> str:
@@ -35,7 +46,22 @@ def _backend(device: torch.device) -> str:
         except ImportError:
             return "reference"
         return "triton"
-    return "interpret" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "reference"
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return "interpret"
+    return "native" if native_available() else "reference"
+
+
+def native_available() -> bool:
+    """Whether CPU kernels compile to native code (codegen/cpu.py): a C++ compiler works, and
+    STITCHML_CPU_BACKEND does not ask for the reference backend."""
+    if os.environ.get("STITCHML_CPU_BACKEND", "native") == "reference":
+        return False
+    try:
+        cpu.compiler()
+    except cpu.CompilerUnavailable as e:
+        log.info("CPU kernels run through their reference implementations: %s", e)
+        return False
+    return True
 
 
 def _feed_types(graph, feeds) -> dict[Tensor, TensorType]:
@@ -98,6 +124,10 @@ def compile_graph(graph, feeds: dict, targets, target_ops, device, options: dict
     targets, target_ops = check_request(graph, targets, target_ops)
     feed_types = _feed_types(graph, feeds)
     _check_types(feed_types)
+    # The passes load on the first compile: a process that only runs graphs op by op (Graph.run on the CPU,
+    # which comes through this module) does not pay for importing them.
+    from ..passes import CompileContext, extract, run_pipeline
+
     program = extract(graph, feed_types, targets, target_ops)
     _check_reductions(program)
     options = dict(options)
@@ -132,6 +162,8 @@ def compile_bucketed(graph, feeds: dict, targets, target_ops, device, options: d
     spec = check_spec(graph, buckets)
     feed_types = _feed_types(graph, feeds)
     _check_types(feed_types)
+    from ..passes import CompileError
+
     if target_ops:
         raise CompileError("compile: bucketed executables run targets only, not target operations")
     try:
@@ -140,8 +172,69 @@ def compile_bucketed(graph, feeds: dict, targets, target_ops, device, options: d
         raise CompileError(f"compile: cannot bucket graph {graph.name!r}: {e}") from None
 
 
+def _fast_key(feeds, targets, target_ops, device, compiled) -> tuple[tuple, tuple] | None:
+    """(key, objects) for a run request whose feeds are all tensors. The key: the feed keys', targets'
+    and target ops' identities, each feed's shape and dtype, the device as asked for (with the current
+    CUDA device, which `None` and "cuda" resolve to) and `compiled`; the objects whose identities it
+    takes (not the fed values). None when a feed is anything else (arrays, lists)."""
+    feeds = {} if feeds is None else feeds
+    targets = (targets,) if isinstance(targets, Tensor) else targets
+    target_ops = (target_ops,) if isinstance(target_ops, Operation) else target_ops
+    if not isinstance(feeds, dict) or not isinstance(targets, (list, tuple)) or \
+            not isinstance(target_ops, (list, tuple)):
+        return None
+    shapes = []
+    for value in feeds.values():
+        kind = type(value)
+        t = value if kind is torch.Tensor else value._t if kind is TensorData else None
+        if t is None:
+            return None
+        shapes.append((t.shape, t.dtype))
+    current = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+    if device is not None and type(device) not in (str, torch.device):
+        return None  # the full lookup says what is wrong with it
+    key = (tuple(map(id, feeds)), tuple(shapes), tuple(map(id, targets)), tuple(map(id, target_ops)), device,
+           current, compiled)
+    return key, (tuple(feeds), tuple(targets), tuple(target_ops), device)
+
+
+def run_graph(graph, feeds, targets, target_ops, device, compiled: bool | None, buckets=None) -> dict:
+    """`Graph.run`: a request seen before goes straight to its executable; otherwise op by op where the
+    device does not compile by default (or with `compiled=False`), else through the graph's executable
+    cache (made on first use, shared by every thread that runs the graph). A CPU signature compiles on
+    its run after CPU_COMPILE_AFTER op-by-op runs; runs with buckets compile at once."""
+    if compiled is not False and graph._executables is not None and not (buckets or graph.buckets):
+        with graph._run_lock:  # a request seen before: its executable from identities, shapes and dtypes
+            exe = graph._executables.fast(feeds, targets, target_ops, device, compiled)
+        if exe is not None:
+            return exe.run(feeds)
+    dev = resolve_device(device)
+    buckets = graph.buckets if buckets is None else buckets
+    if compiled is False or (compiled is None and not compiles_by_default(dev) and not buckets):
+        return run_eager(graph, feeds, targets, target_ops, dev)
+    request = targets, target_ops
+    targets, target_ops = check_request(graph, targets, target_ops)
+    with graph._run_lock:
+        if graph._executables is None:
+            graph._executables = ExecutableCache()
+        cold = compiled is None and dev.type != "cuda" and not buckets and not graph._executables.warm(
+            graph, feeds or {}, targets, target_ops, dev)
+        exe = None if cold else graph._executables.get(graph, feeds or {}, targets, target_ops, dev, buckets)
+        if exe is not None and not buckets:
+            graph._executables.remember(exe, feeds, *request, device, compiled)
+    return run_eager(graph, feeds, targets, target_ops, dev) if cold else exe.run(feeds)
+
+
 class ExecutableCache:
-    """A graph's compiled executables, least recently used dropped first."""
+    """A graph's compiled executables, least recently used dropped first.
+
+    `get` checks the request and builds its signature (feed types, targets, device); `fast` finds the
+    executable of a request seen before from a key of identities, shapes and dtypes alone, which costs
+    a few microseconds instead of tens. Each fast entry holds the objects whose identities its key
+    uses, so the identities cannot be reused by other objects while it lives.
+    """
+
+    FAST_SIZE = 64
 
     def __init__(self, size: int = CACHE_SIZE):
         self.size = size
@@ -150,6 +243,48 @@ class ExecutableCache:
         self.log: list[str] = []
         self.served: deque[str] = deque(maxlen=256)  # which bucket served each recent bucketed run
         self.refused: dict[tuple, str] = {}  # (bucket rules, targets) -> why the graph cannot be bucketed
+        self.runs: dict[Signature, int] = {}  # CPU runs op by op so far, per signature (warm)
+        self._fast: dict[tuple, tuple[Signature, tuple]] = {}
+        self.fast_hits = 0  # requests `fast` answered (tests and benchmarks read it)
+
+    def fast(self, feeds, targets, target_ops, device, compiled) -> Executable | None:
+        """The executable `get` returned for this same request (`Graph.run`'s arguments) before, or None."""
+        found = _fast_key(feeds, targets, target_ops, device, compiled)
+        hit = self._fast.get(found[0]) if found is not None else None
+        if hit is None:
+            return None
+        key = found[0]
+        exe = self.entries.get(hit[0])
+        if exe is None:  # evicted since
+            del self._fast[key]
+            return None
+        self.entries.move_to_end(hit[0])
+        self.fast_hits += 1
+        return exe
+
+    def remember(self, exe: Executable, feeds, targets, target_ops, device, compiled) -> None:
+        """Let `fast` find `exe` for this request (after `get` checked it and returned `exe`)."""
+        found = _fast_key(feeds, targets, target_ops, device, compiled)
+        # the entry's own key: `exe.signature` can name the device more exactly ("cuda:0" for "cuda")
+        sig = next((s for s, e in self.entries.items() if e is exe), None)
+        if found is None or sig is None:
+            return
+        if len(self._fast) >= self.FAST_SIZE:
+            self._fast.clear()
+        self._fast[found[0]] = (sig, found[1])
+
+    def warm(self, graph, feeds: dict, targets, target_ops, device) -> bool:
+        """Whether a CPU run of this signature should compile: it has an executable already, or this is
+        at least its CPU_COMPILE_AFTER + 1-th run (compiling costs a compiler run, so a signature run
+        once or twice stays op by op)."""
+        sig = signature_of(graph, _feed_types(graph, feeds or {}), targets, target_ops, device)
+        if sig in self.entries:
+            return True
+        seen = self.runs.get(sig, 0) + 1
+        self.runs[sig] = seen
+        if len(self.runs) > 4 * self.size:  # a stream of one-off signatures: forget the oldest counts
+            self.runs.pop(next(iter(self.runs)))
+        return seen > CPU_COMPILE_AFTER
 
     def get(self, graph, feeds: dict, targets, target_ops, device, buckets=None) -> Executable:
         """The executable for these feeds (compiled on a miss); with `buckets`, one of the padded twin

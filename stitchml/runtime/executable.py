@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -42,6 +42,13 @@ class Signature:
     target_ops: tuple[int, ...]
     device: str
     buckets: tuple = ()  # bucketed runs: the rules ((placeholder op id, axis, rule), ...); feeds hold bucket sizes
+
+    def __post_init__(self) -> None:
+        # hashed once: Graph.run's cache looks its executable up by signature on every run
+        object.__setattr__(self, "_hash", hash((self.feeds, self.targets, self.target_ops, self.device)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def describe_change(self, other: "Signature") -> str:
         """Which part of the signature differs from `other` (for recompile explanations)."""
@@ -67,8 +74,33 @@ class Signature:
         return ", ".join(f"{name}: {dtype}{list(shape)}" for _, name, shape, dtype in self.feeds) or "(no feeds)"
 
 
+class FeedSlot(NamedTuple):
+    """Where a run puts one feed: the user graph's placeholder, its slot, and the shape and dtype compiled for."""
+
+    placeholder: Tensor
+    slot: int
+    shape: torch.Size
+    dtype: torch.dtype
+    name: str
+
+
+class ResultSlot(NamedTuple):
+    """Where a run finds one target's value: the slot, and whether the slot holds a variable's or
+    constant's own memory (a result must be a copy of it)."""
+
+    target: Tensor
+    slot: int
+    held: bool
+
+
 class Executable:
-    """A compiled run of one graph; see the module docstring."""
+    """A compiled run of one graph; see the module docstring.
+
+    Besides `run`, `bind` and the reports, an executable shows how a run is laid
+    out, for runners of their own (bound runs, runtime/bound.py): `slot_count`,
+    `feed_slots`, `output_buffers`, `result_slots`, `environment(arena)`,
+    `run_steps(env)` and `check_flag(env)`, `run_lock`, `bindable`.
+    """
 
     def __init__(self, graph, program, ctx, signature: Signature, targets: list[Tensor]):
         self.graph = graph
@@ -76,15 +108,16 @@ class Executable:
         self.signature = signature
         self.device = ctx.device
         self.backend = ctx.backend
-        self.steps = ctx.launches
+        launch = ctx.launch_plan
+        self.steps = launch.steps
         self.plan = ctx.memory_plan
         self.compile_times = dict(ctx.timings)
         self._report = ctx.fusion_report
         self.boundaries: list[dict] = ctx.boundaries  # {producer, consumer, tensor, reason} per edge between steps
         self._poison = bool(ctx.options.get("poison"))
-        slots = ctx.slots
-        self._nslots = len(slots) + len(ctx.scratch_slots) + (ctx.flag_slot is not None)
-        self._checks, self._flag_slot = ctx.checks, ctx.flag_slot  # integer divisions kernels flag (lower.py)
+        slots = launch.slots
+        self._nslots = launch.nslots
+        self._checks, self._flag_slot = launch.checks, launch.flag_slot  # integer divisions kernels flag
         self._feeds: list[tuple[int, int, tuple, torch.dtype, str]] = []  # (user op id, slot, shape, dtype, name)
         self._variables: list[tuple[int, int]] = []  # (user variable op id, slot)
         self._constants: list[tuple[int, torch.Tensor]] = []
@@ -111,13 +144,14 @@ class Executable:
         for b in self.plan.buffers.values():
             if b.kind in ("vendor", "variable"):
                 continue
-            slot = ctx.scratch_slots[scratch_of[b.id]] if b.kind == "scratch" else slots[b.id]
+            slot = launch.scratch_slots[scratch_of[b.id]] if b.kind == "scratch" else slots[b.id]
             if b.kind == "output":
                 self._outputs.append((slot, b.shape, b.dtype))
             else:
                 self._buffers.append((slot, b.offset, b.nbytes, b.dtype, b.shape))
         held = {slots[op.outputs[0].id] for op in program.operations if op.op in ("variable", "constant")}
-        self._results = [(user, slots[t.id], slots[t.id] in held or self.plan.place[t.id][0] in ("variable", "constant"))
+        self._results = [ResultSlot(user, slots[t.id],
+                                    slots[t.id] in held or self.plan.place[t.id][0] in ("variable", "constant"))
                          for user, t in zip(targets, program.outputs)]
         # Slots backed by a variable's storage, which assignments overwrite in place: results and
         # assigned values read from them are taken before any assignment (reads see the run's start).
@@ -125,7 +159,7 @@ class Executable:
                           if self.plan.place.get(t.id, ("",))[0] == "variable"}
         self._assign_reads = {slot for _, slot in self._assigns if slot in variable_slots}
         self._results_read_variables = any(slot in variable_slots for _, slot, _ in self._results)
-        self._feed_keys = [(_op(graph, source).outputs[0], slot, torch.Size(shape), dtype, name)
+        self._feed_keys = [FeedSlot(_op(graph, source).outputs[0], slot, torch.Size(shape), dtype, name)
                            for source, slot, shape, dtype, name in self._feeds]
         self._arena: torch.Tensor | None = None
         self._bound_arena_ptr = None
@@ -177,6 +211,65 @@ class Executable:
     def kernel_sources(self) -> dict[str, str]:
         """Generated Triton source of every kernel, by kernel name."""
         return {s.name: s.source for s in self.steps if s.source}
+
+    @property
+    def fusion_entries(self) -> list[dict]:
+        """The stitcher's record of every kernel, in order: `kernel` (its index), `template`, `ops` (each
+        "op (name)") and `not_fused` ((neighbour, reason) pairs); `fusion_report()` is its text form."""
+        return [dict(entry) for entry in self._report if "note" not in entry]  # notes: fusion_report()'s
+
+    # -- the layout of a run, for runners of their own (runtime/bound.py) ---------------------------------
+    @property
+    def slot_count(self) -> int:
+        """The length of a run's environment list of value slots."""
+        return self._nslots
+
+    @property
+    def feed_slots(self) -> list[FeedSlot]:
+        """Every feed a run needs, in slot order of the placeholders."""
+        return list(self._feed_keys)
+
+    @property
+    def output_buffers(self) -> list[tuple[int, torch.Size, torch.dtype]]:
+        """(slot, shape, dtype) of the buffers a run allocates fresh for its outputs."""
+        return list(self._outputs)
+
+    @property
+    def result_slots(self) -> list[ResultSlot]:
+        """Every target's slot, in the order of the compiled targets (`program.outputs`)."""
+        return list(self._results)
+
+    @property
+    def run_lock(self):
+        """The graph's run lock: runs of any executable of one graph and its eager runs never interleave."""
+        return self._lock
+
+    @property
+    def bindable(self) -> bool:
+        """Whether runs can be bound to fixed memory: no variables read or assigned, no random draws,
+        not in poison mode (runtime/bound.py)."""
+        return not (self._variables or self._in_place or self._assigns or self._poison
+                    or any(op.primitive.kind == "random" for op in self.program.operations))
+
+    def environment(self, arena: torch.Tensor) -> list:
+        """A fresh environment with the constants and the arena buffers (typed views of `arena`) bound."""
+        env: list = [None] * self._nslots
+        for slot, value in self._constants:
+            env[slot] = value
+        for slot, view in self._arena_views(arena):
+            env[slot] = view
+        return env
+
+    def run_steps(self, env: list, check_flag: bool = True) -> None:
+        """Run the steps over a bound `env`; a failing step raises the ExecutionError naming its ops, and
+        (with `check_flag`) a zero integer divisor a kernel flagged is raised at the end."""
+        run_steps(self.steps, env, self._checks, self._flag_slot, check_flag=check_flag)
+
+    def check_flag(self, env: list) -> None:
+        """Raise the ExecutionError of an integer division by zero a kernel flagged in `env` (reads one int
+        from the device); a no-op for executables that divide no integers."""
+        if self._flag_slot is not None:
+            raise_flagged(env, self._checks, self._flag_slot)
 
     # -- running -----------------------------------------------------------------
     def _feed_env(self, env: list, feeds: dict | None) -> None:
@@ -390,14 +483,16 @@ class Executable:
                 zones.append(arena[b.offset + b.nbytes:end])
         return zones
 
-    def bind(self, feeds: dict, outputs: dict, heap: Any = None, names: dict | None = None):
+    def bind(self, feeds: dict, outputs: dict, heap: Any = None, names: dict | None = None, checked: bool = False):
         """A `BoundRun` of this executable on fixed caller memory (runtime/bound.py), or None when it
         cannot be bound (variables, random draws, poison mode). `feeds` maps placeholders and
         `outputs` targets to tensors (torch or TensorData); `heap` is as for `run`; `names` gives
-        feeds and targets the names errors call them by (default: the tensors' names)."""
-        from .bound import BoundRun, bindable
+        feeds and targets the names errors call them by (default: the tensors' names). `checked`:
+        the caller has already checked every tensor's shape, dtype and device (an ML pipeline's
+        argument table), so the bound run does not check them again."""
+        from .bound import BoundRun
 
-        if not bindable(self):
+        if not self.bindable:
             return None
         unwrap = lambda v: v.torch() if isinstance(v, TensorData) else v  # noqa: E731
         missing = [name for key, _, _, _, name in self._feed_keys if key not in feeds]
@@ -406,7 +501,7 @@ class Executable:
             raise GraphError(f"bind: no tensor given for {', '.join(missing)}")
         with self._lock:
             return BoundRun(self, {k: unwrap(v) for k, v in feeds.items()},
-                            {k: unwrap(v) for k, v in outputs.items()}, self._arena_for(heap), names or {})
+                            {k: unwrap(v) for k, v in outputs.items()}, self._arena_for(heap), names or {}, checked)
 
     def run_async(self, feeds: dict | None = None, on_complete=None, **kwargs):
         """Queue a run; the handle and callback behave as Graph.run_async's."""

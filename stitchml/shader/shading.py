@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from ..errors import ShapeError
+from . import shading_fast
 from .language import mlp_apply, mlp_load
 from .spec import MLPSpec
 
@@ -31,6 +32,22 @@ def _taps(py, px, extent, scale):
     y1 = tl.maximum(tl.minimum(y0f.to(tl.int32) + 1, extent - 1), 0)
     x1 = tl.maximum(tl.minimum(x0f.to(tl.int32) + 1, extent - 1), 0)
     return y0 * extent + x0, y0 * extent + x1, y1 * extent + x0, y1 * extent + x1, fy - y0f, fx - x0f
+
+
+@triton.jit
+def _shading_channels(y, OUT_P: tl.constexpr):
+    """The 8 written channels (BLOCK, 8) from the decoder's (BLOCK, OUT_P) float32 outputs r, g, b,
+    normal x, normal y, roughness: colour and roughness clamped to [0, 1], the normal's z rebuilt and
+    the normal made unit (a normal whose xy is longer than 1 gets z = 0 and is scaled to unit)."""
+    co = tl.arange(0, OUT_P)[None, :]
+    nx = tl.sum(tl.where(co == 3, y, 0.0), axis=1)
+    ny = tl.sum(tl.where(co == 4, y, 0.0), axis=1)
+    rough = tl.sum(tl.where(co == 5, y, 0.0), axis=1)
+    nz = tl.sqrt(tl.maximum(1.0 - nx * nx - ny * ny, 0.0))
+    inv = 1.0 / tl.maximum(tl.sqrt(nx * nx + ny * ny + nz * nz), 1e-8)
+    unit = tl.where(co == 3, nx[:, None], tl.where(co == 4, ny[:, None], nz[:, None])) * inv[:, None]
+    clamped = tl.minimum(tl.maximum(tl.where(co < 3, y, rough[:, None]), 0.0), 1.0)
+    return tl.where((co < 3) | (co == 6), clamped, tl.where((co >= 3) & (co < 6), unit, 0.0))
 
 
 @triton.jit
@@ -69,29 +86,25 @@ def _shade_kernel(lat_ptr, w_ptr, out_ptr, size, coarse_offset, BLOCK: tl.conste
         x = (top + (bottom - top) * wy) * (1.0 / LEVELS)
         y = mlp_apply(x, w0, b0, w1, b1, w2, b2, w3, b3, MLP_LAYERS, MLP_A0, MLP_A1, MLP_A2, MLP_A3, MLP_SCOPE,
                       MLP_REDUCED)
-        # Decoder outputs: r, g, b, normal x, normal y, roughness; the normal's z is rebuilt and the normal made unit.
+        out = _shading_channels(y, OUT_P)
         co = tl.arange(0, OUT_P)[None, :]
-        nx = tl.sum(tl.where(co == 3, y, 0.0), axis=1)
-        ny = tl.sum(tl.where(co == 4, y, 0.0), axis=1)
-        rough = tl.sum(tl.where(co == 5, y, 0.0), axis=1)
-        nz = tl.sqrt(tl.maximum(1.0 - nx * nx - ny * ny, 0.0))
-        inv = 1.0 / tl.maximum(tl.sqrt(nx * nx + ny * ny + nz * nz), 1e-8)
-        unit = tl.where(co == 3, nx[:, None], tl.where(co == 4, ny[:, None], nz[:, None])) * inv[:, None]
-        clamped = tl.minimum(tl.maximum(tl.where(co < 3, y, rough[:, None]), 0.0), 1.0)
-        out = tl.where((co < 3) | (co == 6), clamped, tl.where((co >= 3) & (co < 6), unit, 0.0))
         tl.store(out_ptr + t[:, None].to(tl.int64) * 8 + co, out.to(out_ptr.dtype.element_ty),
                  mask=texel[:, None] & (co < 8))
 
 
 def shade(latents: torch.Tensor, packed: torch.Tensor, size: int, fine: int, coarse: int, levels: int,
-          spec: MLPSpec, *, block: int = 128, num_warps: int = 4, programs: int | None = None,
-          out: torch.Tensor | None = None) -> torch.Tensor:
+          spec: MLPSpec, *, block: int | None = None, num_warps: int = 4, programs: int | None = None,
+          stages: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
     """Decode every texel of a size x size material: (size * size, 8) [r, g, b, nx, ny, nz, roughness, 0].
 
     `latents` (int8, flat) holds the fine grid (size/2, size/2, fine) then the coarse grid
     (size/4, size/4, coarse), channels last, as integers in [-levels, levels]; `packed` is
     `spec.pack(...)` of a decoder taking fine + coarse inputs and giving 6 outputs. `programs` caps the
-    grid: persistent programs load the decoder once and loop over blocks of `block` texels.
+    grid: persistent programs load the decoder once and loop over blocks of `block` texels (default
+    256 on the fast path, the fastest on an H200 at 4096 x 4096, else 128), prefetching
+    with `stages` pipeline stages (the fast kernel only). When both channel counts are multiples of 4
+    and the decoder's padded widths allow (`shading_fast.fits`), the latents are read as 32-bit words
+    and filtered as integers (`shading_fast.shade_words_kernel`); the results are the same.
     """
     n_fine, n_coarse = (size // 2) ** 2 * fine, (size // 4) ** 2 * coarse
     if size % 4 or latents.dim() != 1 or latents.numel() != n_fine + n_coarse:
@@ -101,8 +114,37 @@ def shade(latents: torch.Tensor, packed: torch.Tensor, size: int, fine: int, coa
         raise ShapeError(f"shade: expected a decoder from {fine + coarse} inputs to 6 outputs, got {spec}")
     if out is None:
         out = torch.empty((size * size, CHANNELS), dtype=torch.float32, device=latents.device)
+    fast = shading_fast.fits(spec, fine, coarse) and latents.data_ptr() % 4 == 0
+    block = block or (256 if fast else 128)
     blocks = triton.cdiv(size * size, block)
-    _shade_kernel[(max(1, min(blocks, programs or blocks)),)](
-        latents, packed, out, size, n_fine, BLOCK=block, C_FINE=fine, C_COARSE=coarse, LEVELS=levels,
-        OUT_P=spec.padded[-1], num_warps=num_warps, **spec.constexprs("MLP_"))
+    grid = (max(1, min(blocks, programs or blocks)),)
+    if fast:
+        shading_fast.shade_words_kernel[grid](
+            latents, packed, out, size, n_fine // 4, BLOCK=block, FW=fine // 4, CW=coarse // 4, LEVELS=levels,
+            ROW_BLOCKS=size % block == 0, STAGES=stages, num_warps=num_warps, **spec.constexprs("MLP_"))
+    else:
+        _shade_kernel[grid](
+            latents, packed, out, size, n_fine, BLOCK=block, C_FINE=fine, C_COARSE=coarse, LEVELS=levels,
+            OUT_P=spec.padded[-1], num_warps=num_warps, **spec.constexprs("MLP_"))
+    return out
+
+
+def shade_plain(features: torch.Tensor, packed: torch.Tensor, spec: MLPSpec, *, block: int = 128,
+                num_warps: int = 4, programs: int | None = None, stages: int = 1,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """`shade`'s decoder and outputs on plain per-texel features, contiguous (texels, 16), zeros past the
+    decoder's inputs: (texels, 8) like `shade`, from the same kernel without the latent sampling (to
+    measure what the compression costs). The decoder must suit the fast kernel (`shading_fast.fits`)."""
+    if not shading_fast.fits(spec, 0, 0):
+        raise ShapeError(f"shade_plain: expected a decoder from at most 16 inputs through a hidden layer to 6 "
+                         f"outputs at program scope, got {spec}")
+    if features.dim() != 2 or features.shape[1] != 16 or not features.is_contiguous():
+        raise ShapeError(f"shade_plain: expected contiguous features (texels, 16), got {tuple(features.shape)}")
+    texels = features.shape[0]
+    if out is None:
+        out = torch.empty((texels, CHANNELS), dtype=torch.float32, device=features.device)
+    blocks = triton.cdiv(texels, block)
+    shading_fast.shade_plain_kernel[(max(1, min(blocks, programs or blocks)),)](
+        features, packed, out, texels, BLOCK=block, STAGES=stages, EVEN=texels % block == 0, num_warps=num_warps,
+        **spec.constexprs("MLP_"))
     return out

@@ -2,7 +2,7 @@
 
 `OPS` maps each name to its record; the record modules hold them family by
 family (elementwise, reduction, movement, indexing, contraction, scan,
-image, state, composites, optim). To add an op, add one record to its family's module: its name,
+image, state, composites, optim, control). To add an op, add one record to its family's module: its name,
 samples (the generators of samples.py cover most shapes), a reference written
 with NumPy or PyTorch without StitchML, its dtypes, error inputs and its
 NumPy/PyTorch equivalent, and for a primitive how the compiler fuzzer draws it (`fuzz`) and the
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import collective, composites, contraction, elementwise, image, indexing, movement, optim, reduction, scan, state
+from . import collective, composites, contraction, control, elementwise, image, indexing, movement, optim, reduction, scan, state
 from .core import ALL, FLOATS, INTS, NUMERIC, ErrorInput, KnownFailure, OpInfo, P, Sample, expected
 from .harness import Built, build, feeds_for, modes
 
@@ -24,7 +24,7 @@ torch.set_num_threads(1)
 
 _RECORDS = [*elementwise.RECORDS, *reduction.RECORDS, *movement.RECORDS, *indexing.RECORDS,
             *contraction.RECORDS, *scan.RECORDS, *image.RECORDS, *state.RECORDS, *composites.RECORDS,
-            *optim.RECORDS, *collective.RECORDS]
+            *optim.RECORDS, *collective.RECORDS, *control.RECORDS]
 
 OPS: dict[str, OpInfo] = {}
 for _r in _RECORDS:

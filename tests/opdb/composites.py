@@ -131,18 +131,61 @@ def _batch_norm_samples(record, dtype, rng):
                                      make((3, 1, 1), dtype, rng)),))
     yield Sample((make((5, 3), dtype, rng),), {"channel_axis": -1}, name="channels-last", unranked=False)
     yield Sample((_offset(dtype, rng, (8, 2)),), {"channel_axis": -1}, name="offset-1e3", unranked=False, grad=False)
+    # Inference: the running statistics normalize, shaped (C,) as torch's buffers.
+    yield Sample((make((4, 3, 2, 2), dtype, rng), make((3, 1, 1), dtype, rng), make((3, 1, 1), dtype, rng),
+                  make((3,), dtype, rng), make((3,), dtype, rng, 0.5, 2.0)), {"training": False}, name="inference",
+                 dynamic=((-1, 3, -1, -1), (3, 1, 1), (3, 1, 1), (3,), (3,)), unranked=False)
+    # The mode fed at run time; the running statistics are the layer's initial ones (zeros, ones).
+    for flag in (True, False):
+        yield Sample((make((4, 3, 2, 2), dtype, rng), make((3, 1, 1), dtype, rng), make((3, 1, 1), dtype, rng),
+                      torch.tensor(flag)), name=f"training-fed-{flag}",
+                     dynamic=((-1, 3, -1, -1), (3, 1, 1), (3, 1, 1), ()), unranked=False)
 
 
-def _batch_norm_build(g, x, *affine, **kwargs):
-    gamma, beta = affine if affine else (None, None)
+def _batch_norm_build(g, x, *rest, **kwargs):
+    gamma, beta = rest[:2] if rest else (None, None)
+    if len(rest) == 4:  # gamma, beta and the running statistics: inference
+        y, _ = g.batch_normalization(x, gamma=gamma, beta=beta, running_mean=rest[2], running_variance=rest[3],
+                                     **kwargs)
+        return y
+    if len(rest) == 3:  # gamma, beta and the training flag, with running variables of the graph
+        channels = x.shape[1]
+        mean = g.variable(np.zeros(channels, x.dtype.numpy), name="running_mean")
+        var = g.variable(np.ones(channels, x.dtype.numpy), name="running_variance")
+        y, _ = g.batch_normalization(x, gamma=gamma, beta=beta, running_mean=mean, running_variance=var,
+                                     training=rest[2], **kwargs)
+        return y
     return g.batch_normalization(x, gamma=gamma, beta=beta, **kwargs)
 
 
-def _batch_norm_ref(x, *affine, channel_axis=1, epsilon=1e-5):
+def _batch_norm_ref(x, *rest, channel_axis=1, epsilon=1e-5, training=True):
     c = channel_axis % x.dim()
     moved = x.movedim(c, 1)
-    weight, bias = (a.reshape(-1) for a in affine) if affine else (None, None)
-    return F.batch_norm(moved, None, None, weight, bias, training=True, eps=epsilon).movedim(1, c)
+    weight, bias = (a.reshape(-1) for a in rest[:2]) if rest else (None, None)
+    if len(rest) == 4:  # torch's inference formula (F.batch_norm refuses to differentiate the statistics)
+        mean, var = (t.reshape(-1, *[1] * (x.dim() - 2)) for t in rest[2:4])
+        w, b = (t.reshape(-1, *[1] * (x.dim() - 2)) for t in (weight, bias))
+        return ((moved - mean) / torch.sqrt(var + epsilon) * w + b).movedim(1, c)
+    mean = var = None
+    if len(rest) == 3:
+        mean, var, training = torch.zeros(x.shape[1], dtype=x.dtype), torch.ones(x.shape[1], dtype=x.dtype), bool(rest[2])
+    return F.batch_norm(moved, mean, var, weight, bias, training=training, eps=epsilon).movedim(1, c)
+
+
+def _batch_norm_errors():
+    rm, rv = P((3,)), P((3,))
+    return [ErrorInput((P(None),), match="needs a tensor of known rank"),
+            ErrorInput((P((2, 3)),), {"channel_axis": 4}, match="out of range"),
+            ErrorInput((P((2, 3)),), {"training": False}, match="inference (training not True) needs running_mean"),
+            ErrorInput((P((2, 3)),), {"training": "yes"}, match="training must be a bool or a scalar bool tensor, got str"),
+            ErrorInput((P((2, 3)), P((2,), sm.bool)), build=lambda g, x, t: g.batch_normalization(x, training=t),
+                       match="training must be a bool or a scalar bool tensor, got a tensor bool[2]"),
+            ErrorInput((P((2, 3)), rm), build=lambda g, x, m: g.batch_normalization(x, running_mean=m),
+                       match="give both running_mean and running_variance"),
+            ErrorInput((P((2, 3)), rm, rv), build=lambda g, x, m, v: g.batch_normalization(
+                x, running_mean=m, running_variance=v, momentum=1.5), match="momentum must be in [0, 1], got 1.5"),
+            ErrorInput((P((2, 3)), rm, rv), build=lambda g, x, m, v: g.batch_normalization(
+                x, running_mean=m, running_variance=v), op="assign_variable", match="expected a variable")]
 
 
 def _dropout_samples(record, dtype, rng):
@@ -150,18 +193,28 @@ def _dropout_samples(record, dtype, rng):
                  more=((make((32, 100), dtype, rng, 0.5, 2.0),),))
     yield Sample((make((3, 4), dtype, rng),), {"rate": 0.0}, name="none")
     yield Sample((make((0, 4), dtype, rng),), {"rate": 0.5, "seed": 1}, name="zero-size")
+    yield Sample((make((3, 4), dtype, rng),), {"rate": 0.5, "training": False}, name="inference")
+    for flag in (True, False):
+        yield Sample((make((64, 64), dtype, rng, 0.5, 2.0), torch.tensor(flag)), {"rate": 0.25, "seed": 2},
+                     name=f"training-fed-{flag}", dynamic=((-1, -1), ()), unranked=False)
 
 
-def _check_dropout(got, x, rate, seed=None):
+def _dropout_build(g, x, *flag, **kwargs):
+    return g.dropout(x, training=flag[0] if flag else kwargs.pop("training", True), **kwargs)
+
+
+def _check_dropout(got, x, *flag, rate, seed=None, training=True):
     (value,) = got
     x = x.double()
+    training = bool(flag[0]) if flag else training
+    if rate == 0 or not training:
+        assert torch.equal(value.double(), x), "dropout with rate 0 or not training is the identity"
+        return
     scaled = x / (1.0 - rate)
     kept = torch.isclose(value.double(), scaled, rtol=1e-2, atol=0)
     assert (kept | (value == 0)).all(), "every element is dropped or scaled by 1 / (1 - rate)"
     if x.numel() > 1000:
         assert abs((value == 0).double().mean() - rate) < 0.05
-    if rate == 0:
-        assert torch.equal(value.double(), x)
 
 
 def _lstm_samples(record, dtype, rng):
@@ -211,10 +264,9 @@ RECORDS = [
            equivalent="torch.nn.functional.layer_norm",
            errors=lambda: [ErrorInput((P((2, 3)),), {"axes": 2}, match="out of range")]),
     OpInfo("batch_normalization", _batch_norm_samples, _batch_norm_ref, FLOATS, build=_batch_norm_build,
-           equivalent="torch.nn.functional.batch_norm (training statistics)",
-           errors=lambda: [ErrorInput((P(None),), match="needs a tensor of known rank"),
-                           ErrorInput((P((2, 3)),), {"channel_axis": 4}, match="out of range")]),
-    OpInfo("dropout", _dropout_samples, None, FLOATS, check=_check_dropout, equivalent="torch.nn.functional.dropout",
+           equivalent="torch.nn.functional.batch_norm (training or running statistics)", errors=_batch_norm_errors),
+    OpInfo("dropout", _dropout_samples, None, FLOATS, build=_dropout_build, check=_check_dropout,
+           equivalent="torch.nn.functional.dropout",
            errors=lambda: [ErrorInput((P((2,)),), {"rate": 1.0}, match="rate must be in [0, 1)")]),
     # Its matrix products round to the input type, as PyTorch's cell: a graph for the tolerance rule.
     OpInfo("lstm_cell", _lstm_samples, _lstm_ref, FLOATS, family="graph", equivalent="torch.nn.LSTMCell",

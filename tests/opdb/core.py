@@ -122,7 +122,7 @@ class Fuzz:
     `role`: "unary" and "binary" (smooth ops, carried with an error bound), "jump" (takes only operands
     both runs hold bit for bit, and gives such results: rounding, sign, predicates, comparisons, logic,
     integer division), "reduction", "move" (a movement op; its arguments are the fuzzer's to draw),
-    "matmul", "cast", "select", "clamp".
+    "matmul", "conv", "cast", "select", "clamp".
     `fit`: per operand, the largest magnitude it may have before the op (the fuzzer scales it down by a
     power of two first; None: the fuzzer's default). `guards`: per operand, a guard the graph applies
     to move it where the op is defined and smooth: "half" |x| + 1/2, "quarter" |x| + 1/4, "tanh",
@@ -148,7 +148,7 @@ class Fuzz:
             raise ValueError(f"unknown fuzz role {self.role!r}; one of {', '.join(FUZZ_ROLES)}")
 
 
-FUZZ_ROLES = ("unary", "binary", "jump", "reduction", "move", "matmul", "cast", "select", "clamp")
+FUZZ_ROLES = ("unary", "binary", "jump", "reduction", "move", "matmul", "conv", "cast", "select", "clamp")
 
 
 @dataclass

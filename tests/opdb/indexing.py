@@ -12,7 +12,7 @@ import torch
 
 import stitchml as sm
 
-from .core import INTS, NUMERIC, ErrorInput, OpInfo, P, Sample, make
+from .core import INTS, NUMERIC, ErrorInput, Fuzz, OpInfo, P, Sample, make
 from .movement import positions, take
 
 _INDEX_DTYPES = (sm.int64, sm.int32, sm.int16, sm.int8, sm.uint8)
@@ -180,6 +180,7 @@ def _index_errors():
 
 RECORDS = [
     OpInfo("gather", _gather_samples, _gather_ref, NUMERIC + (sm.bool,), equivalent="np.take / torch.index_select",
+           fuzz=Fuzz("move"),
            errors=lambda: [ErrorInput((P((5, 3)), P((4,))), {"axis": 0}, match="indices must be integers"),
                            ErrorInput((P((5, 3)), P((4,), sm.int64)), {"axis": 2}, match="out of range for rank 2"),
                            ErrorInput((P((5, 3)), P((1,), sm.int64)), {"axis": 0}, error=sm.ExecutionError,
@@ -187,6 +188,7 @@ RECORDS = [
     OpInfo("scatter_add", _scatter_samples, _scatter_add_ref, NUMERIC, errors=_scatter_errors,
            equivalent="np.add.at / torch.index_add"),
     OpInfo("gather_along_axis", _along_samples, _gather_along_ref, NUMERIC + (sm.bool,),
+           fuzz=Fuzz("move"),
            errors=_along_errors(False), equivalent="np.take_along_axis / torch.gather"),
     OpInfo("scatter_add_along_axis", _along_samples, _scatter_along_ref, NUMERIC, errors=_along_errors(True),
            equivalent="torch.scatter_add"),

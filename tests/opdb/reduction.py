@@ -117,7 +117,7 @@ def _arg_ref(fn):
 
 def _arg_record(name, fn, equivalent):
     return OpInfo(name, _arg_samples, _arg_ref(fn), ALL, equivalent=equivalent,
-                  out_dtype=lambda dtype, kwargs: sm.int64,
+                  out_dtype=lambda dtype, kwargs: sm.int64, fuzz=_ARG,
                   errors=lambda: [ErrorInput((P((2, 3)),), {"axis": 2}, match="out of range for rank 2"),
                                   ErrorInput((P((-1, 3)),), {"axis": 0}, error=sm.ExecutionError,
                                              match="failed on inputs", feeds=(np.zeros((0, 3), np.float32),))])
@@ -156,6 +156,7 @@ _SUM = Fuzz("reduction", propagate=lambda n, b, e, rnd: (n * b, n * e + rnd(n * 
 _MEAN = Fuzz("reduction", propagate=lambda n, b, e, rnd: (b, e + rnd(b, n + 1)))
 _PRODUCT = Fuzz("reduction", propagate=lambda n, b, e, rnd: (b**n, n * b ** (n - 1) * e + rnd(b**n, n)))
 _EXTREMUM = Fuzz("reduction", propagate=lambda n, b, e, rnd: (b, e), exact=True)  # picks an element: same bits
+_ARG = Fuzz("reduction", propagate=lambda n, b, e, rnd: (n, 0.0), exact=True)  # an index: drawn on exact operands
 
 RECORDS = [
     OpInfo("reduction_sum", _reduction_samples(), _torch_or_numpy(_sum, lambda x, a, k: np.sum(

@@ -58,7 +58,7 @@ function drawNetwork() {
     }
     const label = `${op.name}: ${op.op}`;
     g.setNode(op.name, { width: Math.max(80, label.length * 6.3 + 14), height: 30, kind: "op", op });
-    if (k) {
+    if (k && k !== op.name) {  // a vendor call or view step is named after its one op: no region around it
       if (!g.hasNode(k)) g.setNode(k, { kind: "cluster", label: k });
       g.setParent(op.name, k);
     }
@@ -141,10 +141,13 @@ function selectOp(op) {
   const attrs = Object.entries(op.attrs).map(([k, v]) => `<li>${text(k)} = ${text(v)}</li>`).join("");
   const k = op.kernel && state.kernels.get(op.kernel);
   const captured = (current().tensors || []).filter((t) => op.outputs.includes(t));
+  const origins = op.outputs.flatMap((t) => (state.net.origins || {})[t] || []);
+  const from = origins.map((o) => `${text(o.value)} (${text(o.op)}${o.location ? `, ${text(o.location)}` : ""})`).join("; ");
   $("details").innerHTML = `<h3 id="op-name">${text(op.name)}</h3>
     <table><tr><td>op</td><td>${text(op.op)}</td></tr><tr><td>source</td><td id="op-location">${text(op.location)}</td></tr>
     <tr><td>scope</td><td>${text(op.scope || "—")}</td></tr><tr><td>kernel</td><td>${text(op.kernel || "not in a kernel")}</td></tr>
-    <tr><td>inputs</td><td>${op.inputs.map(text).join(", ") || "—"}</td></tr></table>
+    <tr><td>inputs</td><td>${op.inputs.map(text).join(", ") || "—"}</td></tr>
+    ${from ? `<tr><td>model value</td><td id="op-origin">${from}</td></tr>` : ""}</table>
     <h4>outputs</h4><ul>${outs}</ul>${attrs ? `<h4>attributes</h4><ul>${attrs}</ul>` : ""}
     ${captured.map((t) => `<button class="open-tensor" data-name="${text(t)}">view tensor ${text(t)}</button>`).join(" ")}
     ${k ? `<h4>kernel ${text(k.name)} source</h4>${k.source ? `<pre>${text(k.source)}</pre>` : "<p class='hint'>no generated source (reference backend, vendor call or view)</p>"}` : ""}`;

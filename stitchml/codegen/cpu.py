@@ -1,0 +1,588 @@
+"""The CPU templates: a stitched kernel as one C++ loop nest, compiled by the system compiler.
+
+Why C++ through the system compiler (the way Inductor's CPU backend works)
+rather than Triton's CPU backend or numba: Triton's CPU backend is not part of
+a released Triton that works with ours; numba would add a large dependency
+whose JIT takes seconds per kernel and whose loops we would express in Python
+again. The registry's elementwise facts are already expressions in a C-like
+syntax (`tl.exp({0})`, `tl.where(c, a, b)`, `{0} // {1}`); with a small
+prelude that gives `tl::` and `libdevice::` the same functions in C++, the same
+facts generate both GPU and CPU kernels, so there is still one home per op.
+
+* **pointwise**: one loop over the N elements of the kernel's iteration space,
+  split over threads (OpenMP) and vectorised by the compiler where the loads are
+  contiguous; every value stays in registers from op to op, one pass over memory.
+* **reduction**: the frame is rows (kept axes) x columns (reduced axes); threads
+  take rows; each row's per-element values live in a scratch row the size of
+  the columns (in the core's cache for the widths normalisations have), row
+  values are scalars. One read of the inputs, one write of the outputs.
+
+Values of half types compute in float32, as in the Triton templates. Integer
+division by zero sets the kernel's flag (common.NO_FLAG) instead of trapping,
+as the GPU kernels do. Sources are compiled once and cached on disk, keyed by
+the source, the compiler's version and the flags (`STITCHML_CACHE_DIR`, default
+``~/.cache/stitchml``), written by an atomic rename so that concurrent processes
+share the cache safely.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from .. import dtypes
+from ..dtypes import DType
+from ..ir import Operation, Tensor
+from ..registry import lookup
+from .common import Layout, checks_divisor, compute_dtype, index_expr, triton_template
+
+CTYPE = {"float16": "_Float16", "bfloat16": "uint16_t", "float32": "float", "float64": "double", "int8": "int8_t",
+         "uint8": "uint8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+# Rows whose scratch values would not fit this many elements per thread run through the reference instead.
+MAX_SCRATCH = 1 << 22
+
+PRELUDE = r'''
+// No headers: the compiler's builtins only, so that a kernel compiles in a fraction of the time <cmath> takes.
+typedef __INT8_TYPE__ int8_t; typedef __UINT8_TYPE__ uint8_t; typedef __INT16_TYPE__ int16_t;
+typedef __UINT16_TYPE__ uint16_t; typedef __INT32_TYPE__ int32_t; typedef __UINT32_TYPE__ uint32_t;
+typedef __INT64_TYPE__ int64_t;
+#define INF_F __builtin_inff()
+#define INF_D __builtin_inf()
+
+static inline float bf16_load(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; __builtin_memcpy(&f, &u, 4); return f; }
+static inline uint16_t bf16_store(float f) {
+    uint32_t u; __builtin_memcpy(&u, &f, 4);
+    if (f != f) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7FFF + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+static inline void flag(int32_t* err, int32_t code) {
+    int32_t seen = __atomic_load_n(err, __ATOMIC_RELAXED);
+    while (code < seen && !__atomic_compare_exchange_n(err, &seen, code, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+}
+#define MATH1(name, fn) \
+    static inline float name(float x) { return __builtin_##fn##f(x); } \
+    static inline double name(double x) { return __builtin_##fn(x); }
+namespace tl {
+template <class T> static inline T abs(T x) { return x < 0 ? -x : x; }
+static inline float abs(float x) { return __builtin_fabsf(x); }
+static inline double abs(double x) { return __builtin_fabs(x); }
+template <class P, class A, class B> static inline auto where(P p, A a, B b) -> decltype(a + b) {
+    return p ? (decltype(a + b))a : (decltype(a + b))b; }
+template <class A, class B> static inline auto maximum(A a, B b, int = 0) -> decltype(a + b) {
+    decltype(a + b) x = a, y = b; return x != x ? x : (y != y ? y : (x > y ? x : y)); }
+template <class A, class B> static inline auto minimum(A a, B b, int = 0) -> decltype(a + b) {
+    decltype(a + b) x = a, y = b; return x != x ? x : (y != y ? y : (x < y ? x : y)); }
+MATH1(exp2, exp2) MATH1(log2, log2) MATH1(sqrt, sqrt) MATH1(sqrt_rn, sqrt) MATH1(sin, sin) MATH1(cos, cos)
+MATH1(floor, floor) MATH1(ceil, ceil)
+static inline double exp(double x) { return __builtin_exp(x); }
+static inline double erf(double x) { return __builtin_erf(x); }
+static inline double log(double x) { return __builtin_log(x); }
+static inline float rsqrt(float x) { return 1.0f / __builtin_sqrtf(x); }
+static inline double rsqrt(double x) { return 1.0 / __builtin_sqrt(x); }
+static inline double sigmoid(double x) { return 1.0 / (1.0 + __builtin_exp(-x)); }
+// float32 exp, erf, tanh and log without library calls, so that loops over them vectorise (a library
+// call per element costs more than the memory traffic). Cephes' and Eigen's polynomials: within 2 ulp of
+// the float64 result over the whole range (tests/test_cpu_backend.py sweeps them), NaN in, NaN out.
+static inline float ldexp2(float y, int n) {  // y * 2**n for n in [-254, 254], through two normal factors
+    int a = n >> 1, b = n - a; uint32_t ua = (uint32_t)(a + 127) << 23, ub = (uint32_t)(b + 127) << 23;
+    float fa, fb; __builtin_memcpy(&fa, &ua, 4); __builtin_memcpy(&fb, &ub, 4); return y * fa * fb;
+}
+static inline float exp(float x) {
+    float xc = x > 88.8f ? 88.8f : (x < -104.0f ? -104.0f : x);
+    xc = x != x ? 0.0f : xc;
+    float fx = __builtin_floorf(xc * 1.44269504088896341f + 0.5f);
+    float r = xc - fx * 0.693359375f;
+    r = r - fx * -2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f; y = y * r + 8.3334519073e-3f; y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f; y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    float out = ldexp2(y, (int)fx);
+    out = x > 88.72283935546875f ? INF_F : out;
+    out = x < -103.97208f ? 0.0f : out;
+    return x != x ? x : out;
+}
+static inline float sigmoid(float x) {  // exp(-|x|): no overflow, and tiny results stay accurate
+    float e = tl::exp(x < 0 ? x : -x), r = 1.0f / (1.0f + e);
+    return x < 0 ? e * r : r;
+}
+static inline float erf(float a) {
+    float x = a > 4.0f ? 4.0f : (a < -4.0f ? -4.0f : a);
+    float x2 = x * x;
+    float p = -2.72614225801306e-10f;
+    p = p * x2 + 2.77068142495902e-08f; p = p * x2 + -2.10102402082508e-06f; p = p * x2 + -5.69250639462346e-05f;
+    p = p * x2 + -7.34990630326855e-04f; p = p * x2 + -2.95459980854025e-03f; p = p * x2 + -1.60960333262415e-02f;
+    float q = -1.45660718464996e-05f;
+    q = q * x2 + -2.13374055278905e-04f; q = q * x2 + -1.68282697438203e-03f; q = q * x2 + -7.37332916720468e-03f;
+    q = q * x2 + -1.42647390514189e-02f;
+    float out = x * p / q;
+    out = (x < 1e-12f && x > -1e-12f) ? x * 1.12837916709551257f : out;  // x * p / q underflows early
+    return a != a ? a : out;
+}
+static inline float log(float x) {
+    uint32_t u; __builtin_memcpy(&u, &x, 4);
+    int e = (int)((u >> 23) & 0xFF);
+    bool sub = e == 0;  // a subnormal: scale it up by 2**23 first
+    float xs = sub ? x * 8388608.0f : x;
+    __builtin_memcpy(&u, &xs, 4);
+    e = (int)((u >> 23) & 0xFF) - 126 - (sub ? 23 : 0);
+    uint32_t m = (u & 0x807FFFFFu) | 0x3F000000u;  // mantissa in [0.5, 1)
+    float f; __builtin_memcpy(&f, &m, 4);
+    bool small = f < 0.707106781186547524f;
+    e = small ? e - 1 : e;
+    f = small ? f + f - 1.0f : f - 1.0f;
+    float z = f * f;
+    float y = 7.0376836292e-2f;
+    y = y * f + -1.1514610310e-1f; y = y * f + 1.1676998740e-1f; y = y * f + -1.2420140846e-1f;
+    y = y * f + 1.4249322787e-1f; y = y * f + -1.6668057665e-1f; y = y * f + 2.0000714765e-1f;
+    y = y * f + -2.4999993993e-1f; y = y * f + 3.3333331174e-1f;
+    y = y * f * z;
+    float fe = (float)e;
+    y = y + fe * -2.12194440e-4f;
+    y = y - 0.5f * z;
+    float out = f + y + fe * 0.693359375f;
+    out = x == 0.0f ? -INF_F : out;
+    out = x < 0.0f ? __builtin_nanf("") : out;
+    out = x == INF_F ? x : out;
+    return x != x ? x : out;
+}
+}
+namespace libdevice {
+MATH1(tan, tan) MATH1(asin, asin) MATH1(acos, acos) MATH1(atan, atan) MATH1(sinh, sinh) MATH1(cosh, cosh)
+MATH1(rint, nearbyint) MATH1(trunc, trunc)
+static inline double tanh(double x) { return __builtin_tanh(x); }
+static inline float tanh(float x) {
+    float ax = x < 0 ? -x : x;
+    float big = 1.0f - 2.0f / (tl::exp(2.0f * (ax > 20.0f ? 20.0f : ax)) + 1.0f);
+    big = x < 0 ? -big : big;
+    float z = x * x;
+    float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z
+                    + 1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x;
+    return ax < 0.625f ? small : big;
+}
+template <class T> static inline int isinf(T x) { return (x == (T)INF_D || x == -(T)INF_D) ? 1 : 0; }
+template <class A, class B> static inline auto pow(A a, B b) -> decltype(a + b) {
+    return sizeof(decltype(a + b)) == 4 ? (decltype(a + b))__builtin_powf((float)a, (float)b)
+                                         : (decltype(a + b))__builtin_pow((double)a, (double)b); }
+template <class A, class B> static inline auto atan2(A a, B b) -> decltype(a + b) {
+    return sizeof(decltype(a + b)) == 4 ? (decltype(a + b))__builtin_atan2f((float)a, (float)b)
+                                         : (decltype(a + b))__builtin_atan2((double)a, (double)b); }
+}
+'''
+
+
+class CompilerUnavailable(RuntimeError):
+    """No working C++ compiler: CPU executables run their kernels through the reference implementation."""
+
+
+@dataclass
+class CppSource:
+    """A generated CPU kernel: its C++ function (compiled after `PRELUDE`); it takes the inputs' and
+    outputs' data pointers (and the flag, `checks` non-empty), then the thread count."""
+
+    name: str
+    source: str
+    template: str
+    checks: tuple = ()
+
+
+# -- expressions ------------------------------------------------------------------------------------------
+def ctype(dt: DType) -> str:
+    return CTYPE[dt.name]
+
+
+def literal(value: torch.Tensor, dt: DType) -> str:
+    """A scalar constant as C++ in the compute type of `dt`."""
+    v = value.flatten()[0].item()
+    cd = compute_dtype(dt)
+    if dt.is_bool:
+        return "true" if v else "false"
+    if cd.is_floating:
+        t = ctype(cd)
+        if v != v:
+            return f"({t})__builtin_nan(\"\")"
+        if v in (float("inf"), float("-inf")):
+            return f"{'' if v > 0 else '-'}({t})INF_D"
+        return f"({t}){float(v)!r}"
+    return f"(({ctype(cd)}){int(v)}{'LL' if abs(int(v)) >= 2**31 else ''})"
+
+
+_TRITON_TO_CPP = [(re.compile(r"tl\.PropagateNan\.ALL"), "1"), (re.compile(r"\btl\."), "tl::"),
+                  (re.compile(r"\blibdevice\."), "libdevice::"), (re.compile(r"//"), "/"),
+                  (re.compile(r"\bTrue\b"), "true"), (re.compile(r"\bFalse\b"), "false")]
+
+
+def cpp_template(op: Operation) -> str | None:
+    """The registry's Triton expression of an elementwise op as C++ (the prelude gives tl:: and
+    libdevice:: the same functions; Triton's integer // and % truncate, as C++'s do)."""
+    template = triton_template(op)
+    if template is None:
+        return None
+    for pattern, repl in _TRITON_TO_CPP:
+        template = pattern.sub(repl, template)
+    return template
+
+
+def load(ptr: str, idx: str, dt: DType) -> str:
+    element = f"{ptr}[{idx}]"
+    if dt == dtypes.bfloat16:
+        return f"bf16_load({element})"
+    return f"({ctype(compute_dtype(dt))}){element}"
+
+
+def store(value: str, dt: DType) -> str:
+    if dt == dtypes.bfloat16:
+        return f"bf16_store((float)({value}))"
+    return f"({ctype(dt)})({value})"
+
+
+def expression(op: Operation, args: list[str]) -> str:
+    """C++ for one elementwise op over already computed operand names, in the compute type of its result."""
+    out = op.outputs[0].dtype
+    target = ctype(compute_dtype(out))
+    if op.op == "cast":
+        if out == dtypes.bfloat16:
+            return f"bf16_load(bf16_store((float)({args[0]})))"
+        if out == dtypes.float16:
+            return f"(float)(_Float16)({args[0]})"
+        if out.is_bool:
+            return f"(bool)(({args[0]}) != 0)"
+        return f"({target})({args[0]})"
+    template = cpp_template(op)
+    if template is None:
+        raise NotImplementedError(f"{op.op} has no C++ expression for {op.inputs[0].dtype}")
+    return f"({target})({template.format(*args)})"
+
+
+def _c_index(text: str) -> str:
+    return text.replace("//", "/")
+
+
+class _Body:
+    """Lines of one loop body: the values it computes, by tensor id."""
+
+    def __init__(self, checks: list, first_check: int):
+        self.lines: list[str] = []
+        self.count = 0
+        self.checks = checks
+        self.first_check = first_check
+
+    def fresh(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def elementwise(self, op: Operation, args: list[str], indent: str) -> str:
+        if checks_divisor(op):
+            if not any(o is op for o in self.checks):
+                self.checks.append(op)
+            code = self.first_check + next(k for k, o in enumerate(self.checks) if o is op)
+            safe = self.fresh("d")
+            self.lines.append(f"{indent}auto {safe} = {args[1]};")
+            self.lines.append(f"{indent}if ({safe} == 0) {{ flag(err, {code}); {safe} = 1; }}")
+            args = [args[0], safe, *args[2:]]
+        var = self.fresh("v")
+        self.lines.append(f"{indent}{ctype(compute_dtype(op.outputs[0].dtype))} {var} = {expression(op, args)};")
+        return var
+
+
+def _signature(name: str, placeholders: list[Tensor], outputs: list[Tensor], checks: bool) -> list[str]:
+    params = [f"const {ctype(t.dtype)}* __restrict__ in{i}"
+              for i, t in enumerate(placeholders)]
+    params += [f"{ctype(t.dtype)}* __restrict__ out{j}" for j, t in enumerate(outputs)]
+    params += ["int32_t* err"] if checks else []
+    return [f'extern "C" void {name}({", ".join(params + ["int threads"])}) {{']
+
+
+# -- pointwise --------------------------------------------------------------------------------------------
+def pointwise(name: str, body, in_layouts: list[Layout], first_check: int = 0) -> CppSource:
+    """C++ for a pointwise fusion `body` reading inputs of the given layouts."""
+    ops = [op for op in body.operations if op.op != "placeholder"]
+    placeholders = [op.outputs[0] for op in body.operations if op.op == "placeholder"]
+    n = body.outputs[0].type.numel()
+    layout_of = {t.id: lay for t, lay in zip(placeholders, in_layouts)}
+    arg_of = {t.id: f"in{i}" for i, t in enumerate(placeholders)}
+    checks: list = []
+    b = _Body(checks, first_check)
+    value: dict = {}
+    loaded: dict = {}
+    indent = "        "
+
+    def operand(t: Tensor, frame) -> str:
+        if t.id in value:
+            return value[t.id]
+        key = (t.id, frame)
+        if key not in loaded:
+            lay = layout_of[t.id].broadcast_to(frame)
+            idx = _c_index(index_expr("i", [(lay.shape[a], lay.strides[a]) for a in range(len(frame))]))
+            var = b.fresh("x")
+            b.lines.append(f"{indent}{ctype(compute_dtype(t.dtype))} {var} = {load(arg_of[t.id], idx, t.dtype)};")
+            loaded[key] = var
+        return loaded[key]
+
+    for op in ops:
+        out = op.outputs[0]
+        if op.op == "constant":
+            value[out.id] = literal(op.attrs["value"], out.dtype)
+            continue
+        value[out.id] = b.elementwise(op, [operand(t, out.shape) for t in op.inputs], indent)
+    for j, t in enumerate(body.outputs):
+        v = value[t.id] if t.id in value else operand(t, t.shape)
+        b.lines.append(f"{indent}out{j}[i] = {store(v, t.dtype)};")
+    parallel = "omp parallel for simd schedule(static) num_threads(threads)" if n >= 1 << 15 else "omp simd"
+    lines = [*_signature(name, placeholders, list(body.outputs), bool(checks)),
+             f"    #pragma {parallel}", f"    for (int64_t i = 0; i < {n}LL; ++i) {{", *b.lines, "    }", "}"]
+    return CppSource(name, "\n".join(lines) + "\n", "pointwise", tuple(checks))
+
+
+# -- reduction --------------------------------------------------------------------------------------------
+_COMBINE = {"reduction_sum": "{a} + {b}", "reduction_mean": "{a} + {b}", "reduction_product": "{a} * {b}",
+            "reduction_maximum": "tl::maximum({a}, {b})", "reduction_minimum": "tl::minimum({a}, {b})"}
+
+
+def _neutral(op: Operation, acc: DType) -> str:
+    text = lookup(op.op).combine.neutral
+    t = ctype(acc)
+    if text in ("INF", "-INF"):
+        if acc.is_bool:
+            return "false" if text == "-INF" else "true"
+        if acc.is_floating:
+            return f"{'-' if text == '-INF' else ''}({t})INF_D"
+        info = torch.iinfo(acc.torch)
+        value = info.min if text == "-INF" else info.max
+        return f"(({t}){value}LL)" if value != -2**63 else f"(({t})(-9223372036854775807LL - 1))"
+    return f"({t}){text}"
+
+
+def _accumulator(op: Operation) -> DType:
+    return compute_dtype(op.outputs[0].dtype)
+
+
+def fits(body) -> bool:
+    """Whether a reduction body's scratch rows fit (MAX_SCRATCH elements per thread)."""
+    frame, axes, space = body.notes["frame"], body.notes["axes"], body.notes["space"]
+    columns = 1
+    for a in axes:
+        columns *= frame[a]
+    full = sum(1 for op in body.operations if space.get(op.outputs[0].id, "full") == "full") if body.operations else 0
+    return columns * max(full, 1) <= MAX_SCRATCH
+
+
+def reduction(name: str, body, in_layouts: list[Layout], first_check: int = 0) -> CppSource:
+    """C++ for a reduction fusion `body` (notes: frame, axes, space): threads take rows; a row's
+    per-element values live in scratch rows, its reductions and per-row values in scalars."""
+    frame, axes, space = body.notes["frame"], body.notes["axes"], body.notes["space"]
+    kept = [a for a in range(len(frame)) if a not in axes]
+    rows = 1
+    for a in kept:
+        rows *= frame[a]
+    cols = 1
+    for a in axes:
+        cols *= frame[a]
+    keep_shape = tuple(1 if i in axes else d for i, d in enumerate(frame))
+    placeholders = [op.outputs[0] for op in body.operations if op.op == "placeholder"]
+    ops = [op for op in body.operations if op.op != "placeholder"]
+    layout_of = {t.id: lay for t, lay in zip(placeholders, in_layouts)}
+    arg_of = {t.id: f"in{i}" for i, t in enumerate(placeholders)}
+    checks: list = []
+    b = _Body(checks, first_check)
+    env: dict = {}  # tensor id -> (name, full)
+    scratch: list[str] = []
+    row_in, col_in = "        ", "            "
+
+    def full_index(lay: Layout) -> str:
+        lay = lay.broadcast_to(frame)
+        r = index_expr("r", [(lay.shape[a], lay.strides[a]) for a in kept])
+        c = index_expr("c", [(lay.shape[a], lay.strides[a]) for a in axes])
+        return _c_index(" + ".join(p for p in (r, c) if p != "0") or "0")
+
+    def row_index(lay: Layout) -> str:
+        if len(lay.shape) == len(kept) and lay.shape == tuple(frame[a] for a in kept):
+            full = [0] * len(frame)
+            for a, s in zip(kept, lay.strides):
+                full[a] = s
+            lay = Layout(keep_shape, tuple(full), lay.offset)
+        lay = lay.broadcast_to(keep_shape)
+        return _c_index(index_expr("r", [(lay.shape[a], lay.strides[a]) for a in kept]))
+
+    def column_loop(emit) -> None:
+        b.lines.append(f"{row_in}for (int64_t c = 0; c < {cols}LL; ++c) {{")
+        emit()
+        b.lines.append(f"{row_in}}}")
+
+    def operand(t: Tensor, full: bool) -> str:
+        """In a column loop (`full`), the element c of `t`; else its row value."""
+        if t.id in env:
+            name, is_full = env[t.id]
+            return f"{name}[c]" if is_full else name
+        if t.op.op == "constant":
+            return literal(t.op.attrs["value"], t.dtype)
+        lay = layout_of[t.id]
+        return load(arg_of[t.id], full_index(lay) if full else row_index(lay), t.dtype)
+
+    for op in ops:
+        out = op.outputs[0]
+        full = space.get(out.id, "full") == "full"
+        if op.op == "constant":
+            continue
+        combine = lookup(op.op).combine
+        if combine is not None:
+            acc_type = _accumulator(op)
+            acc = b.fresh("acc")
+            b.lines.append(f"{row_in}{ctype(acc_type)} {acc} = {_neutral(op, acc_type)};")
+
+            def fold(op=op, acc=acc, acc_type=acc_type):
+                x = f"({ctype(acc_type)})({operand(op.inputs[0], True)})"
+                b.lines.append(f"{col_in}{acc} = {_COMBINE[op.op].format(a=acc, b=x)};")
+            column_loop(fold)
+            if combine.mean:
+                b.lines.append(f"{row_in}{acc} = {acc} / ({ctype(acc_type)}){cols};")
+            env[out.id] = (acc, False)
+        elif full:
+            row = b.fresh("s")
+            scratch.append(f"{ctype(compute_dtype(out.dtype))}* {row} = ({ctype(compute_dtype(out.dtype))}*)"
+                           f"(base + {len(scratch)} * {cols}LL * 8);")
+
+            def compute(op=op, row=row):
+                args = [operand(t, True) for t in op.inputs]
+                v = b.elementwise(op, args, col_in)
+                b.lines.append(f"{col_in}{row}[c] = {v};")
+            column_loop(compute)
+            env[out.id] = (row, True)
+        else:
+            env[out.id] = (b.elementwise(op, [operand(t, False) for t in op.inputs], row_in), False)
+    for j, t in enumerate(body.outputs):
+        if space.get(t.id, "full") == "full":
+            dst = _c_index(index_expr("r", [(frame[a], Layout.contiguous(frame).strides[a]) for a in kept]))
+            dst_c = _c_index(index_expr("c", [(frame[a], Layout.contiguous(frame).strides[a]) for a in axes]))
+            index = " + ".join(p for p in (dst, dst_c) if p != "0") or "0"
+            column_loop(lambda t=t, j=j, index=index: b.lines.append(
+                f"{col_in}out{j}[{index}] = {store(operand(t, True), t.dtype)};"))
+        else:
+            b.lines.append(f"{row_in}out{j}[r] = {store(operand(t, False), t.dtype)};")
+    threads = "num_threads(threads)" if rows > 1 and rows * cols >= 1 << 15 else "num_threads(1)"
+    lines = [*_signature(name, placeholders, list(body.outputs), bool(checks)),
+             f"    #pragma omp parallel {threads}", "    {",
+             f"        char* base = (char*)__builtin_malloc({max(len(scratch), 1)} * {cols}LL * 8 + 64);",
+             *("        " + s for s in scratch),
+             "        #pragma omp for schedule(static)", f"    for (int64_t r = 0; r < {rows}LL; ++r) {{",
+             *b.lines, "    }", "        __builtin_free(base);", "    }", "}"]
+    return CppSource(name, "\n".join(lines) + "\n", "reduction", tuple(checks))
+
+
+# -- compiling and loading --------------------------------------------------------------------------------
+@functools.cache
+def compiler() -> tuple[str, str]:
+    """(path, version line) of the C++ compiler: $CXX, else g++, else clang++; CompilerUnavailable if none."""
+    for candidate in (os.environ.get("CXX"), "g++", "clang++", "c++"):
+        path = candidate and shutil.which(candidate)
+        if path:
+            try:
+                version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30,
+                                         check=True).stdout.splitlines()[0]
+            except (OSError, subprocess.SubprocessError, IndexError):
+                continue
+            return path, version
+    raise CompilerUnavailable("no C++ compiler found (set CXX, or install g++ or clang++)")
+
+
+def cache_dir() -> str:
+    root = os.environ.get("STITCHML_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "stitchml")
+    path = os.path.join(root, "cpu")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+_loaded: dict[str, ctypes.CDLL] = {}
+_lock = threading.Lock()
+
+
+def _library(sources: list[CppSource]) -> ctypes.CDLL:
+    """The shared library of `sources` (one translation unit), from the disk cache or compiled now."""
+    path, version = compiler()
+    text = "".join(src.source for src in sources)
+    key = hashlib.sha256("\0".join([text, version, *FLAGS]).encode()).hexdigest()[:32]
+    with _lock:
+        lib = _loaded.get(key)
+        if lib is None:
+            so = os.path.join(cache_dir(), f"{sources[0].name}-{key}.so")
+            if not os.path.exists(so):
+                _compile(path, PRELUDE + "".join(src.source for src in sources), so, sources[0].name)
+            lib = _loaded[key] = ctypes.CDLL(so)
+    return lib
+
+
+def _compile(path: str, text: str, so: str, name: str) -> None:
+    folder = os.path.dirname(so)
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        cpp = os.path.join(tmp, "kernels.cpp")
+        with open(cpp, "w") as f:
+            f.write(text)
+        out = os.path.join(tmp, "kernels.so")
+        result = subprocess.run([path, *FLAGS, cpp, "-o", out], capture_output=True, text=True, timeout=600)
+        if result.returncode != 0:
+            raise CompilerUnavailable(f"{os.path.basename(path)} failed on kernel {name}: "
+                                      f"{result.stderr.strip()[-2000:]}")
+        os.replace(out, so)  # atomic: another process sees no file or a whole one
+
+
+class Module:
+    """The CPU kernels of one executable, compiled together: one compiler run, the prelude parsed once.
+
+    If the whole module fails to compile, each kernel is compiled alone, and one that still fails
+    runs through its fallback (the reference implementation), with the reason logged."""
+
+    def __init__(self) -> None:
+        self.sources: list[CppSource] = []
+        self.functions: dict[str, object] = {}
+        self.errors: dict[str, str] = {}
+
+    def add(self, src: CppSource) -> None:
+        self.sources.append(src)
+
+    def build(self) -> None:
+        if not self.sources or self.functions or self.errors:
+            return
+        try:
+            groups = [(self.sources, _library(self.sources))]
+        except CompilerUnavailable:
+            groups = []
+            for src in self.sources:
+                try:
+                    groups.append(([src], _library([src])))
+                except CompilerUnavailable as e:
+                    self.errors[src.name] = str(e)
+        for sources, lib in groups:
+            for src in sources:
+                fn = getattr(lib, src.name)
+                fn.restype = None
+                self.functions[src.name] = fn
+
+
+class NativeLaunch:
+    """Run a compiled CPU kernel of `module` on its pre-bound slots (data pointers, then the thread
+    count); `fallback(env)` when it did not compile."""
+
+    def __init__(self, module: Module, src: CppSource, ins: list[int], outs: list[int], fallback):
+        self.module, self.name, self.fallback = module, src.name, fallback
+        self.slots = ins + outs
+        self.fn = None
+
+    def __call__(self, env) -> None:
+        if self.fn is None:
+            self.module.build()
+            self.fn = self.module.functions.get(self.name, self.fallback)
+        if self.fn is self.fallback:
+            self.fallback(env)
+            return
+        self.fn(*[ctypes.c_void_p(env[s].data_ptr()) for s in self.slots], ctypes.c_int(torch.get_num_threads()))

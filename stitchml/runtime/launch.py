@@ -1,0 +1,177 @@
+"""launch: the launch plan the compiler hands an executable, and the kinds of work a step does.
+
+`passes/lower.py` decides what each operation of a compiled program becomes
+and builds a `LaunchPlan`; the classes below are what its steps run, each a
+callable `fn(env)` over the environment list of value slots:
+
+* `KernelLaunch`: a generated Triton kernel on its pre-bound slots;
+* `VendorCall`: a contraction's library call (cuBLAS / cuDNN through torch);
+* `CublasLtCall`: a matrix product with cuBLASLt's bias / ReLU / GeLU epilogue;
+* `ViewOf`: a zero-copy torch view of a slot;
+* `ReferenceCall`: an op's reference implementation (opaque ops; kernels on
+  the reference backend, which run their bodies op by op);
+* `Chain`: several of these in order (a vendor call, then its epilogue).
+
+They hold the callables and attributes they need, not the ops, so the
+runtime knows nothing of how a program was made; the op names and the lines
+that built them travel on the `Step` (runtime/steps.py) for errors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..codegen import loader
+from ..ir import Operation
+from .steps import Step
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # CUDA builds: the current stream as an int
+
+
+@dataclass
+class LaunchPlan:
+    """What `lower` produces: the steps in schedule order and the environment they run over.
+
+    `slots` maps every program tensor id to its slot; `scratch_slots` maps a kernel's op id to the
+    slot of its temporary (planned scratch, or a convolution's own result); `checks` are the ops
+    whose integer divisions kernels flag, by code, in the one-element buffer at `flag_slot` (None
+    when no kernel divides integers).
+    """
+
+    steps: list[Step] = field(default_factory=list)
+    slots: dict[int, int] = field(default_factory=dict)
+    scratch_slots: dict[int, int] = field(default_factory=dict)
+    checks: list[Operation] = field(default_factory=list)
+    flag_slot: int | None = None
+
+    @property
+    def nslots(self) -> int:
+        """The length of a run's environment list."""
+        return len(self.slots) + len(self.scratch_slots) + (self.flag_slot is not None)
+
+
+class KernelLaunch:
+    """Launch a generated kernel (`source`: a codegen KernelSource) on its pre-bound slots.
+
+    The first launch goes through Triton's JIT entry (it compiles, or loads
+    from Triton's disk cache). Later launches on CUDA call the compiled
+    kernel's launcher directly, which skips Triton's per-call argument
+    binding; they fall back to the JIT entry when the pointers' 16-byte
+    alignment differs from what the kernel was specialised for.
+    """
+
+    def __init__(self, source, ins: list[int], outs: list[int]):
+        self.fn = loader.load(source.name, source.source)
+        self.grid = tuple(source.grid) + (1,) * (3 - len(source.grid))
+        self.meta = source.constexprs
+        self.meta_values = list(source.constexprs.values())
+        self.warps = source.num_warps
+        self.sizes = getattr(source, "sizes", ())  # extents the kernel takes as arguments, after its buffers
+        self.slots = ins + outs
+        self.compiled = None
+        self.alignment = None
+        self.interpret = loader.interpreting()
+
+    def __call__(self, env: list) -> None:
+        args = [env[s] for s in self.slots]
+        if self.compiled is not None:
+            if tuple(a.data_ptr() % 16 == 0 for a in args) == self.alignment:
+                k = self.compiled
+                stream = _raw_stream(args[0].device.index) if _raw_stream else torch.cuda.current_stream().cuda_stream
+                k.run(*self.grid, stream, k.function, k.packed_metadata, None, None, None, *args, *self.sizes,
+                      *self.meta_values)
+                return
+        if self.interpret:
+            # masked lanes may compute log(0) and the like; the interpreter runs one launch at a time
+            with loader.interpreter_lock, np.errstate(all="ignore"):
+                self.fn[self.grid](*args, *self.sizes, num_warps=self.warps, **self.meta)
+            return
+        k = self.fn[self.grid](*args, *self.sizes, num_warps=self.warps, **self.meta)
+        if self.compiled is None and all(hasattr(k, a) for a in ("run", "function", "packed_metadata")):
+            self.compiled = k
+            self.alignment = tuple(a.data_ptr() % 16 == 0 for a in args)
+
+
+class Chain:
+    """Run several step functions in order."""
+
+    def __init__(self, *fns: Callable[[list], None]):
+        self.fns = fns
+
+    def __call__(self, env: list) -> None:
+        for fn in self.fns:
+            fn(env)
+
+
+class VendorCall:
+    """A contraction's library call `call(out, *inputs, **attrs)` (the registry's Primitive.vendor): it
+    writes into the buffer bound at `out_slot`, or binds its own result there."""
+
+    def __init__(self, call: Callable[..., torch.Tensor], ins: list[int], out_slot: int, attrs: dict[str, Any]):
+        self.call, self.ins, self.out_slot, self.attrs = call, ins, out_slot, attrs
+
+    def __call__(self, env: list) -> None:
+        env[self.out_slot] = self.call(env[self.out_slot], *[env[s] for s in self.ins], **self.attrs)
+
+
+class CublasLtCall:
+    """out = a @ b + bias, then ReLU or tanh GeLU for `kind` "bias_relu" / "bias_gelu": cuBLASLt runs the
+    epilogue inside the GEMM."""
+
+    KINDS = ("bias", "bias_relu", "bias_gelu")
+
+    def __init__(self, kind: str, a: int, b: int, bias: int, out: int):
+        assert kind in self.KINDS, kind
+        self.kind, self.a, self.b, self.bias, self.out = kind, a, b, bias, out
+
+    def __call__(self, env: list) -> None:
+        bias_1d = env[self.bias].reshape(-1)
+        if self.kind == "bias":
+            torch.addmm(bias_1d, env[self.a], env[self.b], out=env[self.out])
+        else:
+            torch._addmm_activation(bias_1d, env[self.a], env[self.b], use_gelu=self.kind == "bias_gelu",
+                                    out=env[self.out])
+
+
+class ViewOf:
+    """Bind `dst` to `impl(env[src], **attrs)`, a torch view of the source (no copy)."""
+
+    def __init__(self, impl: Callable[..., torch.Tensor], src: int, dst: int, attrs: dict[str, Any]):
+        self.impl, self.src, self.dst, self.attrs = impl, src, dst, attrs
+
+    def __call__(self, env: list) -> None:
+        env[self.dst] = self.impl(env[self.src], **self.attrs)
+
+
+class ReferenceCall:
+    """Run an op's reference implementation `impl(*inputs, **attrs)`.
+
+    Its results are bound as they come (library memory), or copied into
+    planned buffers with `into`. A result that is one of the inputs' memory is
+    copied, so no output or assignment ever aliases a feed, constant or
+    variable; a strided result (a slice, a transposed convolution) is made
+    row-major, the layout the plan gives every buffer. Ops that need a run
+    context (random draws: the run index picks the numbers) get `context()`
+    as their first argument.
+    """
+
+    def __init__(self, impl: Callable[..., Any], ins: list[int], outs: list[int], attrs: dict[str, Any],
+                 into: bool = False, context: Callable[[], Any] | None = None):
+        self.impl, self.ins, self.outs, self.attrs = impl, ins, outs, attrs
+        self.into, self.context = into, context
+
+    def __call__(self, env: list) -> None:
+        args = [env[s] for s in self.ins]
+        context = self.context
+        result = self.impl(context(), *args, **self.attrs) if context else self.impl(*args, **self.attrs)
+        result = result if isinstance(result, tuple) else (result,)
+        shared = {a.untyped_storage().data_ptr() for a in args}
+        for s, r in zip(self.outs, result):
+            if self.into:
+                env[s].copy_(r)
+            else:
+                shares = r.untyped_storage().data_ptr() in shared
+                env[s] = r.clone(memory_format=torch.contiguous_format) if shares else r.contiguous()

@@ -1,0 +1,86 @@
+"""The neural-material shading kernel (stitchml.shader.shading): the integer-filtered fast path and the
+byte-gather kernel against a float64 PyTorch decode (bilinear latents, the spec's reference network,
+the normal rebuilt and made unit), and the plain-feature variant. Kernels run under TRITON_INTERPRET=1
+on the CPU."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # Triton reads this when a kernel is decorated, i.e. at import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from stitchml.errors import ShapeError  # noqa: E402
+from stitchml.shader import MLPSpec  # noqa: E402
+from stitchml.shader import shading, shading_fast  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _decoder(inputs: int, seed: int):
+    spec = MLPSpec((inputs, 32, 6), ("relu", "none"))
+    rng = np.random.default_rng(seed)
+    weights = [(rng.standard_normal((a, b)) / np.sqrt(a), rng.standard_normal(b) * 0.3)
+               for a, b in zip(spec.widths, spec.widths[1:])]
+    return spec, weights
+
+
+def _reference(features: torch.Tensor, spec: MLPSpec, weights) -> torch.Tensor:
+    """(texels, 8) in float64: clamped colour, the unit normal with z rebuilt, clamped roughness, 0."""
+    y = spec.reference(features.double().cpu(), weights)
+    xy = y[:, 3:5]
+    z = (1 - (xy ** 2).sum(1, keepdim=True)).clamp(min=0).sqrt()
+    normal = torch.nn.functional.normalize(torch.cat([xy, z], 1), dim=1)
+    return torch.cat([y[:, :3].clamp(0, 1), normal, y[:, 5:6].clamp(0, 1), torch.zeros_like(z)], 1)
+
+
+def _features(latents: torch.Tensor, size: int, fine: int, coarse: int, levels: int) -> torch.Tensor:
+    n_fine = (size // 2) ** 2 * fine
+    grids = [latents[:n_fine].reshape(size // 2, size // 2, fine),
+             latents[n_fine:].reshape(size // 4, size // 4, coarse)]
+    feats = [torch.nn.functional.interpolate(q.permute(2, 0, 1)[None].double() / levels, size=(size, size),
+                                             mode="bilinear", align_corners=False)[0] for q in grids]
+    return torch.cat(feats).reshape(fine + coarse, -1).T
+
+
+@pytest.mark.parametrize("size,fine,coarse,block,levels", [
+    (16, 4, 12, 16, 127),  # blocks within image rows; extreme latents fill the 16-bit lanes
+    (24, 8, 4, 64, 7),  # blocks across rows, a partial last block, two fine words
+    (16, 4, 6, 64, 7),  # channel counts the fast path does not take: the byte-gather kernel
+])
+def test_shade_matches_the_float64_decode(size, fine, coarse, block, levels):
+    spec, weights = _decoder(fine + coarse, seed=size + fine)
+    n = (size // 2) ** 2 * fine + (size // 4) ** 2 * coarse
+    latents = torch.randint(-levels, levels + 1, (n,), dtype=torch.int8, generator=torch.Generator().manual_seed(3))
+    assert shading_fast.fits(spec, fine, coarse) == (coarse % 4 == 0)
+    out = torch.full((size * size, 8), float("nan"), device=DEVICE)
+    shading.shade(latents.to(DEVICE), spec.pack(weights, DEVICE), size, fine, coarse, levels, spec, block=block,
+                  out=out)
+    ref = _reference(_features(latents, size, fine, coarse, levels), spec, weights)
+    got = out.double().cpu()
+    assert torch.isfinite(got).all()
+    # the kernel rounds the decoder's inputs, weights and hidden layer to half; the reference does not
+    np.testing.assert_allclose(got.numpy(), ref.numpy(), atol=3e-3)
+    np.testing.assert_allclose(got[:, 3:6].norm(dim=1).numpy(), 1, atol=1e-5)
+
+
+def test_shade_plain_matches_the_float64_decode():
+    spec, weights = _decoder(16, seed=5)
+    # in [-1, 1] like sampled latents / levels
+    features = (torch.rand(200, 16, generator=torch.Generator().manual_seed(4)) * 2 - 1).half()
+    out = torch.full((200, 8), float("nan"), device=DEVICE)
+    shading.shade_plain(features.to(DEVICE), spec.pack(weights, DEVICE), spec, block=64, out=out)
+    np.testing.assert_allclose(out.double().cpu().numpy(), _reference(features, spec, weights).numpy(), atol=3e-3)
+
+
+def test_shade_plain_refuses_other_shapes():
+    spec, weights = _decoder(16, seed=5)
+    with pytest.raises(ShapeError, match=r"features \(texels, 16\)"):
+        shading.shade_plain(torch.zeros(8, 12, dtype=torch.float16), spec.pack(weights), spec)
+    wide = MLPSpec((16, 32, 20), ("relu", "none"))
+    with pytest.raises(ShapeError, match="6 outputs"):
+        shading.shade_plain(torch.zeros(8, 16, dtype=torch.float16), wide.pack(_decoder(16, 1)[1][:1] + [
+            (np.zeros((32, 20)), np.zeros(20))]), wide)
