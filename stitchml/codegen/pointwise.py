@@ -92,7 +92,7 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
     start = "tl.program_id(0).to(tl.int64) * BLOCK" if wide else "tl.program_id(0) * BLOCK"
     src = header(f"pointwise kernel {name}", interpret) + f'''
 
-@triton.jit(do_not_specialize=["n"])
+@triton.jit
 def {name}({params}, n, BLOCK: tl.constexpr):
     i = {start} + tl.arange(0, BLOCK)
     mask = i < n

@@ -6,7 +6,7 @@ from stitchml.codegen.interpret import libdevice
 INF = tl.constexpr(float("inf"))
 
 
-@triton.jit(do_not_specialize=["n"])
+@triton.jit
 def kernel0_pointwise(in0, out0, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
