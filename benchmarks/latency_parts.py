@@ -33,7 +33,8 @@ def main():
     env[launch.slots[0]], env[launch.slots[1]] = a, out
     rows = [("exe.run", per_call(lambda: exe.run({x: a}))),
             ("step launch (direct launcher)", per_call(lambda: launch(env))),
-            ("triton jit entry", per_call(lambda: launch.fn[launch.grid](a, out, num_warps=launch.warps, **launch.meta))),
+            ("triton jit entry", per_call(lambda: launch.fn[launch.grid](a, out, *launch.sizes, num_warps=launch.warps,
+                                                                         **launch.meta))),
             ("torch.empty 4K", per_call(lambda: torch.empty((4096,), dtype=torch.float32, device="cuda"))),
             ("torch.erf 4K (one eager op)", per_call(lambda: torch.erf(a))),
             ("g.run (a request seen before)", per_call(lambda: g.run({x: a}, [y])))]
