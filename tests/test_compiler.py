@@ -451,7 +451,7 @@ def test_dump_ir_writes_one_file_per_pass(tmp_path, monkeypatch):
     assert files == [f"{i:02d}_{name}.txt" for i, name in enumerate(names)]
     for f, name in zip(files, names):
         assert (tmp_path / "ir" / f).read_text().startswith(f"// after {name}\n")
-    assert "fusion" in (tmp_path / "ir" / "06_stitch.txt").read_text()
+    assert "fusion" in (tmp_path / "ir" / f"{names.index('stitch'):02d}_stitch.txt").read_text()
 
 
 # -- the same kernels for CUDA ---------------------------------------------------------------
