@@ -222,7 +222,7 @@ def _compile_jobs(workdir: str) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
 
-    from stitchml.codegen import loader
+    from stitchml.runtime import loader
 
     failed = {}
     for text in json.loads(pathlib.Path(workdir, "jobs.json").read_text()):

@@ -22,7 +22,8 @@ import pytest
 import torch
 
 import stitchml as sm
-from stitchml.codegen import loader, reduction
+from stitchml.codegen import reduction
+from stitchml.runtime import loader
 from stitchml.codegen.common import LIBDEVICE_CUDA, LIBDEVICE_INTERPRET
 from stitchml.passes import PIPELINE
 from stitchml.runtime.compiled import ExecutableCache

@@ -13,7 +13,7 @@ import pytest
 
 import stitchml as sm
 from stitchml.cli import main
-from stitchml.codegen import choices, loader
+from stitchml.runtime import choices, loader
 from stitchml.errors import PackageError
 from stitchml.package import Package, container, current_target
 from stitchml.package import kernels as K

@@ -9,7 +9,7 @@ A bundle is the blob `Package.add_kernels` stores (one part, ``kernels/<function
 
 and holds two kinds of files:
 
-* ``sources/k<32 hex>.py``: a generated kernel's Triton source, named as codegen/loader.py names the
+* ``sources/k<32 hex>.py``: a generated kernel's Triton source, named as runtime/loader.py names the
   files it imports: the first 32 hex digits of the content's SHA-256 (checked on load);
 * ``triton/<entry>/<file>``: one entry of Triton's cache directory as Triton wrote it while compiling
   those sources (<entry> is Triton's hash of what it compiled: source, options, GPU, Triton build).
@@ -306,7 +306,7 @@ def build(function, input_dimensions: dict[str, Sequence[int]], device: Any = "c
     """
     import torch
 
-    from ..codegen import choices, loader
+    from ..runtime import choices, loader
     from ..pipeline.device import Compiler, MLPipelineDescriptor, device as make_device
 
     where = f"compile_kernels({function.name!r})"

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .. import dtypes
-from ..codegen import loader
+from ..runtime import loader
 from ..errors import PackageError, SerializationError
 from ..graph import Graph
 from ..ir import UNKNOWN, Tensor, TensorType

@@ -34,7 +34,8 @@ import logging
 
 import torch
 
-from ..codegen import attention, attention_backward, choices, cpu, pointwise, reduction
+from ..codegen import attention, attention_backward, cpu, pointwise, reduction
+from ..runtime import choices
 from ..codegen.common import Layout
 from ..dtypes import float32
 from ..errors import StitchError

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..codegen import loader
+from . import loader
 from ..ir import Operation
 from .steps import Step
 
