@@ -47,7 +47,7 @@ from .common import Layout, checks_divisor, compute_dtype, index_expr, triton_te
 
 CTYPE = {"float16": "_Float16", "bfloat16": "uint16_t", "float32": "float", "float64": "double", "int8": "int8_t",
          "uint8": "uint8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
-FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 # Rows whose scratch values would not fit this many elements per thread run through the reference instead.
 MAX_SCRATCH = 1 << 22
 
@@ -59,9 +59,9 @@ typedef __INT64_TYPE__ int64_t;
 #define INF_F __builtin_inff()
 #define INF_D __builtin_inf()
 
-static inline float bf16_load(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; __builtin_memcpy(&f, &u, 4); return f; }
+static inline float bf16_load(uint16_t h) { return __builtin_bit_cast(float, (uint32_t)h << 16); }
 static inline uint16_t bf16_store(float f) {
-    uint32_t u; __builtin_memcpy(&u, &f, 4);
+    uint32_t u = __builtin_bit_cast(uint32_t, f);
     if (f != f) return (uint16_t)((u >> 16) | 0x40);
     u += 0x7FFF + ((u >> 16) & 1);
     return (uint16_t)(u >> 16);
@@ -95,8 +95,8 @@ static inline double sigmoid(double x) { return 1.0 / (1.0 + __builtin_exp(-x));
 // call per element costs more than the memory traffic). Cephes' and Eigen's polynomials: within 2 ulp of
 // the float64 result over the whole range (tests/test_cpu_backend.py sweeps them), NaN in, NaN out.
 static inline float ldexp2(float y, int n) {  // y * 2**n for n in [-254, 254], through two normal factors
-    int a = n >> 1, b = n - a; uint32_t ua = (uint32_t)(a + 127) << 23, ub = (uint32_t)(b + 127) << 23;
-    float fa, fb; __builtin_memcpy(&fa, &ua, 4); __builtin_memcpy(&fb, &ub, 4); return y * fa * fb;
+    int a = n >> 1, b = n - a;
+    return y * __builtin_bit_cast(float, (uint32_t)(a + 127) << 23) * __builtin_bit_cast(float, (uint32_t)(b + 127) << 23);
 }
 static inline float exp(float x) {
     float xc = x > 88.8f ? 88.8f : (x < -104.0f ? -104.0f : x);
@@ -131,14 +131,13 @@ static inline float erf(float a) {
     return a != a ? a : out;
 }
 static inline float log(float x) {
-    uint32_t u; __builtin_memcpy(&u, &x, 4);
+    uint32_t u = __builtin_bit_cast(uint32_t, x);
     int e = (int)((u >> 23) & 0xFF);
     bool sub = e == 0;  // a subnormal: scale it up by 2**23 first
     float xs = sub ? x * 8388608.0f : x;
-    __builtin_memcpy(&u, &xs, 4);
+    u = __builtin_bit_cast(uint32_t, xs);
     e = (int)((u >> 23) & 0xFF) - 126 - (sub ? 23 : 0);
-    uint32_t m = (u & 0x807FFFFFu) | 0x3F000000u;  // mantissa in [0.5, 1)
-    float f; __builtin_memcpy(&f, &m, 4);
+    float f = __builtin_bit_cast(float, (u & 0x807FFFFFu) | 0x3F000000u);  // mantissa in [0.5, 1)
     bool small = f < 0.707106781186547524f;
     e = small ? e - 1 : e;
     f = small ? f + f - 1.0f : f - 1.0f;
@@ -415,13 +414,47 @@ def reduction(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
         lay = lay.broadcast_to(keep_shape)
         return _c_index(index_expr("r", [(lay.shape[a], lay.strides[a]) for a in kept]))
 
-    def column_loop(emit) -> None:
-        b.lines.append(f"{row_in}for (int64_t c = 0; c < {cols}LL; ++c) {{")
-        emit()
-        b.lines.append(f"{row_in}}}")
+    # Segments, in op order: column loops (per-element ops and the reductions folded in them) and row ops.
+    # A loop closes where an op needs a reduction of that loop (available after it).
+    segments: list = []
+    current: list = []
+    reduced_here: set[int] = set()
+    for op in ops:
+        if op.op == "constant":
+            continue
+        full = space.get(op.outputs[0].id, "full") == "full"
+        is_reduction = lookup(op.op).combine is not None
+        if any(t.id in reduced_here for t in op.inputs):
+            segments.append(("loop", current))
+            current, reduced_here = [], set()
+        if full or is_reduction:
+            current.append(op)
+            if is_reduction:
+                reduced_here.add(op.outputs[0].id)
+        else:
+            segments.append(("row", op))
+    if current:
+        segments.append(("loop", current))
+    made_in: dict[int, int] = {}
+    for i, (kind, item) in enumerate(segments):
+        for op in (item if kind == "loop" else [item]):
+            made_in[op.outputs[0].id] = i
+    needs_scratch: set[int] = set()
+    for i, (kind, item) in enumerate(segments):
+        for op in (item if kind == "loop" else [item]):
+            for t in op.inputs:
+                if made_in.get(t.id, i) != i and space.get(t.id, "full") == "full" and t.id in made_in:
+                    needs_scratch.add(t.id)
+    out_index = {t.id: j for j, t in enumerate(body.outputs)}
+    contiguous = Layout.contiguous(frame)
+    store_index = _c_index(" + ".join(p for p in (
+        index_expr("r", [(frame[a], contiguous.strides[a]) for a in kept]),
+        index_expr("c", [(frame[a], contiguous.strides[a]) for a in axes])) if p != "0") or "0")
+    lanes = 16  # partial results per reduction, so that the compiler vectorises the fold
 
-    def operand(t: Tensor, full: bool) -> str:
-        """In a column loop (`full`), the element c of `t`; else its row value."""
+    def operand(t: Tensor, regs: dict, full: bool) -> str:
+        if t.id in regs:
+            return regs[t.id]
         if t.id in env:
             name, is_full = env[t.id]
             return f"{name}[c]" if is_full else name
@@ -430,46 +463,70 @@ def reduction(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
         lay = layout_of[t.id]
         return load(arg_of[t.id], full_index(lay) if full else row_index(lay), t.dtype)
 
-    for op in ops:
-        out = op.outputs[0]
-        full = space.get(out.id, "full") == "full"
-        if op.op == "constant":
+    for kind, item in segments:
+        if kind == "row":
+            op = item
+            env[op.outputs[0].id] = (b.elementwise(op, [operand(t, {}, False) for t in op.inputs], row_in), False)
             continue
-        combine = lookup(op.op).combine
-        if combine is not None:
-            acc_type = _accumulator(op)
-            acc = b.fresh("acc")
-            b.lines.append(f"{row_in}{ctype(acc_type)} {acc} = {_neutral(op, acc_type)};")
-
-            def fold(op=op, acc=acc, acc_type=acc_type):
-                x = f"({ctype(acc_type)})({operand(op.inputs[0], True)})"
-                b.lines.append(f"{col_in}{acc} = {_COMBINE[op.op].format(a=acc, b=x)};")
-            column_loop(fold)
-            if combine.mean:
-                b.lines.append(f"{row_in}{acc} = {acc} / ({ctype(acc_type)}){cols};")
-            env[out.id] = (acc, False)
-        elif full:
-            row = b.fresh("s")
-            scratch.append(f"{ctype(compute_dtype(out.dtype))}* {row} = ({ctype(compute_dtype(out.dtype))}*)"
-                           f"(base + {len(scratch)} * {cols}LL * 8);")
-
-            def compute(op=op, row=row):
-                args = [operand(t, True) for t in op.inputs]
-                v = b.elementwise(op, args, col_in)
-                b.lines.append(f"{col_in}{row}[c] = {v};")
-            column_loop(compute)
-            env[out.id] = (row, True)
-        else:
-            env[out.id] = (b.elementwise(op, [operand(t, False) for t in op.inputs], row_in), False)
+        body_lines: list[str] = []
+        outer, b.lines = b.lines, body_lines
+        regs: dict = {}
+        folds = []
+        for op in item:
+            out = op.outputs[0]
+            if lookup(op.op).combine is not None:
+                acc_type = _accumulator(op)
+                acc = b.fresh("acc")
+                x = f"({ctype(acc_type)})({operand(op.inputs[0], regs, True)})"
+                body_lines.append(f"{col_in}{acc}[l] = {_COMBINE[op.op].format(a=f'{acc}[l]', b=x)};")
+                folds.append((op, acc, acc_type))
+                continue
+            v = b.elementwise(op, [operand(t, regs, True) for t in op.inputs], col_in)
+            regs[out.id] = v
+            if out.id in needs_scratch:
+                row = b.fresh("s")
+                scratch.append(f"{ctype(compute_dtype(out.dtype))}* {row} = ({ctype(compute_dtype(out.dtype))}*)"
+                               f"(base + {len(scratch)} * {cols}LL * 8);")
+                body_lines.append(f"{col_in}{row}[c] = {v};")
+                env[out.id] = (row, True)
+        for t in body.outputs:  # per-element outputs made in this loop (or read from an input)
+            if space.get(t.id, "full") == "full" and (t.id in regs or (t.id not in made_in and t is item[-1].outputs[0])):
+                body_lines.append(f"{col_in}out{out_index[t.id]}[{store_index}] = {store(operand(t, regs, True), t.dtype)};")
+        b.lines = outer
+        for op, acc, acc_type in folds:
+            b.lines.append(f"{row_in}{ctype(acc_type)} {acc}[{lanes}];")
+            b.lines.append(f"{row_in}for (int l = 0; l < {lanes}; ++l) {acc}[l] = {_neutral(op, acc_type)};")
+        main = cols - cols % lanes
+        if main:
+            b.lines.append(f"{row_in}for (int64_t c0 = 0; c0 < {main}LL; c0 += {lanes}) {{")
+            b.lines.append(f"{row_in}  #pragma omp simd")  # lanes are independent: one vector per lane group
+            b.lines.append(f"{row_in}  for (int l = 0; l < {lanes}; ++l) {{")
+            b.lines.append(f"{row_in}    const int64_t c = c0 + l;")
+            b.lines.extend(body_lines)
+            b.lines.append(f"{row_in}  }}")
+            b.lines.append(f"{row_in}}}")
+        if cols % lanes:
+            b.lines.append(f"{row_in}for (int64_t c = {main}LL; c < {cols}LL; ++c) {{")
+            b.lines.append(f"{row_in}    const int l = 0;")
+            b.lines.extend(body_lines)
+            b.lines.append(f"{row_in}}}")
+        for op, acc, acc_type in folds:
+            total = f"{acc}[0]"
+            for l in range(1, lanes):
+                total = _COMBINE[op.op].format(a=total, b=f"{acc}[{l}]")
+            folded = b.fresh("red")
+            b.lines.append(f"{row_in}{ctype(acc_type)} {folded} = {total};")
+            if lookup(op.op).combine.mean:
+                b.lines.append(f"{row_in}{folded} = {folded} / ({ctype(acc_type)}){cols};")
+            env[op.outputs[0].id] = (folded, False)
     for j, t in enumerate(body.outputs):
         if space.get(t.id, "full") == "full":
-            dst = _c_index(index_expr("r", [(frame[a], Layout.contiguous(frame).strides[a]) for a in kept]))
-            dst_c = _c_index(index_expr("c", [(frame[a], Layout.contiguous(frame).strides[a]) for a in axes]))
-            index = " + ".join(p for p in (dst, dst_c) if p != "0") or "0"
-            column_loop(lambda t=t, j=j, index=index: b.lines.append(
-                f"{col_in}out{j}[{index}] = {store(operand(t, True), t.dtype)};"))
+            if t.id in made_in:
+                continue  # stored in the loop that made it
+            b.lines.append(f"{row_in}for (int64_t c = 0; c < {cols}LL; ++c) "
+                           f"out{j}[{store_index}] = {store(operand(t, {}, True), t.dtype)};")
         else:
-            b.lines.append(f"{row_in}out{j}[r] = {store(operand(t, False), t.dtype)};")
+            b.lines.append(f"{row_in}out{j}[r] = {store(operand(t, {}, False), t.dtype)};")
     threads = "num_threads(threads)" if rows > 1 and rows * cols >= 1 << 15 else "num_threads(1)"
     lines = [*_signature(name, placeholders, list(body.outputs), bool(checks)),
              f"    #pragma omp parallel {threads}", "    {",
@@ -496,6 +553,19 @@ def compiler() -> tuple[str, str]:
     raise CompilerUnavailable("no C++ compiler found (set CXX, or install g++ or clang++)")
 
 
+@functools.cache
+def _cpu_features() -> str:
+    """The CPU's instruction-set flags: -march=native code is for this CPU, so a cache shared between
+    machines keys on them."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+
+
 def cache_dir() -> str:
     root = os.environ.get("STITCHML_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "stitchml")
     path = os.path.join(root, "cpu")
@@ -511,7 +581,7 @@ def _library(sources: list[CppSource]) -> ctypes.CDLL:
     """The shared library of `sources` (one translation unit), from the disk cache or compiled now."""
     path, version = compiler()
     text = "".join(src.source for src in sources)
-    key = hashlib.sha256("\0".join([text, version, *FLAGS]).encode()).hexdigest()[:32]
+    key = hashlib.sha256("\0".join([text, version, *FLAGS, _cpu_features()]).encode()).hexdigest()[:32]
     with _lock:
         lib = _loaded.get(key)
         if lib is None:
