@@ -47,7 +47,7 @@ from .common import Layout, checks_divisor, compute_dtype, index_expr, triton_te
 
 CTYPE = {"float16": "_Float16", "bfloat16": "uint16_t", "float32": "float", "float64": "double", "int8": "int8_t",
          "uint8": "uint8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
-FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 # Rows whose scratch values would not fit this many elements per thread run through the reference instead.
 MAX_SCRATCH = 1 << 22
 
@@ -101,14 +101,18 @@ static inline float ldexp2(float y, int n) {  // y * 2**n for n in [-254, 254], 
 static inline float exp(float x) {
     float xc = x > 88.8f ? 88.8f : (x < -104.0f ? -104.0f : x);
     xc = x != x ? 0.0f : xc;
-    float fx = __builtin_floorf(xc * 1.44269504088896341f + 0.5f);
+    // n = round(x / ln 2) by the 1.5 * 2**23 trick: adds only, so the loop vectorises (floor and float-to-int
+    // conversions may trap, which keeps GCC from vectorising them)
+    float shifted = xc * 1.44269504088896341f + 12582912.0f;
+    float fx = shifted - 12582912.0f;
+    int n = __builtin_bit_cast(int, shifted) - 0x4B400000;
     float r = xc - fx * 0.693359375f;
     r = r - fx * -2.12194440e-4f;
     float y = 1.9875691500e-4f;
     y = y * r + 1.3981999507e-3f; y = y * r + 8.3334519073e-3f; y = y * r + 4.1665795894e-2f;
     y = y * r + 1.6666665459e-1f; y = y * r + 5.0000001201e-1f;
     y = y * r * r + r + 1.0f;
-    float out = ldexp2(y, (int)fx);
+    float out = ldexp2(y, n);
     out = x > 88.72283935546875f ? INF_F : out;
     out = x < -103.97208f ? 0.0f : out;
     return x != x ? x : out;
@@ -134,13 +138,15 @@ static inline float log(float x) {
     uint32_t u = __builtin_bit_cast(uint32_t, x);
     int e = (int)((u >> 23) & 0xFF);
     bool sub = e == 0;  // a subnormal: scale it up by 2**23 first
-    float xs = sub ? x * 8388608.0f : x;
+    float scaled = x * 8388608.0f;  // both arms computed: a select of values, not a branch, vectorises
+    float xs = sub ? scaled : x;
     u = __builtin_bit_cast(uint32_t, xs);
     e = (int)((u >> 23) & 0xFF) - 126 - (sub ? 23 : 0);
     float f = __builtin_bit_cast(float, (u & 0x807FFFFFu) | 0x3F000000u);  // mantissa in [0.5, 1)
     bool small = f < 0.707106781186547524f;
     e = small ? e - 1 : e;
-    f = small ? f + f - 1.0f : f - 1.0f;
+    float twice = f + f - 1.0f, once = f - 1.0f;
+    f = small ? twice : once;
     float z = f * f;
     float y = 7.0376836292e-2f;
     y = y * f + -1.1514610310e-1f; y = y * f + 1.1676998740e-1f; y = y * f + -1.2420140846e-1f;
