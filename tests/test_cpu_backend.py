@@ -155,3 +155,18 @@ def test_graph_run_on_the_cpu_compiles_a_signature_on_its_third_run(monkeypatch)
     assert g.run({x: a}, [y], device="cpu", compiled=False)[y].torch().equal(results[0])
     for r in results[2:3]:
         assert_match(r, results[0], "compiled third run")
+
+
+def test_bad_feeds_on_the_cpu_get_the_op_by_op_errors_whatever_the_backend(monkeypatch):
+    """A run that would compile (native backend) still reports a bad feed as an op-by-op run does."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    g = sm.Graph()
+    x = g.placeholder((3,), name="x")
+    y = g.reduction_sum(x)
+    for _ in range(3):
+        g.run({x: np.ones(3, np.float32)}, [y], device="cpu")
+    assert len(g.compile_log) == 1
+    with pytest.raises(sm.FeedError, match="feed for placeholder x: expected dtype float32, got float64"):
+        g.run({x: np.ones(3)}, [y], device="cpu")
+    with pytest.raises(sm.FeedError, match="is the output of reduction_sum; only placeholders can be fed"):
+        g.run({y: np.ones(())}, [y], device="cpu")

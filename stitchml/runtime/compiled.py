@@ -19,7 +19,7 @@ import torch
 
 from ..codegen import cpu
 from ..dtypes import as_dtype
-from ..errors import ExecutionError, FeedError
+from ..errors import ExecutionError, FeedError, StitchError
 from ..ir import Operation, Tensor, TensorType, built_at
 from ..tensor_data import TensorData, resolve_device
 from .asyncrun import submit  # noqa: F401  (Graph.run_async's entry)
@@ -277,7 +277,10 @@ class ExecutableCache:
         """Whether a CPU run of this signature should compile: it has an executable already, or this is
         at least its CPU_COMPILE_AFTER + 1-th run (compiling costs a compiler run, so a signature run
         once or twice stays op by op)."""
-        sig = signature_of(graph, _feed_types(graph, feeds or {}), targets, target_ops, device)
+        try:
+            sig = signature_of(graph, _feed_types(graph, feeds or {}), targets, target_ops, device)
+        except StitchError:
+            return False  # a bad feed: the op-by-op run says what is wrong, as it does for any first run
         if sig in self.entries:
             return True
         seen = self.runs.get(sig, 0) + 1
