@@ -55,3 +55,10 @@ def test_failure_causes_group_cases():
     a = conformance.cause("import: node 'n1' (Reshape): shape [2, 3] must be known; inputs: x: float32[1]")
     b = conformance.cause("import: node 'n7' (Reshape): shape [4] must be known; inputs: y: float32[9]")
     assert a == b == "import: shape … must be known"
+
+
+def test_an_operator_the_suite_lacks_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        conformance.main(["--op", "NotAnOp", "--out", "-"])
+    assert exit_info.value.code == 2
+    assert "no ONNX node test of that operator" in capsys.readouterr().err

@@ -31,7 +31,7 @@ its length is the registry's.)
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable  # noqa: F401  (annotations)
 
 from . import dtypes
 from .registry import BUILDERS as _B

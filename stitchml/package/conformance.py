@@ -275,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.time()
     cases = list(cases_for(args.op))
+    if not cases:
+        known = sorted({c.op for c in node_cases()})
+        parser.error(f"--op {args.op!r}: no ONNX node test of that operator; the suite has {len(known)} operators, "
+                     f"such as {', '.join(known[:8])}")
     results = run(cases)
     if args.op:
         for c in cases:

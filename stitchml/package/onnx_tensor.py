@@ -139,7 +139,7 @@ def _cubic(t):
 def _grid_sample(cx, node, args, attrs):
     g = cx.g
     x, grid = _t(cx, args[0]), _t(cx, args[1])
-    rank = _rank(cx, x)
+    _rank(cx, x)  # a typed error for an input of unknown rank
     dims = list(x.shape[2:])
     nd = len(dims)
     if nd not in (2, 3) or UNKNOWN in x.shape or grid.shape is None or UNKNOWN in grid.shape:

@@ -89,6 +89,17 @@ def _epilogue(body: Program) -> tuple[Operation, Program | None, list[int]]:
     return contraction, Program(g, [mapping[t.id] for t in body.outputs], dict(body.notes)), used
 
 
+def _split_contraction(op: Operation, plan):
+    """A matmul/convolution kernel's contraction, its pointwise epilogue (None: none), the indices of the body
+    placeholders the epilogue reads, the body's placeholders, and the epilogue's input layouts (the
+    contiguous product first): what both the Triton and the native CPU lowering need."""
+    body = op.attrs["body"]
+    contraction, epi, used = _epilogue(body)
+    placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
+    layouts = [Layout.contiguous(contraction.outputs[0].shape)] + [_layouts(op, plan)[i] for i in used]
+    return contraction, epi, used, placeholders, layouts
+
+
 def _vendor(contraction: Operation, placeholders, ins: list[int], out_slot: int) -> VendorCall:
     """The contraction's library call (registry: Primitive.vendor), writing or binding `out_slot`."""
     slots = [ins[placeholders.index(t)] for t in contraction.inputs]
@@ -190,12 +201,10 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         delta = [scratch_slots[op.id]]  # Δ per query row: the dQ kernel writes it, the dK/dV kernel reads it
         return Step(op.name, template, Chain(KernelLaunch(dq, ins, outs + delta), KernelLaunch(kv, ins, outs + delta)),
                     dq.source + kv.source)
-    contraction, epi, used = _epilogue(body)
-    placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
+    contraction, epi, used, placeholders, layouts = _split_contraction(op, plan)
     if epi is None:
         return Step(op.name, template, _vendor(contraction, placeholders, ins, outs[0]))
     tmp = scratch_slots[op.id]
-    layouts = [Layout.contiguous(contraction.outputs[0].shape)] + [_layouts(op, plan)[i] for i in used]
     src = _generate(op.name, "pointwise", epi, layouts, interpret, options)
     checks.extend(src.checks)
     vendor = _vendor(contraction, placeholders, ins, tmp)
@@ -228,12 +237,10 @@ def _native_step(op: Operation, plan, ins: list[int], outs: list[int], scratch_s
             return Step(op.name, template, run, src.source)
         if template in ("pointwise", "reduction"):
             raise NotImplementedError(f"its rows need more than {cpu.MAX_SCRATCH} scratch elements per thread")
-        contraction, epi, used = _epilogue(body)
-        placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
+        contraction, epi, used, placeholders, layouts = _split_contraction(op, plan)
         if epi is None:
             return Step(op.name, template, _vendor(contraction, placeholders, ins, outs[0]))
         tmp = scratch_slots[op.id]
-        layouts = [Layout.contiguous(contraction.outputs[0].shape)] + [_layouts(op, plan)[i] for i in used]
         src = cpu.pointwise(op.name, epi, layouts, len(checks))
         module.add(src)
         launch = cpu.NativeLaunch(module, src, [tmp] + [ins[i] for i in used],
