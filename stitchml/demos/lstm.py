@@ -10,7 +10,8 @@ embedding, two LSTM layers unrolled over the sequence (each step `lstm_cell`, a 
 ops), the output layer, softmax cross entropy and Adam. Generation is one run of another graph:
 a `for_loop` reads the prompt into the state, a second `for_loop` embeds the last token, steps both
 layers, divides the logits by the temperature, samples (Gumbel-max on `random_uniform` draws made
-before the loop; temperature 0 takes the arg maximum) and feeds the token back.
+before the loop; temperature 0 takes the arg maximum) and feeds the token back. Compiled, a token is
+four kernels: one per LSTM layer, one for the output layer and the draw, one writing the token.
 """
 from __future__ import annotations
 
@@ -195,14 +196,6 @@ def validation_loss(trainer: Trainer, batches: list[np.ndarray], device: str | N
 
 
 # -- generation ----------------------------------------------------------------------------------
-def _cell(g, gates: sm.Tensor, c: sm.Tensor) -> tuple[sm.Tensor, sm.Tensor]:
-    """The LSTM update from the summed gates (i, f, g, o, PyTorch's order), as lstm_cell computes it."""
-    width = c.shape[-1]
-    i, f, gg, o = (gates[:, k * width:(k + 1) * width] for k in range(4))
-    c = g.sigmoid(f) * c + g.sigmoid(i) * g.tanh(gg)
-    return g.sigmoid(o) * g.tanh(c), c
-
-
 @dataclass
 class Generator:
     """The generation graph: one run feeds `prompt` and `temperature` and returns `tokens`."""
@@ -232,31 +225,23 @@ def build_generator(params: dict[str, np.ndarray], batch: int, prompt_length: in
 
     state = g.for_loop(0, prompt_length - 1, 1, [zero] * (2 * LAYERS), read)
     # Gumbel-max: argmax(logits / T + G) with G = -log(-log(U)) draws a character with probability
-    # softmax(logits / T). The draws are made before the loop, one row per generated character.
+    # softmax(logits / T). The draws are made before the loop, one row per generated character. At
+    # temperature 0 the scale is 1 and the noise 0, so the same arg maximum is the greedy choice: one
+    # product and one arg maximum per token, which the compiler makes one kernel (passes/recurrent.py),
+    # as it makes each layer's lstm_cell one. The new token is written into its column of the output
+    # by a select on a constant column index.
     uniform = g.random_uniform((length, batch, vocab), seed=seed)
     gumbel = -g.logarithm(-g.logarithm(uniform))
-    scale = 1.0 / g.maximum(temperature, 1e-6)
-    # Per token, the fewest launches: the first layer's input projection is a row of a table made once
-    # (embedding @ W_ih0ᵀ + bias), the gates are views of one sum, and the new token is written into
-    # its column of the output by a select on a constant column index.
-    table = g.matrix_multiplication(weights["embedding"], weights["lstm0/weights_ih"].T) + weights["lstm0/bias"]
+    sampling = temperature > 0.0
+    scale = g.select(sampling, 1.0 / g.maximum(temperature, 1e-6), 1.0)
     columns = g.constant(np.arange(length, dtype=np.int32))
 
     def sample(i, token, *rest):
         *state, out = rest
-        x = g.gather(table, token, axis=0)
-        state = list(state)
-        for layer in range(LAYERS):
-            h, c = state[2 * layer], state[2 * layer + 1]
-            gates = x + g.matrix_multiplication(h, weights[f"lstm{layer}/weights_hh"].T)
-            if layer:
-                gates = gates + weights[f"lstm{layer}/bias"]
-            state[2 * layer], state[2 * layer + 1] = _cell(g, gates, c)
-            if layer + 1 < LAYERS:
-                x = g.matrix_multiplication(state[2 * layer], weights[f"lstm{layer + 1}/weights_ih"].T)
+        state = lstm_step(g, g.gather(weights["embedding"], token, axis=0), list(state), weights)
         logits = g.matrix_multiplication(state[-2], weights["output/weights"]) + weights["output/bias"]
-        drawn = g.reduction_arg_maximum(logits * scale + g.gather(gumbel, i, axis=0), axis=-1)
-        token = g.select(temperature > 0.0, drawn, g.reduction_arg_maximum(logits, axis=-1))
+        noise = g.select(sampling, g.gather(gumbel, i, axis=0), 0.0)
+        token = g.reduction_arg_maximum(logits * scale + noise, axis=-1)
         out = g.select(g.equal(columns, i), g.reshape(token, (batch, 1)), out)
         return [token, *state, out]
 

@@ -6,6 +6,7 @@
     cse           identical pure ops computed once
     prune         ops no output or assignment needs are dropped
     attention     softmax(Q Kᵀ · scale [+ mask]) V from primitives becomes one fused kernel
+    recurrent     an LSTM cell, and the arg maximum of a product's epilogue, become one kernel each
     stitch        adjacent ops grouped into kernels (legality, score, policy kept apart)
     plan_memory   every intermediate gets an offset in one arena, by liveness
     lower         each kernel becomes a pre-bound launch: the LaunchPlan an Executable runs
@@ -29,6 +30,7 @@ from .fold import fold
 from .cse import cse
 from .prune import prune
 from .attention import attention
+from .recurrent import recurrent
 from .stitch import stitch
 from .memory import plan_memory
 from .lower import lower
@@ -66,6 +68,7 @@ PIPELINE: list[tuple[str, Callable[[Program, CompileContext], Program]]] = [
     ("cse", cse),
     ("prune", prune),
     ("attention", attention),
+    ("recurrent", recurrent),
     ("stitch", stitch),
     ("plan_memory", plan_memory),
     ("lower", lower),

@@ -34,7 +34,7 @@ import logging
 
 import torch
 
-from ..codegen import attention, attention_backward, cpu, pointwise, reduction
+from ..codegen import attention, attention_backward, cpu, lstm, pointwise, product_argmax, reduction
 from ..runtime import choices
 from ..codegen.common import Layout
 from ..dtypes import float32
@@ -194,6 +194,8 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
                                  op.inputs[0].dtype.name, interpret, options.get("attention_split", True),
                                  lse=len(op.outputs) == 2)
         return Step(op.name, template, KernelLaunch(src, ins, outs), src.source)
+    if template in ("lstm_cell", "product_arg_max"):
+        return _recurrent_step(op, template, plan, ins, outs, interpret, options, flags)
     if template == "attention_backward":
         kv, dq = attention_backward.generate(op.name, body.notes["attention"], _layouts(op, plan),
                                              [t.shape for t in op.outputs], op.inputs[0].dtype.name, interpret,
@@ -217,6 +219,23 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         key = f"matmul:{a.shape}x{b.shape}:{a.dtype}:{kind}:{torch.cuda.get_device_name()}"
         run = choices.Chooser(key, {"cublas+epilogue-kernel": run, f"cublaslt-{kind}": fused_run})
     return Step(op.name, template, run, src.source)
+
+
+def _recurrent_step(op: Operation, template: str, plan, ins: list[int], outs: list[int], interpret: bool,
+                    options: dict, flags: tuple[list[Operation], int]) -> Step:
+    """An LSTM cell or a product's arg maximum (passes/recurrent.py): one kernel; a gather it reads in place
+    flags an index out of range."""
+    body = op.attrs["body"]
+    checks, flag_slot = flags
+    if template == "lstm_cell":
+        src = lstm.generate(op.name, body.notes["lstm_cell"], _layouts(op, plan), op.outputs[0].shape[0],
+                            op.outputs[0].shape[1], op.outputs[0].dtype.name, interpret, options)
+        flagged = tuple(o for o in body.operations if o.op == "gather")
+    else:
+        src = product_argmax.generate(op.name, body, _layouts(op, plan), interpret, options)
+        flagged = src.checks
+    checks.extend(flagged)
+    return Step(op.name, template, KernelLaunch(src, ins, outs + ([flag_slot] if flagged else [])), src.source)
 
 
 def _native_step(op: Operation, plan, ins: list[int], outs: list[int], scratch_slots: dict, flags,

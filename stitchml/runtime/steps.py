@@ -76,4 +76,5 @@ def raise_flagged(env: list, checks: list[Operation], flag_slot: int) -> None:
     flag.fill_(NO_FLAG)
     op = checks[code]
     shapes = ", ".join(f"{t.name}: {tuple(t.shape)} {t.dtype.torch}" for t in op.inputs)
-    raise ExecutionError(f"{built_at(op)} failed on inputs [{shapes}]: integer division by zero")
+    what = "an index out of range" if op.op == "gather" else "integer division by zero"
+    raise ExecutionError(f"{built_at(op)} failed on inputs [{shapes}]: {what}")

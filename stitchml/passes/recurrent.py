@@ -1,0 +1,267 @@
+"""recurrent: one kernel per step of a recurrent network's layer, and per sampled token.
+
+Requires: a simplified, pruned program. Ensures: every matched pattern is one
+`fusion` op whose body holds the matched ops (the reference backend and the
+debugger still run it op by op; the stitch pass leaves it alone):
+
+* template "lstm_cell" (codegen/lstm.py): the LSTM cell as composites.lstm_cell
+  emits it in float32 or float64,
+
+      gates = matrix_multiplication(x, A) + matrix_multiplication(h, B) [+ bias]
+      i, f, g, o = split(gates, 4, axis=-1)
+      c' = sigmoid(f) * c + sigmoid(i) * tanh(g);  h' = sigmoid(o) * tanh(c')
+
+  with A, B any (strided) operands, e.g. transposed weights; x may be a gather
+  of rows of a table by a vector of indices (an embedding), which the kernel
+  reads in place;
+* template "product_arg_max" (codegen/product_argmax.py): the arg maximum over
+  the last axis of a pointwise function of a product `matrix_multiplication(h, W)`
+  (B, N) whose N fits one tile, as greedy decoding and Gumbel-max sampling
+  compute a token from the output layer. The other operands broadcast to
+  (B, N); one may be a gather at a scalar index along the first axis (the
+  loop index picking this step's random draws), read in place.
+
+Every intermediate must be read by the pattern alone and be no output of the
+program (the kernels store h', c' and the index only). Recurrent steps at
+small batches are chains of tiny kernels whose count, not their work, sets
+the time: these replace 4-6 launches (two products, their sum, the update;
+the product, its epilogue, the arg maximum, the gathers' index arithmetic)
+with one. Options `lstm_cell_fusion` and `product_arg_max_fusion` (default
+True) turn them off; the CPU's native and reference backends keep their own
+kernels.
+"""
+from __future__ import annotations
+
+from ..codegen.lstm import LstmSpec
+from ..codegen.product_argmax import MAX_COLUMNS
+from ..codegen.common import checks_divisor, triton_template
+from ..graph import Graph
+from ..ir import Operation, Tensor
+from ..registry import lookup
+from .program import CompileError, Program, copy_op
+
+FLOATS = ("float32", "float64")
+
+
+class _Miss(Exception):
+    """The pattern does not apply; the message says why."""
+
+
+class _Uses:
+    """Who reads what in a program, and which tensors are its outputs."""
+
+    def __init__(self, program: Program):
+        self.readers: dict[int, list[Operation]] = {}
+        for op in program.operations:
+            for t in op.inputs:
+                self.readers.setdefault(t.id, []).append(op)
+        self.outputs = {t.id for t in program.outputs}
+
+    def only(self, t: Tensor, reader: str | None = None) -> Operation:
+        """The one op reading `t` (of kind `reader`), or _Miss: an intermediate the kernel keeps in registers."""
+        readers = self.readers.get(t.id, [])
+        if t.id in self.outputs or len(readers) != 1:
+            raise _Miss(f"{t.name} is read outside the pattern")
+        if reader is not None and readers[0].op != reader:
+            raise _Miss(f"{t.name} is read by {readers[0].op}, expected {reader}")
+        return readers[0]
+
+
+def _product(t: Tensor, uses: _Uses) -> Operation:
+    op = t.op
+    if op.op != "matrix_multiplication" or any(x.rank != 2 for x in op.inputs):
+        raise _Miss(f"{t.name} is not a product of two matrices")
+    uses.only(t)
+    return op
+
+
+def _other(op: Operation, t: Tensor) -> Tensor:
+    a, b = op.inputs
+    return b if a is t else a
+
+
+def _match_lstm(split: Operation, uses: _Uses) -> tuple[list[Operation], list[Tensor], list[Tensor], LstmSpec]:
+    """The cell ending in the readers of `split`: its ops, the fusion's inputs (x or table and indices, A, h, B,
+    c[, bias]), its outputs (h', c') and spec; _Miss if none."""
+    gates = split.inputs[0]
+    if gates.rank != 2 or split.attrs["axis"] % 2 != 1 or len(set(split.attrs["sizes"])) != 1 or \
+            len(split.outputs) != 4 or gates.dtype.name not in FLOATS:
+        raise _Miss("not a split of 2-D float32/float64 gates into four equal parts along the last axis")
+    batch, hidden = gates.shape[0], split.attrs["sizes"][0]
+    ops = [split]
+    uses.only(gates)
+    total, bias = gates, None
+    if gates.op.op == "addition" and not all(x.op.op == "matrix_multiplication" for x in gates.op.inputs):
+        add = gates.op
+        total = next((x for x in add.inputs if x.op.op == "addition"), None)
+        if total is None:
+            raise _Miss("the gates are no sum of two products and a bias")
+        bias = _other(add, total)
+        if bias.shape not in ((4 * hidden,), (1, 4 * hidden)):
+            raise _Miss(f"the bias {bias.name} of shape {bias.shape} is not one value per gate column")
+        ops.append(add)
+        uses.only(total)
+    if total.op.op != "addition":
+        raise _Miss("the gates are no sum of two products")
+    ops.append(total.op)
+    first, second = (_product(x, uses) for x in total.op.inputs)
+    ops += [first, second]
+    (x, a), (h, b) = first.inputs, second.inputs
+    if x.shape[0] != batch or h.shape != (batch, hidden) or b.shape != (hidden, 4 * hidden):
+        raise _Miss(f"products of shapes {x.shape} x {a.shape} and {h.shape} x {b.shape} do not make "
+                    f"{4 * hidden} gate columns of {batch} rows")
+    i, f, g, o = split.outputs
+    sig_i, sig_f = uses.only(i, "sigmoid"), uses.only(f, "sigmoid")
+    tanh_g, sig_o = uses.only(g, "tanh"), uses.only(o, "sigmoid")
+    forget = uses.only(sig_f.outputs[0], "multiplication")
+    c = _other(forget, sig_f.outputs[0])
+    update = uses.only(sig_i.outputs[0], "multiplication")
+    if _other(update, sig_i.outputs[0]) is not tanh_g.outputs[0]:
+        raise _Miss("σ(i) is not multiplied by tanh(g)")
+    uses.only(tanh_g.outputs[0])
+    c_next = uses.only(forget.outputs[0], "addition")
+    if _other(c_next, forget.outputs[0]) is not update.outputs[0] or c_next.inputs[0] is not forget.outputs[0]:
+        raise _Miss("c' is not σ(f) c + σ(i) tanh(g)")
+    uses.only(update.outputs[0])
+    h_next = uses.only(sig_o.outputs[0], "multiplication")
+    tanh_c = _other(h_next, sig_o.outputs[0])
+    if tanh_c.op.op != "tanh" or tanh_c.op.inputs[0] is not c_next.outputs[0] or h_next.inputs[0] is not sig_o.outputs[0]:
+        raise _Miss("h' is not σ(o) tanh(c')")
+    uses.only(tanh_c)
+    if c.shape != (batch, hidden):
+        raise _Miss(f"the cell state {c.name} of shape {c.shape} is not ({batch}, {hidden})")
+    ops += [sig_i, sig_f, tanh_g, sig_o, forget, update, c_next, tanh_c.op, h_next]
+    if len({t.dtype for t in (x, a, h, b, c) + ((bias,) if bias is not None else ())}) != 1:
+        raise _Miss("operands of several dtypes")
+    gather = x.op.op == "gather" and x.op.attrs["axis"] == 0 and x.op.inputs[0].rank == 2 and \
+        x.op.inputs[1].rank == 1 and x.id not in uses.outputs and len(uses.readers.get(x.id, [])) == 1
+    inputs = (list(x.op.inputs) if gather else [x]) + [a, h, b, c] + ([bias] if bias is not None else [])
+    if gather:
+        ops.append(x.op)
+    return ops, inputs, [h_next.outputs[0], c_next.outputs[0]], LstmSpec(bias is not None, gather)
+
+
+def _elementwise(op: Operation) -> bool:
+    return (op.op == "cast" or len(op.outputs) == 1 and triton_template(op) is not None) and not checks_divisor(op)
+
+
+def _match_arg_max(arg: Operation, uses: _Uses) -> tuple[list[Operation], list[Tensor]]:
+    """The product, its pointwise epilogue and the arg maximum ending in `arg`; the fusion's inputs (the
+    product's operands first); _Miss if none."""
+    z = arg.inputs[0]
+    if z.rank != 2 or arg.attrs["axis"] != 1 or not z.dtype.is_floating:
+        raise _Miss("not an arg maximum over the last axis of a 2-D float tensor")
+    if z.shape[1] > MAX_COLUMNS:
+        raise _Miss(f"{z.shape[1]} columns exceed one tile ({MAX_COLUMNS})")
+    ops, leaves, product = [arg], [], None
+    pending = [z]
+    seen: set[int] = set()
+    while pending:
+        t = pending.pop()
+        if t.id in seen:
+            continue
+        seen.add(t.id)
+        op = t.op
+        if op.op == "matrix_multiplication" and product is None and t.shape == z.shape:
+            product = _product(t, uses)
+            ops.append(op)
+        elif op.op != "constant" and _elementwise(op) and t.shape == z.shape and \
+                all(len(uses.readers.get(o.id, [])) == 1 and o.id not in uses.outputs for o in op.outputs):
+            ops.append(op)
+            pending += list(op.inputs)
+        elif op.op == "gather" and op.attrs["axis"] == 0 and op.inputs[1].rank == 0 and \
+                len(uses.readers.get(t.id, [])) == 1 and t.id not in uses.outputs:
+            ops.append(op)
+            leaves += list(op.inputs)
+        elif not (op.op == "constant" and t.type.numel() == 1):
+            leaves.append(t)
+    if product is None:
+        raise _Miss("no product of two matrices feeds the arg maximum through pointwise ops alone")
+    if product.outputs[0].dtype.name not in FLOATS:
+        raise _Miss(f"the product is {product.outputs[0].dtype.name}, not float32 or float64")
+    inputs = list(product.inputs)
+    for t in leaves:
+        if all(t is not x for x in inputs):
+            inputs.append(t)
+    return ops, inputs
+
+
+def _body(ops: list[Operation], inputs: list[Tensor], outputs: list[Tensor], position: dict[int, int],
+          notes: dict) -> Program:
+    """The fusion's body: placeholders for `inputs`, the matched ops in program order (one-element constants
+    copied in)."""
+    g = Graph("recurrent")
+    inner = {t.id: g.placeholder(t.shape, t.dtype, name=t.name) for t in inputs}
+    for op in sorted(ops, key=lambda o: position[o.id]):
+        for t in op.inputs:
+            if t.id not in inner:  # a one-element constant operand of the epilogue
+                inner[t.id] = copy_op(g, t.op, [])[0]
+        for old, new in zip(op.outputs, copy_op(g, op, [inner[t.id] for t in op.inputs])):
+            inner[old.id] = new
+    return Program(g, [inner[t.id] for t in outputs], notes)
+
+
+def recurrent(program: Program, ctx) -> Program:
+    """The pass (see the module docstring)."""
+    options = ctx.options if ctx is not None else {}
+    if ctx is not None and ctx.backend not in ("triton", "interpret"):
+        return program
+    lstm_on = options.get("lstm_cell_fusion", True) is not False
+    arg_on = options.get("product_arg_max_fusion", True) is not False
+    uses = _Uses(program)
+    position = {op.id: i for i, op in enumerate(program.operations)}
+    found: dict[int, tuple] = {}  # id of the last matched op -> (template, ops, inputs, outputs, notes)
+    absorbed: set[int] = set()
+    report: list[str] = []
+    for op in program.operations:
+        try:
+            if op.op == "split" and lstm_on:
+                ops, inputs, outputs, spec = _match_lstm(op, uses)
+                template, notes = "lstm_cell", {"lstm_cell": spec}
+            elif op.op == "reduction_arg_maximum" and arg_on:
+                ops, inputs = _match_arg_max(op, uses)
+                outputs, template, notes = [op.outputs[0]], "product_arg_max", {}
+            else:
+                continue
+        except _Miss as why:
+            report.append(f"{'lstm_cell' if op.op == 'split' else 'product_arg_max'} not applied at {op.name}: {why}")
+            continue
+        if any(o.id in absorbed for o in ops):
+            continue
+        absorbed |= {o.id for o in ops}
+        last = max(ops, key=lambda o: position[o.id])
+        found[last.id] = (template, ops, inputs, outputs, notes)
+        report.append(f"{template} applied at {op.name}: {len(ops)} ops in one kernel")
+    if ctx is not None:
+        ctx.attention_report = list(ctx.attention_report) + report
+    if not found:
+        return program
+    g = Graph(program.graph.name)
+    mapping: dict[int, Tensor] = {}
+    waiting: list[Operation] = []  # ops reading a fused output (c') placed before the fusion's last op
+
+    def emit(op: Operation) -> None:
+        if op.id in found:
+            template, ops, inputs, outputs, notes = found[op.id]
+            name = f"{template}_{op.name}"
+            body = _body(ops, inputs, outputs, position, notes)
+            fused = g._emit("fusion", [mapping[t.id] for t in inputs], {"body": body, "template": template,
+                                                                       "name": name}, name)
+            for old, new in zip(outputs, fused.outputs):
+                mapping[old.id] = new
+        else:
+            for old, new in zip(op.outputs, copy_op(g, op, [mapping[t.id] for t in op.inputs])):
+                mapping[old.id] = new
+
+    for op in program.operations:
+        if op.id in absorbed and op.id not in found:
+            continue
+        if op.id not in found and any(t.id not in mapping for t in op.inputs) or waiting and op.id not in found:
+            waiting.append(op)
+            continue
+        emit(op)
+        while waiting and all(t.id in mapping for t in waiting[0].inputs):
+            emit(waiting.pop(0))
+    if waiting:
+        raise CompileError(f"recurrent: {waiting[0].name} reads a value no op makes")
+    return Program(g, [mapping[t.id] for t in program.outputs], dict(program.notes))
