@@ -54,16 +54,16 @@ def _pow2(n: int) -> int:
 
 
 def blocks(batch: int, hidden: int, dtype: str, interpret: bool, options: dict) -> LstmBlocks:
-    """The launch blocks for a (batch, hidden) step. `options` may set lstm_block_hidden, lstm_block_depth,
-    lstm_block_batch and lstm_warps (benchmarks tune them)."""
-    dot = batch >= 16 and dtype == "float32" and not interpret
-    if dot:
-        b, h, k, w = min(32, _pow2(batch)), 16, 32, 4
+    """The launch blocks for a (batch, hidden) step. `options` may set lstm_dot, lstm_block_batch,
+    lstm_block_hidden, lstm_block_depth and lstm_warps (benchmarks tune them; tests force `tl.dot`)."""
+    dot = options.get("lstm_dot", batch >= 16 and dtype == "float32" and not interpret)
+    if dot:  # tl.dot tiles are at least 16 x 16
+        b, h, k, w = 16 if batch <= 16 or interpret else 32, 16, 32, 4
     else:
         b = min(_pow2(batch), 8)
         h, k, w = 4 if batch <= 2 else 8, max(16, 128 // b), 4
-    if interpret:
-        h, k = min(h, _pow2(hidden)), 32
+        if interpret:  # small tiles: the interpreter's time grows with them
+            h, k = min(h, _pow2(hidden)), 32
     return LstmBlocks(options.get("lstm_block_batch", b), options.get("lstm_block_hidden", h),
                       options.get("lstm_block_depth", k), options.get("lstm_warps", w), dot)
 

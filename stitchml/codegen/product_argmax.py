@@ -41,12 +41,13 @@ def generate(name: str, body, layouts: list[Layout], interpret: bool, options: d
     frame = (batch, columns)
     dtype = product.outputs[0].dtype
     elem = tl_type(compute_dtype(dtype))
-    dot = batch >= 16 and dtype.name == "float32" and not interpret
+    # options (benchmarks tune them; tests force tl.dot): arg_max_dot, arg_max_block_batch, _depth, arg_max_warps
+    dot = options.get("arg_max_dot", batch >= 16 and dtype.name == "float32" and not interpret)
     block_n = max(16, _pow2(columns))
     block_b = options.get("arg_max_block_batch", 16 if dot else 1)
     block_k = options.get("arg_max_block_depth", 32 if dot else max(1, min(64, 8192 // block_n)))
     warps = options.get("arg_max_warps", 8)
-    if interpret:
+    if interpret and not dot:  # small tiles: the interpreter's time grows with them
         block_b, block_k = min(block_b, _pow2(batch)), min(block_k, 16)
     checks: list = []
     lines: list[str] = []
@@ -91,7 +92,8 @@ def generate(name: str, body, layouts: list[Layout], interpret: bool, options: d
         value[out.id] = f"v{k}"
     z = load(arg.inputs[0])
     if dot:
-        accumulate = "        acc = tl.dot(a, w, acc, input_precision=\"ieee\")"
+        precision = ', input_precision="ieee"' if dtype.name == "float32" else ""
+        accumulate = f"        acc = tl.dot(a, w, acc{precision})"
         shape, finish = "(BLOCK_B, BLOCK_N)", "acc"
     else:
         accumulate = "        acc += a[:, :, None] * w[None, :, :]"
