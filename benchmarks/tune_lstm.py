@@ -40,6 +40,7 @@ SMALL = {  # batch 1: matrix-vector products; how many hidden units per program,
     "h2": ({"lstm_block_hidden": 2}, 64),
     "h8": ({"lstm_block_hidden": 8}, 64),
     "h2 k64 w2": ({"lstm_block_hidden": 2, "lstm_block_depth": 64, "lstm_warps": 2}, 64),
+    "argmax k128": ({"arg_max_block_depth": 128}, 64),
 }
 LARGE = {  # batch 64: tl.dot tiles or broadcast sums
     "unfused": (UNFUSED, 16),
