@@ -37,16 +37,18 @@ SMALL = {  # batch 1: matrix-vector products; how many hidden units per program,
     "lstm only": ({"product_arg_max_fusion": False}, 16),
     "fused": ({}, 16),
     "fused chunk 64": ({}, 64),
-    "h2": ({"lstm_block_hidden": 2}, 64),
-    "h8": ({"lstm_block_hidden": 8}, 64),
-    "h2 k64 w2": ({"lstm_block_hidden": 2, "lstm_block_depth": 64, "lstm_warps": 2}, 64),
-    "argmax k128": ({"arg_max_block_depth": 128}, 64),
+    "h2": ({"lstm_block_hidden": 2}, 16),
+    "h8": ({"lstm_block_hidden": 8}, 16),
+    "h2 k64 w2": ({"lstm_block_hidden": 2, "lstm_block_depth": 64, "lstm_warps": 2}, 16),
+    "h2 k512 w8": ({"lstm_block_hidden": 2, "lstm_block_depth": 512, "lstm_warps": 8}, 16),
+    "argmax k128": ({"arg_max_block_depth": 128}, 16),
+    "argmax k128 w16": ({"arg_max_block_depth": 128, "arg_max_warps": 16}, 16),
 }
-LARGE = {  # batch 64: tl.dot tiles or broadcast sums
+LARGE = {  # batch 64: the demo's cuBLAS form (above recurrent.MAX_BATCH), and its draw fused
     "unfused": (UNFUSED, 16),
-    "fused": ({}, 16),
-    "b16": ({"lstm_block_batch": 16}, 64),
-    "sums": ({"lstm_dot": False, "arg_max_dot": False}, 64),
+    "default": ({}, 16),
+    "argmax fused": ({"recurrent_max_batch": 64}, 16),
+    "argmax sums": ({"recurrent_max_batch": 64, "arg_max_dot": False}, 16),
 }
 
 
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [(1, SMALL), (4 if args.quick else 64, LARGE)]
     if args.quick:  # the dot tiles under the interpreter only where asked for: keep the check fast
         sizes = [(1, {k: SMALL[k] for k in ("unfused", "fused", "h2")}),
-                 (4, {k: LARGE[k] for k in ("unfused", "fused")})]
+                 (4, {k: LARGE[k] for k in ("unfused", "default")})]
     print(f"{'batch':>5} {'variant':>16} {'tokens/s':>12} {'greedy = unfused':>17} {'sampled = unfused':>18}")
     for batch, variants in sizes:
         reference = None

@@ -64,10 +64,12 @@ def _torch_logits(params, prompt_row):
     return step
 
 
-def test_temperature_zero_is_greedy_argmax():
+@pytest.mark.parametrize("batch", [2, lstm.FUSED_BATCH + 1], ids=["fused-step", "table-step"])
+def test_temperature_zero_is_greedy_argmax(batch):
+    """Both forms of the sampling step (one kernel per layer at small batches, cuBLAS products above)."""
     params = _params()
-    prompts = np.array([[1, 4, 2], [6, 0, 5]], np.int64)
-    gen = lstm.build_generator(params, batch=2, prompt_length=3, length=12, seed=1)
+    prompts = np.resize(np.array([[1, 4, 2], [6, 0, 5], [3, 3, 1]], np.int64), (batch, 3))
+    gen = lstm.build_generator(params, batch=batch, prompt_length=3, length=12, seed=1)
     tokens = lstm.generate(gen, prompts, 0.0, device="cpu")
     for row, prompt in zip(tokens, prompts):
         step, token, want = _torch_logits(params, prompt), int(prompt[-1]), []

@@ -10,8 +10,9 @@ embedding, two LSTM layers unrolled over the sequence (each step `lstm_cell`, a 
 ops), the output layer, softmax cross entropy and Adam. Generation is one run of another graph:
 a `for_loop` reads the prompt into the state, a second `for_loop` embeds the last token, steps both
 layers, divides the logits by the temperature, samples (Gumbel-max on `random_uniform` draws made
-before the loop; temperature 0 takes the arg maximum) and feeds the token back. Compiled, a token is
-four kernels: one per LSTM layer, one for the output layer and the draw, one writing the token.
+before the loop; temperature 0 takes the arg maximum) and feeds the token back. Compiled at a small
+batch, a token is four kernels: one per LSTM layer, one for the output layer and the draw, one writing
+the token.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import stitchml as sm
 from stitchml import optim
 from stitchml.cli import device_argument, positive
 from stitchml.demos import default_threads
+from stitchml.passes.recurrent import MAX_BATCH as FUSED_BATCH
 
 LAYERS = 2
 # The CPU default trains in a minute or two on two cores; the GPU one is the benchmarked 2x512 model.
@@ -196,6 +198,14 @@ def validation_loss(trainer: Trainer, batches: list[np.ndarray], device: str | N
 
 
 # -- generation ----------------------------------------------------------------------------------
+def _cell(g, gates: sm.Tensor, c: sm.Tensor) -> tuple[sm.Tensor, sm.Tensor]:
+    """The LSTM update from the summed gates (i, f, g, o, PyTorch's order), as lstm_cell computes it."""
+    width = c.shape[-1]
+    i, f, gg, o = (gates[:, k * width:(k + 1) * width] for k in range(4))
+    c = g.sigmoid(f) * c + g.sigmoid(i) * g.tanh(gg)
+    return g.sigmoid(o) * g.tanh(c), c
+
+
 @dataclass
 class Generator:
     """The generation graph: one run feeds `prompt` and `temperature` and returns `tokens`."""
@@ -226,19 +236,37 @@ def build_generator(params: dict[str, np.ndarray], batch: int, prompt_length: in
     state = g.for_loop(0, prompt_length - 1, 1, [zero] * (2 * LAYERS), read)
     # Gumbel-max: argmax(logits / T + G) with G = -log(-log(U)) draws a character with probability
     # softmax(logits / T). The draws are made before the loop, one row per generated character. At
-    # temperature 0 the scale is 1 and the noise 0, so the same arg maximum is the greedy choice: one
-    # product and one arg maximum per token, which the compiler makes one kernel (passes/recurrent.py),
-    # as it makes each layer's lstm_cell one. The new token is written into its column of the output
-    # by a select on a constant column index.
+    # temperature 0 the scale is 1 and the noise 0, so the same arg maximum is the greedy choice. The
+    # new token is written into its column of the output by a select on a constant column index.
     uniform = g.random_uniform((length, batch, vocab), seed=seed)
     gumbel = -g.logarithm(-g.logarithm(uniform))
     sampling = temperature > 0.0
     scale = g.select(sampling, 1.0 / g.maximum(temperature, 1e-6), 1.0)
     columns = g.constant(np.arange(length, dtype=np.int32))
+    if batch <= FUSED_BATCH:
+        # Each layer's lstm_cell and the output layer's product with the draw become one kernel each
+        # (passes/recurrent.py): four launches per token.
+        def step(token, state):
+            return lstm_step(g, g.gather(weights["embedding"], token, axis=0), state, weights)
+    else:
+        # Larger batches run cuBLAS products: the first layer's input projection is then a row of a
+        # table made once (embedding @ W_ih0ᵀ + bias) and the gates are views of one sum.
+        table = g.matrix_multiplication(weights["embedding"], weights["lstm0/weights_ih"].T) + weights["lstm0/bias"]
+
+        def step(token, state):
+            x = g.gather(table, token, axis=0)
+            for layer in range(LAYERS):
+                gates = x + g.matrix_multiplication(state[2 * layer], weights[f"lstm{layer}/weights_hh"].T)
+                if layer:
+                    gates = gates + weights[f"lstm{layer}/bias"]
+                state[2 * layer], state[2 * layer + 1] = _cell(g, gates, state[2 * layer + 1])
+                if layer + 1 < LAYERS:
+                    x = g.matrix_multiplication(state[2 * layer], weights[f"lstm{layer + 1}/weights_ih"].T)
+            return state
 
     def sample(i, token, *rest):
         *state, out = rest
-        state = lstm_step(g, g.gather(weights["embedding"], token, axis=0), list(state), weights)
+        state = step(token, list(state))
         logits = g.matrix_multiplication(state[-2], weights["output/weights"]) + weights["output/bias"]
         noise = g.select(sampling, g.gather(gumbel, i, axis=0), 0.0)
         token = g.reduction_arg_maximum(logits * scale + noise, axis=-1)
