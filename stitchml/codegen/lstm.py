@@ -1,6 +1,7 @@
 """The LSTM-cell template: one step of an LSTM layer, the gate products and the update, in one kernel.
 
     gates = x @ A + h @ B [+ bias]      A (I, 4H), B (H, 4H): W_ihᵀ, W_hhᵀ read through their strides
+                                        (h any (B, K) with B (K, 4H): the kernel only sums two products)
     c' = σ(f) c + σ(i) tanh(g)          gates split i, f, g, o (PyTorch's order)
     h' = σ(o) tanh(c')
 
@@ -135,7 +136,7 @@ def {name}({", ".join(args)}, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOC
     acc1 = tl.zeros({shape}, {elem})
     acc2 = tl.zeros({shape}, {elem})
     acc3 = tl.zeros({shape}, {elem})
-{loop("x_ptr", "x_rows", "x_ok", x, "a_ptr", a, width)}{loop("h_ptr", "h_rows", "row_ok", h, "b_ptr", b, hidden)}{finish}
+{loop("x_ptr", "x_rows", "x_ok", x, "a_ptr", a, width)}{loop("h_ptr", "h_rows", "row_ok", h, "b_ptr", b, b.shape[0])}{finish}
     both = row_ok[:, None] & unit_ok[None, :]
     c = tl.load(c_ptr + rows[:, None].to(tl.int64) * {c.strides[0]} + units[None, :] * {c.strides[1]}, mask=both,
                 other=0.0).to({elem})

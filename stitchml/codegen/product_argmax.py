@@ -52,7 +52,6 @@ def generate(name: str, body, layouts: list[Layout], interpret: bool, options: d
     checks: list = []
     lines: list[str] = []
     value: dict[int, str] = {product.outputs[0].id: "p"}
-    gathered: dict[int, str] = {}  # gather output id -> the element offset of its row in the table
 
     def load(t: Tensor) -> str:
         if t.id in value:

@@ -46,6 +46,7 @@ class CompileContext:
     run_context: Callable[[], Any] | None = None  # a run's RunContext (its run index), for random ops
     fusion_report: list = field(default_factory=list)  # stitch: kernels and refusals
     attention_report: list = field(default_factory=list)  # attention: where it applied, or why not
+    recurrent_report: list = field(default_factory=list)  # recurrent: where it applied, or why not
     boundaries: list = field(default_factory=list)  # stitch: a reason for every edge between steps
     memory_plan: Any = None  # plan_memory
     launch_plan: Any = None  # lower: a runtime.launch.LaunchPlan

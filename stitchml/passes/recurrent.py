@@ -42,7 +42,6 @@ from ..codegen.product_argmax import MAX_COLUMNS
 from ..codegen.common import checks_divisor, triton_template
 from ..graph import Graph
 from ..ir import Operation, Tensor
-from ..registry import lookup
 from .program import CompileError, Program, copy_op
 
 FLOATS = ("float32", "float64")
@@ -90,8 +89,8 @@ def _match_lstm(split: Operation, uses: _Uses) -> tuple[list[Operation], list[Te
     """The cell ending in the readers of `split`: its ops, the fusion's inputs (x or table and indices, A, h, B,
     c[, bias]), its outputs (h', c') and spec; _Miss if none."""
     gates = split.inputs[0]
-    if gates.rank != 2 or split.attrs["axis"] % 2 != 1 or len(set(split.attrs["sizes"])) != 1 or \
-            len(split.outputs) != 4 or gates.dtype.name not in FLOATS:
+    if gates.rank != 2 or split.attrs["axis"] % 2 != 1 or len(split.outputs) != 4 or \
+            len(set(split.attrs["sizes"])) != 1 or gates.dtype.name not in FLOATS:  # axis 1 or -1: the last
         raise _Miss("not a split of 2-D float32/float64 gates into four equal parts along the last axis")
     batch, hidden = gates.shape[0], split.attrs["sizes"][0]
     ops = [split]
@@ -113,9 +112,8 @@ def _match_lstm(split: Operation, uses: _Uses) -> tuple[list[Operation], list[Te
     first, second = (_product(x, uses) for x in total.op.inputs)
     ops += [first, second]
     (x, a), (h, b) = first.inputs, second.inputs
-    if x.shape[0] != batch or h.shape != (batch, hidden) or b.shape != (hidden, 4 * hidden):
-        raise _Miss(f"products of shapes {x.shape} x {a.shape} and {h.shape} x {b.shape} do not make "
-                    f"{4 * hidden} gate columns of {batch} rows")
+    if x.shape[0] != batch or h.shape[0] != batch:
+        raise _Miss(f"products of shapes {x.shape} x {a.shape} and {h.shape} x {b.shape} broadcast rows to {batch}")
     i, f, g, o = split.outputs
     sig_i, sig_f = uses.only(i, "sigmoid"), uses.only(f, "sigmoid")
     tanh_g, sig_o = uses.only(g, "tanh"), uses.only(o, "sigmoid")
@@ -126,12 +124,12 @@ def _match_lstm(split: Operation, uses: _Uses) -> tuple[list[Operation], list[Te
         raise _Miss("σ(i) is not multiplied by tanh(g)")
     uses.only(tanh_g.outputs[0])
     c_next = uses.only(forget.outputs[0], "addition")
-    if _other(c_next, forget.outputs[0]) is not update.outputs[0] or c_next.inputs[0] is not forget.outputs[0]:
+    if _other(c_next, forget.outputs[0]) is not update.outputs[0]:
         raise _Miss("c' is not σ(f) c + σ(i) tanh(g)")
     uses.only(update.outputs[0])
     h_next = uses.only(sig_o.outputs[0], "multiplication")
     tanh_c = _other(h_next, sig_o.outputs[0])
-    if tanh_c.op.op != "tanh" or tanh_c.op.inputs[0] is not c_next.outputs[0] or h_next.inputs[0] is not sig_o.outputs[0]:
+    if tanh_c.op.op != "tanh" or tanh_c.op.inputs[0] is not c_next.outputs[0]:
         raise _Miss("h' is not σ(o) tanh(c')")
     uses.only(tanh_c)
     if c.shape != (batch, hidden):
@@ -242,7 +240,7 @@ def recurrent(program: Program, ctx) -> Program:
         found[last.id] = (template, ops, inputs, outputs, notes)
         report.append(f"{template} applied at {op.name}: {len(ops)} ops in one kernel")
     if ctx is not None:
-        ctx.attention_report = list(ctx.attention_report) + report
+        ctx.recurrent_report = report
     if not found:
         return program
     g = Graph(program.graph.name)

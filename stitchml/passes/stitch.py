@@ -192,6 +192,6 @@ def stitch(program: Program, ctx) -> Program:
             for old, new in zip(node.outputs, copy_op(g, node, [mapping[t.id] for t in node.inputs])):
                 mapping[old.id] = new
     if ctx is not None:
-        ctx.fusion_report = [{"note": line} for line in ctx.attention_report] + report
+        ctx.fusion_report = [{"note": line} for line in ctx.attention_report + ctx.recurrent_report] + report
         ctx.boundaries = boundaries
     return Program(g, [mapping[t.id] for t in program.outputs], dict(program.notes))
