@@ -63,6 +63,19 @@ def _integer_division(g):
     return [g.floor_division(a * 7, g.absolute(b) + 1) + g.modulo(a, 3)]
 
 
+def _lstm_cell(g):
+    # One kernel (passes/recurrent.py): the embedding rows gathered in place, both products, the update.
+    table, tokens = g.placeholder((5, 6), sm.float32, name="table"), g.placeholder((3,), sm.int64, name="tokens")
+    h, c = g.placeholder((3, 4), sm.float32, name="h"), g.placeholder((3, 4), sm.float32, name="c")
+    w_ih, w_hh = g.placeholder((16, 6), sm.float32, name="w_ih"), g.placeholder((16, 4), sm.float32, name="w_hh")
+    return [g.lstm_cell(g.gather(table, tokens, axis=0), h, c, w_ih, w_hh, g.placeholder((16,), sm.float32, name="b"))[0]]
+
+
+def _lstm_reference(table, tokens, h, c, w_ih, w_hh, b):
+    i, f, gg, o = (table[tokens.long()] @ w_ih.T + h @ w_hh.T + b).chunk(4, -1)
+    return torch.sigmoid(o) * torch.tanh(torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(gg))
+
+
 F = torch.nn.functional
 GRAPHS = {  # name: (builder, float64 reference of its placeholders in order)
     "gelu": (_gelu, lambda x: F.gelu(x)),
@@ -72,6 +85,7 @@ GRAPHS = {  # name: (builder, float64 reference of its placeholders in order)
     "sum_axis0": (_sum_axis0, lambda x: (x * x * 0.5).sum(0)),
     "broadcast_chain": (_broadcast_chain, lambda x, y, z, w: torch.tanh(x * y + z) - w.T),
     "integer_division": (_integer_division, lambda a, b: torch.floor(a * 7 / (b.abs() + 1)) + torch.remainder(a, 3)),
+    "lstm_cell": (_lstm_cell, _lstm_reference),
 }
 
 
