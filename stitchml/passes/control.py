@@ -136,7 +136,7 @@ def _for(op: Operation, ins: list[int], outs: list[int], ctx):
         count = trip_count(lower, upper, step)
         carried, reads = list(args[3:3 + n]), list(args[3 + n:])
         if capturing and block.flag_slot is not None:
-            _refuse_capture(op, "checks its body's integer divisors")
+            _refuse_capture(op, "checks its body's integer divisors or gathered indices")
         if ctx.device.type == "cuda" and not capturing and history is None and count >= 2:
             if step not in graphs:
                 graphs[step] = LoopGraphs(block, torch.empty((), dtype=torch.int32, device=ctx.device),
