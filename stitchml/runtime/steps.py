@@ -67,8 +67,9 @@ def failure(step: Step, error: BaseException, env: list, checks: list[Operation]
 
 
 def raise_flagged(env: list, checks: list[Operation], flag_slot: int) -> None:
-    """Raise the ExecutionError of the first integer division that met a zero divisor, if any (and clear
-    the flag for the next run). Reads one int from the device: the run's only synchronisation."""
+    """Raise the ExecutionError of the first flagged op, if any: an integer division that met a zero divisor,
+    or a gather whose rows a fused kernel read in place at an index out of range (and clear the flag for
+    the next run). Reads one int from the device: the run's only synchronisation."""
     flag = env[flag_slot]
     code = int(flag.item())
     if code == NO_FLAG:
