@@ -122,6 +122,8 @@ def generate(name: str, spec: LstmSpec, layouts: list[Layout], batch: int, hidde
         finish += "\n" + "\n".join(
             f"    g{k} += tl.load(bias_ptr + ({k * hidden} + units) * {bias.strides[-1]}, mask=unit_ok, "
             f"other=0.0)[None, :]" for k in range(4))
+    products = loop("x_ptr", "x_rows", "x_ok", x, "a_ptr", a, width) + \
+        loop("h_ptr", "h_rows", "row_ok", h, "b_ptr", b, b.shape[0])
     sigmoid, tanh = lookup("sigmoid").triton, lookup("tanh").triton
     src = header(f"LSTM cell kernel {name}", interpret) + f'''
 
@@ -136,7 +138,7 @@ def {name}({", ".join(args)}, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOC
     acc1 = tl.zeros({shape}, {elem})
     acc2 = tl.zeros({shape}, {elem})
     acc3 = tl.zeros({shape}, {elem})
-{loop("x_ptr", "x_rows", "x_ok", x, "a_ptr", a, width)}{loop("h_ptr", "h_rows", "row_ok", h, "b_ptr", b, b.shape[0])}{finish}
+{products}{finish}
     both = row_ok[:, None] & unit_ok[None, :]
     c = tl.load(c_ptr + rows[:, None].to(tl.int64) * {c.strides[0]} + units[None, :] * {c.strides[1]}, mask=both,
                 other=0.0).to({elem})

@@ -53,6 +53,9 @@ def generate(name: str, body, layouts: list[Layout], interpret: bool, options: d
     lines: list[str] = []
     value: dict[int, str] = {product.outputs[0].id: "p"}
 
+    def elem_of(t: Tensor) -> str:
+        return tl_type(compute_dtype(t.dtype))
+
     def load(t: Tensor) -> str:
         if t.id in value:
             return value[t.id]
@@ -67,15 +70,15 @@ def generate(name: str, body, layouts: list[Layout], interpret: bool, options: d
     row = tl.where(row < 0, row + {lay.shape[0]}, row)
     row_ok = (row >= 0) & (row < {lay.shape[0]})
     tl.atomic_min(err, {code}, mask=~row_ok)
-    {var} = tl.load({arg_of[table.id]} + row * {lay.strides[0]} + rows[:, None] * {rest.strides[0]} + cols[None, :] * {rest.strides[1]},
-                mask=both & row_ok, other=0).to({tl_type(compute_dtype(t.dtype))})""")
+    {var} = tl.load({arg_of[table.id]} + row * {lay.strides[0]} + rows[:, None] * {rest.strides[0]}
+                + cols[None, :] * {rest.strides[1]}, mask=both & row_ok, other=0).to({elem_of(t)})""")
         else:
             lay = layout_of[t.id].broadcast_to(frame)
             if lay.strides == (0, 0):
-                lines.append(f"    {var} = tl.load({arg_of[t.id]}).to({tl_type(compute_dtype(t.dtype))})")
+                lines.append(f"    {var} = tl.load({arg_of[t.id]}).to({elem_of(t)})")
             else:
                 lines.append(f"    {var} = tl.load({arg_of[t.id]} + rows[:, None] * {lay.strides[0]} + cols[None, :] * "
-                             f"{lay.strides[1]}, mask=both, other=0).to({tl_type(compute_dtype(t.dtype))})")
+                             f"{lay.strides[1]}, mask=both, other=0).to({elem_of(t)})")
         value[t.id] = var
         return var
 
@@ -111,8 +114,8 @@ def {name}({params}, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.c
     for k0 in range(0, {depth}, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < {depth}
-        a = tl.load({arg_of[product.inputs[0].id]} + rows[:, None].to(tl.int64) * {h.strides[0]} + ks[None, :] * {h.strides[1]},
-                    mask=row_in[:, None] & k_ok[None, :], other=0.0).to({elem})
+        a = tl.load({arg_of[product.inputs[0].id]} + rows[:, None].to(tl.int64) * {h.strides[0]}
+                    + ks[None, :] * {h.strides[1]}, mask=row_in[:, None] & k_ok[None, :], other=0.0).to({elem})
         w = tl.load({arg_of[product.inputs[1].id]} + ks[:, None] * {w.strides[0]} + cols[None, :] * {w.strides[1]},
                     mask=k_ok[:, None] & col_in[None, :], other=0.0).to({elem})
 {accumulate}

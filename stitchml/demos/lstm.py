@@ -239,8 +239,9 @@ def build_generator(params: dict[str, np.ndarray], batch: int, prompt_length: in
     # temperature 0 the scale is 1 and the noise 0, so the same arg maximum is the greedy choice. The
     # new token is written into its column of the output by a select on a constant column index.
     uniform = g.random_uniform((length, batch, vocab), seed=seed)
-    gumbel = -g.logarithm(-g.logarithm(uniform))
     sampling = temperature > 0.0
+    # Selected once for every step: a step's row is then a plain operand of the output layer's epilogue.
+    noise = g.select(sampling, -g.logarithm(-g.logarithm(uniform)), 0.0)
     scale = g.select(sampling, 1.0 / g.maximum(temperature, 1e-6), 1.0)
     columns = g.constant(np.arange(length, dtype=np.int32))
     if batch <= FUSED_BATCH:
@@ -268,8 +269,7 @@ def build_generator(params: dict[str, np.ndarray], batch: int, prompt_length: in
         *state, out = rest
         state = step(token, list(state))
         logits = g.matrix_multiplication(state[-2], weights["output/weights"]) + weights["output/bias"]
-        noise = g.select(sampling, g.gather(gumbel, i, axis=0), 0.0)
-        token = g.reduction_arg_maximum(logits * scale + noise, axis=-1)
+        token = g.reduction_arg_maximum(logits * scale + g.gather(noise, i, axis=0), axis=-1)
         out = g.select(g.equal(columns, i), g.reshape(token, (batch, 1)), out)
         return [token, *state, out]
 
