@@ -12,12 +12,7 @@ import pytest
 import stitchml as sm
 from stitchml.demos import lstm
 
-pytestmark = pytest.mark.usefixtures("interpret")
-
-
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
 def _sigmoid(x):
