@@ -15,6 +15,7 @@ import torch
 
 import stitchml as sm
 from compiler_util import compile_for_cuda
+from stitchml.codegen import attention
 from stitchml.codegen.common import LIBDEVICE_CUDA, LIBDEVICE_INTERPRET
 from stitchml.runtime.launch import KernelLaunch
 from tolerance import assert_within, sensitivity
@@ -133,8 +134,9 @@ def test_attention_kernels_compile_for_cuda(monkeypatch, tmp_path):
                                 "sizes": list(self.sizes)}, sort_keys=True))
 
     monkeypatch.setattr(KernelLaunch, "__call__", record)
-    monkeypatch.setattr("stitchml.codegen.attention.blocks", lambda length, keys, head, interpret:
-                        (64 if head > 64 else 128, 64, 4))
+    gpu_tiles = attention.tiles
+    monkeypatch.setattr(attention, "tiles", lambda kernel, length, keys, head, causal, interpret:
+                        gpu_tiles(kernel, length, keys, head, causal, False))
     causal = torch.full((64, 64), float("-inf")).triu(1).half()
     g, leaves, outs = _training((1, 2, 64, 128), sm.float16, causal)  # forward, dQ and dK/dV kernels
     feeds = {t: torch.zeros(1, 2, 64, 128).half() for t in leaves}
