@@ -176,7 +176,7 @@ def main(argv=None) -> int:
                 plan.append((i, kernel, tile, True, kernels(shape, causal, kernel, tile, True, interpret)))
             plan.append((i, kernel, table_tile(shape, causal, kernel), False,
                          kernels(shape, causal, kernel, table_tile(shape, causal, kernel), False, interpret)))
-    compile_s, compile_err, pool, futures = {}, {}, None, []
+    pool, futures = None, []
     if device == "cuda" and not interpret:
         workers = max(1, min(15, (os.cpu_count() or 2) - 1))
         pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
@@ -272,7 +272,8 @@ def main(argv=None) -> int:
             print(f"    {c['kernel']:>7} {str(tuple(c['tile'])):>18} {'split' if c['split'] else 'once':>5} {what}")
         if "best" in r:
             fb = r["stitchml_fwd_bwd_ms"]
-            print(f"    best {r['best']}: fwd {r['stitchml_fwd_ms']:.4f} ({r['stitchml_fwd_ms'] / r['sdpa_fwd_ms']:.2f}x"
+            fwd = r["stitchml_fwd_ms"]
+            print(f"    best {r['best']}: fwd {fwd:.4f} ({fwd / r['sdpa_fwd_ms']:.2f}x"
                   f" SDPA), fwd+bwd {fb:.4f} ({fb / r['sdpa_fwd_bwd_ms']:.2f}x SDPA); errors {r['best_errors']}")
             once = [r.get(f"one_rounding_{k}_ms") for k in ("forward", "dq", "dkv")]
             if all(once):

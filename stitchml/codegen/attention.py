@@ -102,13 +102,21 @@ def batch_strides(lay: Layout, batch: tuple[int, ...]) -> tuple[int, ...]:
     return (0,) * lead + tuple(0 if d == 1 else s for d, s in zip(own, lay.strides[:-2]))
 
 
-def guard(*conditions: str, load: bool = True) -> str:
-    """The mask argument of a load (with `other=0.0`) or store from the bounds checks that apply ("" where
+def guard(*conditions: str, store: bool = False) -> str:
+    """The mask argument of a load (with `other=0.0`) or a store from the bounds checks that apply ("" where
     none does)."""
     used = [c for c in conditions if c]
     if not used:
         return ""
-    return f", mask={' & '.join(used)}" + (", other=0.0" if load else "")
+    return f", mask={' & '.join(used)}" + ("" if store else ", other=0.0")
+
+
+def load(base: str, down_index: str, down_stride: int, across_index: str, across_stride: int, *checks: str,
+         widen: str = "") -> str:
+    """A tile's load: element [i, j] at base + down_index[i] * down_stride + across_index[j] * across_stride,
+    under the bounds checks that apply, widened (see `generate`)."""
+    at = f"{base} + {down_index}[:, None] * {down_stride} + {across_index}[None, :] * {across_stride}"
+    return f"tl.load({at}{guard(*checks)}){widen}"
 
 
 def below(index: str, extent: int, block: int) -> str:
@@ -168,29 +176,30 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shape: t
     col_ok = below("cols", keys, t.block_n)
     dim_ok = below("dims", head, block_d)
     vdim_ok = below("vdims", value_dim, block_e)
+    kt_checks, v_checks = (down(dim_ok), across(col_ok)), (down(col_ok), across(vdim_ok))
+    q_checks, bias_checks = (down(row_ok), across(dim_ok)), (down(row_ok), across(col_ok))
     mask_lines = ""
     if spec.mask:
         m = layouts[3].broadcast_to(out_shape)
         mask_lines = f"""
-        bias = tl.load(mask_ptr + mask_base + rows[:, None] * {m.strides[-2]} + cols[None, :] * {m.strides[-1]}
-                       {guard(down(row_ok), across(col_ok))})
+        bias = {load("mask_ptr + mask_base", "rows", m.strides[-2], "cols", m.strides[-1], *bias_checks)}
         s = s + bias.to(tl.float32) * {LOG2E!r}"""
     # scores are kept in base-2 units, s * log2(e), so each exponential is one exp2 (the scale folds it in)
     factor = (1 / spec.scale if spec.divide else spec.scale) * LOG2E
-    out = Layout.contiguous(out_shape)
     elem = tl_type(as_dtype(dtype))
     # the interpreter holds bfloat16 as raw 16-bit integers, which its tl.dot multiplies as integers:
     # there the operands are widened to float32 after loading (values unchanged, products exact)
     widen = ".to(tl.float32)" if interpret and dtype == "bfloat16" else ""
+    store_guard = guard(down(row_ok), across(vdim_ok), store=True)
 
     def loop(start: str, end: str, diagonal: bool) -> str:
+        """Steps over key tiles from `start` to `end`, with the causal mask on `diagonal` ones."""
         causal = "\n        s = tl.where(rows[:, None] >= cols[None, :], s, float(\"-inf\"))" if diagonal else ""
         bounds = f"\n        s = tl.where({across(col_ok)}, s, float(\"-inf\"))" if col_ok else ""
         return f"""
     for start in tl.range({start}, {end}, BLOCK_N, num_stages={t.stages}):
         cols = start + tl.arange(0, BLOCK_N)
-        kt = tl.load(kt_ptr + kt_base + dims[:, None] * {kt.strides[-2]} + cols[None, :] * {kt.strides[-1]}
-                     {guard(down(dim_ok), across(col_ok))}){widen}
+        kt = {load("kt_ptr + kt_base", "dims", kt.strides[-2], "cols", kt.strides[-1], *kt_checks, widen=widen)}
         s = tl.dot(q, kt{precision}) * {factor!r}{mask_lines}{causal}{bounds}
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # a row with every score -inf so far shifts by 0, not by -inf (which would make NaN of exp(-inf + inf))
@@ -198,22 +207,20 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shape: t
         p = tl.exp2(s - shift[:, None])
         alpha = tl.exp2(m_i - shift)
         l_i = l_i * alpha + tl.sum(p, 1)
-        vt = tl.load(v_ptr + v_base + cols[:, None] * {v.strides[-2]} + vdims[None, :] * {v.strides[-1]}
-                     {guard(down(col_ok), across(vdim_ok))}){widen}
+        vt = {load("v_ptr + v_base", "cols", v.strides[-2], "vdims", v.strides[-1], *v_checks, widen=widen)}
         acc = acc * alpha[:, None]
 {product("acc", "p", "vt", dtype, split, widen)}
         m_i = m_new"""
 
     if spec.causal:
         # key tiles wholly left of the block's first row need no mask; those crossing the diagonal do
-        first = f"tl.minimum((pid_m * BLOCK_M // BLOCK_N) * BLOCK_N, {keys})"
-        loops = loop("0", "diagonal", False) + loop("diagonal", f"tl.minimum({keys}, (pid_m + 1) * BLOCK_M)", True)
-        loops = f"\n    diagonal = {first}" + loops
+        loops = f"\n    diagonal = tl.minimum((pid_m * BLOCK_M // BLOCK_N) * BLOCK_N, {keys})" + \
+            loop("0", "diagonal", False) + loop("diagonal", f"tl.minimum({keys}, (pid_m + 1) * BLOCK_M)", True)
         pid_m = "tl.num_programs(0) - 1 - tl.program_id(0)"  # the longest rows first: fewer idle SMs at the end
     else:
         loops, pid_m = loop("0", str(keys), False), "tl.program_id(0)"
     store_lse = f"""
-    tl.store(lse_ptr + pid_b.to(tl.int64) * {length} + rows, m_i + tl.log2(l_i){guard(row_ok, load=False)})""" \
+    tl.store(lse_ptr + pid_b.to(tl.int64) * {length} + rows, m_i + tl.log2(l_i){guard(row_ok, store=True)})""" \
         if lse else ""
     src = header(f"attention kernel {name}", interpret) + f'''
 
@@ -230,14 +237,12 @@ def {name}({", ".join(args)}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOC
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
     vdims = tl.arange(0, BLOCK_E)
-    q = tl.load(q_ptr + q_base + rows[:, None] * {q.strides[-2]} + dims[None, :] * {q.strides[-1]}
-                {guard(down(row_ok), across(dim_ok))}){widen}
+    q = {load("q_ptr + q_base", "rows", q.strides[-2], "dims", q.strides[-1], *q_checks, widen=widen)}
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_E], tl.float32){loops}
     o = acc / l_i[:, None]
-    tl.store(out_ptr + out_base + rows[:, None] * {out.strides[-2]} + vdims[None, :], o.to({elem})
-             {guard(down(row_ok), across(vdim_ok), load=False)}){store_lse}
+    tl.store(out_ptr + out_base + rows[:, None] * {value_dim} + vdims[None, :], o.to({elem}){store_guard}){store_lse}
 '''
     constexprs = {"BLOCK_M": t.block_m, "BLOCK_N": t.block_n, "BLOCK_D": block_d, "BLOCK_E": block_e}
     grid = ((length + t.block_m - 1) // t.block_m, nbatch)

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from ..dtypes import as_dtype
 from . import attention
-from .attention import LOG2E, AttentionSpec, Tiles, across, batch_offset, batch_strides, below, down, guard, pow2, product
+from .attention import (LOG2E, AttentionSpec, Tiles, across, batch_offset, batch_strides, below, down, guard, load,
+                        pow2, product)
 from .common import Layout, header, tl_type
 from .pointwise import KernelSource
 
@@ -49,6 +50,7 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shapes: 
         nbatch *= d
     offsets = [batch_offset(batch, batch_strides(lay, batch)) for lay in layouts[:3]]
     do_off = batch_offset(batch, batch_strides(do_lay, batch))
+    do_strides = do_lay.strides[-2:]
     widen = ".to(tl.float32)" if interpret and dtype == "bfloat16" else ""
     elem = tl_type(as_dtype(dtype))
     factor = (1 / spec.scale if spec.divide else spec.scale)
@@ -81,21 +83,20 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shapes: 
     def dq_loop(start: str, end: str, diagonal: bool) -> str:
         """Steps over key tiles for a block of queries: dQ's sums, and Δ."""
         row_ok, col_ok = below("rows", length, q_t.block_m), below("cols", keys, q_t.block_n)
+        bias_checks = (down(row_ok), across(col_ok))
         bias = ""
         if spec.mask:
             bias = f"""
-        bias = tl.load(mask_ptr + mask_base + rows[:, None] * {m.strides[-2]} + cols[None, :] * {m.strides[-1]}
-                       {guard(down(row_ok), across(col_ok))})
+        bias = {load("mask_ptr + mask_base", "rows", m.strides[-2], "cols", m.strides[-1], *bias_checks)}
         s = s + bias.to(tl.float32) * {LOG2E!r}"""
         causal = "\n        s = tl.where(rows[:, None] >= cols[None, :], s, float(\"-inf\"))" if diagonal else ""
         bounds = f"\n        s = tl.where({across(col_ok)}, s, float(\"-inf\"))" if col_ok else ""
+        kt_checks, vt_checks = (down(dim_ok), across(col_ok)), (down(vdim_ok), across(col_ok))
         return f"""
     for start in tl.range({start}, {end}, BLOCK_N, num_stages={q_t.stages}):
         cols = start + tl.arange(0, BLOCK_N)
-        kt = tl.load(kt_ptr + kt_base + dims[:, None] * {kt.strides[-2]} + cols[None, :] * {kt.strides[-1]}
-                     {guard(down(dim_ok), across(col_ok))}){widen}
-        vt = tl.load(v_ptr + v_base + vdims[:, None] * {v.strides[-1]} + cols[None, :] * {v.strides[-2]}
-                     {guard(down(vdim_ok), across(col_ok))}){widen}
+        kt = {load("kt_ptr + kt_base", "dims", kt.strides[-2], "cols", kt.strides[-1], *kt_checks, widen=widen)}
+        vt = {load("v_ptr + v_base", "vdims", v.strides[-1], "cols", v.strides[-2], *vt_checks, widen=widen)}
         s = tl.dot(q, kt{precision}) * {factor * LOG2E!r}{bias}{causal}{bounds}
         p = tl.exp2(s - lse[:, None])
         dp = tl.dot(do, vt{precision})
@@ -107,21 +108,20 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shapes: 
     def dkv_loop(start: str, end: str, diagonal: bool) -> str:
         """Steps over query tiles for a block of keys, on transposed tiles (keys down, queries across)."""
         row_ok, col_ok = below("rows", length, kv_t.block_m), below("cols", keys, kv_t.block_n)
+        bias_checks = (down(col_ok), across(row_ok))
         bias = ""
         if spec.mask:
             bias = f"""
-        bias = tl.load(mask_ptr + mask_base + rows[None, :] * {m.strides[-2]} + cols[:, None] * {m.strides[-1]}
-                       {guard(down(col_ok), across(row_ok))})
+        bias = {load("mask_ptr + mask_base", "cols", m.strides[-1], "rows", m.strides[-2], *bias_checks)}
         st = st + bias.to(tl.float32) * {LOG2E!r}"""
         causal = "\n        st = tl.where(rows[None, :] >= cols[:, None], st, float(\"-inf\"))" if diagonal else ""
         bounds = f"\n        st = tl.where({across(row_ok)}, st, float(\"-inf\"))" if row_ok else ""
+        qt_checks, do_checks = (down(dim_ok), across(row_ok)), (down(row_ok), across(vdim_ok))
         return f"""
     for start in tl.range({start}, {end}, BLOCK_M, num_stages={kv_t.stages}):
         rows = start + tl.arange(0, BLOCK_M)
-        qt = tl.load(q_ptr + q_base + dims[:, None] * {q.strides[-1]} + rows[None, :] * {q.strides[-2]}
-                     {guard(down(dim_ok), across(row_ok))}){widen}
-        do = tl.load(do_ptr + do_base + rows[:, None] * {do_lay.strides[-2]} + vdims[None, :] * {do_lay.strides[-1]}
-                     {guard(down(row_ok), across(vdim_ok))}){widen}
+        qt = {load("q_ptr + q_base", "dims", q.strides[-1], "rows", q.strides[-2], *qt_checks, widen=widen)}
+        do = {load("do_ptr + do_base", "rows", do_strides[0], "vdims", do_strides[1], *do_checks, widen=widen)}
         lse = tl.load(lse_ptr + pid_b.to(tl.int64) * {length} + rows{guard(row_ok)})
         lse = tl.where(lse == float("-inf"), 0.0, lse)
         delta = tl.load(delta_ptr + pid_b.to(tl.int64) * {length} + rows{guard(row_ok)})
@@ -132,7 +132,10 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shapes: 
 {product("dv", "pt", "do", dtype, split, widen)}
 {product("dk", "dst", "tl.trans(qt)", dtype, split, widen)}"""
 
-    row_ok_kv, col_ok_kv = below("rows", length, kv_t.block_m), below("cols", keys, kv_t.block_n)
+    col_ok_kv = below("cols", keys, kv_t.block_n)
+    k_checks, v_checks = (down(col_ok_kv), across(dim_ok)), (down(col_ok_kv), across(vdim_ok))
+    dv_value = f"dv.to({elem}){guard(down(col_ok_kv), across(vdim_ok), store=True)}"
+    dk_guard = guard(down(col_ok_kv), across(dim_ok), store=True)
     if spec.causal:
         # query tiles that reach below the block's last key need no mask; those crossing the diagonal do
         loops = f"""
@@ -148,19 +151,16 @@ def {name}_dkv({args}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl
                BLOCK_E: tl.constexpr):
     pid_n = tl.program_id(0){common}
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k = tl.load(kt_ptr + kt_base + cols[:, None] * {kt.strides[-1]} + dims[None, :] * {kt.strides[-2]}
-                {guard(down(col_ok_kv), across(dim_ok))}){widen}
-    v = tl.load(v_ptr + v_base + cols[:, None] * {v.strides[-2]} + vdims[None, :] * {v.strides[-1]}
-                {guard(down(col_ok_kv), across(vdim_ok))}){widen}
+    k = {load("kt_ptr + kt_base", "cols", kt.strides[-1], "dims", kt.strides[-2], *k_checks, widen=widen)}
+    v = {load("v_ptr + v_base", "cols", v.strides[-2], "vdims", v.strides[-1], *v_checks, widen=widen)}
     dv = tl.zeros([BLOCK_N, BLOCK_E], tl.float32)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32){loops}
     out_base = pid_b.to(tl.int64)
-    tl.store(dv_ptr + out_base * {keys * value_dim} + cols[:, None] * {value_dim} + vdims[None, :], dv.to({elem})
-             {guard(down(col_ok_kv), across(vdim_ok), load=False)})
-    tl.store(dkt_ptr + out_base * {keys * head} + {dk_at}, (dk * {factor!r}).to({elem})
-             {guard(down(col_ok_kv), across(dim_ok), load=False)})
+    tl.store(dv_ptr + out_base * {keys * value_dim} + cols[:, None] * {value_dim} + vdims[None, :], {dv_value})
+    tl.store(dkt_ptr + out_base * {keys * head} + {dk_at}, (dk * {factor!r}).to({elem}){dk_guard})
 '''
     row_ok_q = below("rows", length, q_t.block_m)
+    q_checks, q_do_checks = (down(row_ok_q), across(dim_ok)), (down(row_ok_q), across(vdim_ok))
     if spec.causal:
         loops = f"""
     diagonal = tl.minimum((pid_m * BLOCK_M // BLOCK_N) * BLOCK_N, {keys})""" + dq_loop("0", "diagonal", False) + \
@@ -177,19 +177,17 @@ def {name}_dq({args}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.
               BLOCK_E: tl.constexpr):
     pid_m = {pid_m}{common}
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    q = tl.load(q_ptr + q_base + rows[:, None] * {q.strides[-2]} + dims[None, :] * {q.strides[-1]}
-                {guard(down(row_ok_q), across(dim_ok))}){widen}
-    do = tl.load(do_ptr + do_base + rows[:, None] * {do_lay.strides[-2]} + vdims[None, :] * {do_lay.strides[-1]}
-                 {guard(down(row_ok_q), across(vdim_ok))}){widen}
+    q = {load("q_ptr + q_base", "rows", q.strides[-2], "dims", q.strides[-1], *q_checks, widen=widen)}
+    do = {load("do_ptr + do_base", "rows", do_lay.strides[-2], "vdims", do_lay.strides[-1], *q_do_checks, widen=widen)}
     lse = tl.load(lse_ptr + pid_b.to(tl.int64) * {length} + rows{guard(row_ok_q)})
     lse = tl.where(lse == float("-inf"), 0.0, lse)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     pk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     delta = tl.zeros([BLOCK_M], tl.float32){loops}
     dq = dq - delta[:, None] * pk
-    tl.store(delta_ptr + pid_b.to(tl.int64) * {length} + rows, delta{guard(row_ok_q, load=False)})
+    tl.store(delta_ptr + pid_b.to(tl.int64) * {length} + rows, delta{guard(row_ok_q, store=True)})
     tl.store(dq_ptr + pid_b.to(tl.int64) * {length * head} + rows[:, None] * {head} + dims[None, :],
-             (dq * {factor!r}).to({elem}){guard(down(row_ok_q), across(dim_ok), load=False)})
+             (dq * {factor!r}).to({elem}){guard(down(row_ok_q), across(dim_ok), store=True)})
 '''
     kv = KernelSource(f"{name}_dkv", kv_src, ((keys + kv_t.block_n - 1) // kv_t.block_n, nbatch), kv_t.warps,
                       {"BLOCK_M": kv_t.block_m, "BLOCK_N": kv_t.block_n, "BLOCK_D": block_d, "BLOCK_E": block_e},
