@@ -15,6 +15,8 @@ import torch
 
 import stitchml as sm
 from compiler_util import compile_for_cuda
+from stitchml.codegen import attention
+from stitchml.codegen.attention import Tiles
 from stitchml.codegen.common import LIBDEVICE_CUDA, LIBDEVICE_INTERPRET
 from stitchml.runtime.launch import KernelLaunch
 from tolerance import assert_within, sensitivity
@@ -133,8 +135,9 @@ def test_attention_kernels_compile_for_cuda(monkeypatch, tmp_path):
                                 "sizes": list(self.sizes)}, sort_keys=True))
 
     monkeypatch.setattr(KernelLaunch, "__call__", record)
-    monkeypatch.setattr("stitchml.codegen.attention.blocks", lambda length, keys, head, interpret:
-                        (64 if head > 64 else 128, 64, 4))
+    gpu_tiles = attention.tiles
+    monkeypatch.setattr(attention, "tiles", lambda kernel, length, keys, head, causal, interpret:
+                        gpu_tiles(kernel, length, keys, head, causal, False))
     causal = torch.full((64, 64), float("-inf")).triu(1).half()
     g, leaves, outs = _training((1, 2, 64, 128), sm.float16, causal)  # forward, dQ and dK/dV kernels
     feeds = {t: torch.zeros(1, 2, 64, 128).half() for t in leaves}
@@ -235,3 +238,41 @@ def test_training_step_with_probabilities_read_elsewhere_stays_unfused():
     report = exe.fusion_report()
     assert "attention not applied" in report and "as a training step" in report, report
     assert "attention" not in [s.kind for s in exe.steps]
+
+
+TILED = [  # (shape, forward and dQ tiles, dK/dV tiles, bounds checks): causal, several tiles per program so that
+    # the unmasked loops run as well as the diagonal ones; extents that are multiples of the tiles (no bounds
+    # checks, as at the GPU's sizes) and extents the last tile (and the head dimension) overhang
+    ((1, 1, 32, 16), Tiles(16, 16, 4, 1), Tiles(16, 16, 4, 1), False),
+    ((1, 1, 40, 8), Tiles(16, 32, 4, 1), Tiles(32, 16, 4, 1), True),
+    ((1, 40, 8), Tiles(32, 16, 4, 1), Tiles(16, 32, 4, 1), True),
+]
+
+
+@pytest.mark.parametrize("shape,rows_tile,keys_tile,bounds", TILED, ids=str)
+def test_causal_training_step_with_many_tiles_matches_float64(monkeypatch, shape, rows_tile, keys_tile, bounds):
+    """Causal forward, dQ and dK/dV kernels with tiles smaller than the problem, BLOCK_M equal to, above and
+    below BLOCK_N: O, dQ, dK and dV obey the tolerance rule against float64 autograd."""
+    monkeypatch.setattr(attention, "tiles", lambda kernel, *shape: keys_tile if kernel == "dkv" else rows_tile)
+    torch.manual_seed(3)
+    length = shape[-2]
+    bias = torch.full((length, length), float("-inf")).triu(1).half()
+    g, leaves, outs = _training(shape, sm.float16, bias)
+    feeds = {t: torch.randn(shape).half() for t in leaves}
+    exe = g.compile(feeds, outs, device="cpu")
+    assert "with its gradient" in exe.fusion_report() and "(causal" in exe.fusion_report(), exe.fusion_report()
+    sources = "".join(s.source for s in exe.steps if s.kind in ("attention", "attention_backward"))
+    assert ("mask=" in sources) == bounds, "bounds checks only where a tile overhangs"
+    # the mask on the diagonal loops alone: once in the forward and dQ kernels, once (transposed) in dK/dV
+    assert sources.count("rows[:, None] >= cols[None, :]") == 2 and sources.count("rows[None, :] >= cols[:, None]") == 1
+    got = exe.run(feeds)
+    mask64 = bias.double()
+
+    def reference(q, k, v, do):
+        o = _reference(q, k, v, 0.25, mask64)
+        return (o, *torch.autograd.grad((o * do).sum(), (q, k, v), create_graph=True))
+
+    args = [feeds[t].double().requires_grad_() for t in leaves]
+    scopes = sensitivity(reference, [a.detach() for a in args])
+    for name, t, want, scope in zip(("O", "dQ", "dK", "dV"), outs, reference(*args), scopes):
+        assert_within(got[t].torch(), want.detach(), "composite", f"{name} {shape} {rows_tile} {keys_tile}", scope)

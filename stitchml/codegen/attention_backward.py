@@ -6,74 +6,66 @@ is recomputed exactly as P = exp2(S - lse) without a pass over the row. With
 
 * one kernel per BLOCK_M queries walks the keys: dQ += dS K;
 * one kernel per BLOCK_N keys walks the queries: dV += Pᵀ dO, dKᵀ += Qᵀ dS.
+  It works on the transposed tiles (Sᵀ = K Qᵀ, Pᵀ, dSᵀ), so that the float32
+  tiles it multiplies are left operands as computed, never transposed.
 
 The dQ kernel runs first: it sums Δ = rowsum(P ∘ dP) in its loop over the keys
 (dQ = Σ (P ∘ dP) K - Δ Σ P K) and stores Δ in a float32 scratch that the dK/dV
 kernel reads; Δ as rowsum(dO ∘ O) would need O unrounded and would differ
 from P ∘ dP by the order of its sum, which leaves rounding noise where the
 exact gradient is 0. Products of a half type carry the float32 operand as two
-halves (hi + lo), as the forward does (attention._product). Inputs: Q, Kᵀ,
-V[, mask], lse, dO; outputs dQ, dKᵀ (stored as (d, S) or, when its buffer is
-(S, d), as dK) and dV; then the Δ scratch.
+halves (hi + lo), as the forward does (attention.product). A causal kernel
+applies the mask only on the tiles that cross the diagonal (see attention.py);
+bounds checks appear only where a tile can overhang. Inputs: Q, Kᵀ, V[, mask],
+lse, dO; outputs dQ, dKᵀ (stored as (d, S) or, when its buffer is (S, d), as
+dK) and dV; then the Δ scratch.
 """
 from __future__ import annotations
 
 from ..dtypes import as_dtype
-from .attention import LOG2E, AttentionSpec, _batch_offset, _batch_strides, _pow2, blocks
+from . import attention
+from .attention import (LOG2E, AttentionSpec, Tiles, across, batch_offset, batch_strides, below, down, guard, load,
+                        pow2, product)
 from .common import Layout, header, tl_type
 from .pointwise import KernelSource
 
 
-def _mm(acc: str, left: str, right: str, rounded: str, dtype: str, split: bool, widen: str) -> str:
-    """Lines adding left @ right to `acc`; the operand named by `rounded` ("left" or "right") is a float32
-    tile rounded to the operands' type for the product, the other one is as loaded."""
-    if dtype == "float32":
-        return f"        {acc} = tl.dot({left}, {right}, {acc}, input_precision=\"ieee\")"
-    elem = tl_type(as_dtype(dtype))
-    tile = left if rounded == "left" else right
-
-    def dot(part: str) -> str:
-        return f"tl.dot({part}, {right}, {acc})" if rounded == "left" else f"tl.dot({left}, {part}, {acc})"
-    if not split:
-        return f"        {acc} = {dot(f'({tile}).to({elem}){widen}')}"
-    return (f"        hi = ({tile}).to({elem})\n        lo = (({tile}) - hi.to(tl.float32)).to({elem})\n"
-            f"        {acc} = {dot('hi' + widen)}\n        {acc} = {dot('lo' + widen)}")
-
-
 def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shapes: list[tuple[int, ...]], dtype: str,
-             interpret: bool, split: bool = True) -> tuple[KernelSource, KernelSource]:
-    """(the dKᵀ/dV kernel, the dQ kernel) for inputs of the given layouts (Q, Kᵀ, V[, mask], lse, dO)."""
+             interpret: bool, split: bool = True, dkv_tile: Tiles | None = None,
+             dq_tile: Tiles | None = None) -> tuple[KernelSource, KernelSource]:
+    """(the dKᵀ/dV kernel, the dQ kernel) for inputs of the given layouts (Q, Kᵀ, V[, mask], lse, dO).
+    `dkv_tile`, `dq_tile`: their launch shapes (default: attention.tiles)."""
     q, kt, v = layouts[:3]
     do_lay = layouts[-1]
     dkt_shape = out_shapes[1]
     batch = tuple(out_shapes[2][:-2])  # dV's batch is the broadcast batch of the forward
     length, head = q.shape[-2], q.shape[-1]
     keys, value_dim = kt.shape[-1], v.shape[-1]
-    block_m, block_n, warps = blocks(length, keys, max(head, value_dim), interpret)
+    widest = max(head, value_dim)
+    kv_t = dkv_tile or attention.tiles("dkv", length, keys, widest, spec.causal, interpret)
+    q_t = dq_tile or attention.tiles("dq", length, keys, widest, spec.causal, interpret)
+    block_d, block_e = pow2(head), pow2(value_dim)
     nbatch = 1
     for d in batch:
         nbatch *= d
-    offsets = [_batch_offset(batch, _batch_strides(lay, batch)) for lay in layouts[:3]]
-    do_off = _batch_offset(batch, _batch_strides(do_lay, batch))
+    offsets = [batch_offset(batch, batch_strides(lay, batch)) for lay in layouts[:3]]
+    do_off = batch_offset(batch, batch_strides(do_lay, batch))
+    do_strides = do_lay.strides[-2:]
     widen = ".to(tl.float32)" if interpret and dtype == "bfloat16" else ""
     elem = tl_type(as_dtype(dtype))
     factor = (1 / spec.scale if spec.divide else spec.scale)
-    mask_args, mask_base, mask_lines = [], "0", ""
-    if spec.mask:
-        mask_args = ["mask_ptr"]
-        m = layouts[3].broadcast_to(tuple(batch) + (length, keys))
-        mask_base = _batch_offset(batch, _batch_strides(m, batch))
-        mask_lines = f"""
-        bias = tl.load(mask_ptr + mask_base + rows[:, None] * {m.strides[-2]} + cols[None, :] * {m.strides[-1]},
-                       mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-        s = s + bias.to(tl.float32) * {LOG2E!r}"""
-    causal = "\n        s = tl.where(rows[:, None] >= cols[None, :], s, float(\"-inf\"))" if spec.causal else ""
     precision = ', input_precision="ieee"' if dtype == "float32" else ""
+    dim_ok = below("dims", head, block_d)
+    vdim_ok = below("vdims", value_dim, block_e)
+    mask_base = "0"
+    if spec.mask:
+        m = layouts[3].broadcast_to(tuple(batch) + (length, keys))
+        mask_base = batch_offset(batch, batch_strides(m, batch))
     # dKᵀ's buffer: (d, S) row-major, or (S, d) when the graph's product computes dK itself
     kt_rows = dkt_shape[-2:] == (head, keys)
-    dkt_at = f"dims[:, None] * {keys} + cols[None, :]" if kt_rows else f"cols[None, :] * {head} + dims[:, None]"
-    args = ", ".join(["q_ptr", "kt_ptr", "v_ptr"] + mask_args + ["lse_ptr", "do_ptr", "dq_ptr", "dkt_ptr", "dv_ptr",
-                                                                  "delta_ptr"])
+    dk_at = f"cols[:, None] + dims[None, :] * {keys}" if kt_rows else f"cols[:, None] * {head} + dims[None, :]"
+    args = ", ".join(["q_ptr", "kt_ptr", "v_ptr"] + (["mask_ptr"] if spec.mask else []) +
+                     ["lse_ptr", "do_ptr", "dq_ptr", "dkt_ptr", "dv_ptr", "delta_ptr"])
     common = f"""
     pid_b = tl.program_id(1)
     q_base = {offsets[0]}
@@ -83,48 +75,75 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shapes: 
     do_base = {do_off}
     dims = tl.arange(0, BLOCK_D)
     vdims = tl.arange(0, BLOCK_E)"""
-
-    def rows_block(indent: str) -> str:
-        """Loads of a tile of query rows: Q, dO and lse."""
-        text = f"""
-rows_ok_q = tl.load(q_ptr + q_base + rows[:, None] * {q.strides[-2]} + dims[None, :] * {q.strides[-1]},
-                    mask=row_ok[:, None] & (dims[None, :] < {head}), other=0.0){widen}
-do = tl.load(do_ptr + do_base + rows[:, None] * {do_lay.strides[-2]} + vdims[None, :] * {do_lay.strides[-1]},
-             mask=row_ok[:, None] & (vdims[None, :] < {value_dim}), other=0.0){widen}
-lse = tl.load(lse_ptr + pid_b.to(tl.int64) * {length} + rows, mask=row_ok, other=0.0)
-lse = tl.where(lse == float("-inf"), 0.0, lse)"""
-        return "\n".join(indent + line for line in text.strip("\n").split("\n")).replace("rows_ok_q", "q")
-
-    def cols_block(indent: str) -> str:
-        """Loads of a tile of keys: Kᵀ and V."""
-        text = f"""
-kt = tl.load(kt_ptr + kt_base + dims[:, None] * {kt.strides[-2]} + cols[None, :] * {kt.strides[-1]},
-             mask=(dims[:, None] < {head}) & col_ok[None, :], other=0.0){widen}
-vt = tl.load(v_ptr + v_base + cols[:, None] * {v.strides[-2]} + vdims[None, :] * {v.strides[-1]},
-             mask=col_ok[:, None] & (vdims[None, :] < {value_dim}), other=0.0){widen}"""
-        return "\n".join(indent + line for line in text.strip("\n").split("\n"))
-
-    probabilities = f"""
-        s = tl.dot(q, kt{precision}) * {factor * LOG2E!r}{mask_lines}{causal}
-        s = tl.where(row_ok[:, None] & col_ok[None, :], s, float("-inf"))
-        p = tl.exp2(s - lse[:, None])
-        dp = tl.dot(do, tl.trans(vt){precision})
-        ds = p * (dp - delta[:, None])"""
-    # dQ = Σ_j P (dP - Δ) K = Σ_j (P ∘ dP) K - Δ Σ_j P K, with Δ = Σ_j P ∘ dP summed in the same loop: a
-    # query whose softmax is one key (the first row of a causal mask) gets exactly 0, as the formula does
-    # Δ sums P ∘ dP as the product below sees it (two halves, or one), so that dQ of a one-key softmax is 0
     as_multiplied = ""
-    if dtype != "float32":
+    if dtype != "float32":  # Δ sums P ∘ dP as the product below sees it (two halves, or one)
         as_multiplied = (f"\n        hi = pdp.to({elem})\n        pdp = hi.to(tl.float32) + (pdp - hi.to(tl.float32))"
                          f".to({elem}).to(tl.float32)" if split else f"\n        pdp = pdp.to({elem}).to(tl.float32)")
-    q_loop = f"""
-        s = tl.dot(q, kt{precision}) * {factor * LOG2E!r}{mask_lines}{causal}
-        s = tl.where(row_ok[:, None] & col_ok[None, :], s, float("-inf"))
+
+    def dq_loop(start: str, end: str, diagonal: bool) -> str:
+        """Steps over key tiles for a block of queries: dQ's sums, and Δ."""
+        row_ok, col_ok = below("rows", length, q_t.block_m), below("cols", keys, q_t.block_n)
+        bias_checks = (down(row_ok), across(col_ok))
+        bias = ""
+        if spec.mask:
+            bias = f"""
+        bias = {load("mask_ptr + mask_base", "rows", m.strides[-2], "cols", m.strides[-1], *bias_checks)}
+        s = s + bias.to(tl.float32) * {LOG2E!r}"""
+        causal = "\n        s = tl.where(rows[:, None] >= cols[None, :], s, float(\"-inf\"))" if diagonal else ""
+        bounds = f"\n        s = tl.where({across(col_ok)}, s, float(\"-inf\"))" if col_ok else ""
+        kt_checks, vt_checks = (down(dim_ok), across(col_ok)), (down(vdim_ok), across(col_ok))
+        return f"""
+    for start in tl.range({start}, {end}, BLOCK_N, num_stages={q_t.stages}):
+        cols = start + tl.arange(0, BLOCK_N)
+        kt = {load("kt_ptr + kt_base", "dims", kt.strides[-2], "cols", kt.strides[-1], *kt_checks, widen=widen)}
+        vt = {load("v_ptr + v_base", "vdims", v.strides[-1], "cols", v.strides[-2], *vt_checks, widen=widen)}
+        s = tl.dot(q, kt{precision}) * {factor * LOG2E!r}{bias}{causal}{bounds}
         p = tl.exp2(s - lse[:, None])
-        dp = tl.dot(do, tl.trans(vt){precision})
+        dp = tl.dot(do, vt{precision})
         pdp = p * dp{as_multiplied}
-        delta += tl.sum(pdp, 1)"""
-    start_m = "(pid_n * BLOCK_N // BLOCK_M) * BLOCK_M" if spec.causal else "0"
+        delta += tl.sum(pdp, 1)
+{product("dq", "pdp", "tl.trans(kt)", dtype, split, widen)}
+{product("pk", "p", "tl.trans(kt)", dtype, split, widen)}"""
+
+    def dkv_loop(start: str, end: str, diagonal: bool) -> str:
+        """Steps over query tiles for a block of keys, on transposed tiles (keys down, queries across)."""
+        row_ok, col_ok = below("rows", length, kv_t.block_m), below("cols", keys, kv_t.block_n)
+        bias_checks = (down(col_ok), across(row_ok))
+        bias = ""
+        if spec.mask:
+            bias = f"""
+        bias = {load("mask_ptr + mask_base", "cols", m.strides[-1], "rows", m.strides[-2], *bias_checks)}
+        st = st + bias.to(tl.float32) * {LOG2E!r}"""
+        causal = "\n        st = tl.where(rows[None, :] >= cols[:, None], st, float(\"-inf\"))" if diagonal else ""
+        bounds = f"\n        st = tl.where({across(row_ok)}, st, float(\"-inf\"))" if row_ok else ""
+        qt_checks, do_checks = (down(dim_ok), across(row_ok)), (down(row_ok), across(vdim_ok))
+        return f"""
+    for start in tl.range({start}, {end}, BLOCK_M, num_stages={kv_t.stages}):
+        rows = start + tl.arange(0, BLOCK_M)
+        qt = {load("q_ptr + q_base", "dims", q.strides[-1], "rows", q.strides[-2], *qt_checks, widen=widen)}
+        do = {load("do_ptr + do_base", "rows", do_strides[0], "vdims", do_strides[1], *do_checks, widen=widen)}
+        lse = tl.load(lse_ptr + pid_b.to(tl.int64) * {length} + rows{guard(row_ok)})
+        lse = tl.where(lse == float("-inf"), 0.0, lse)
+        delta = tl.load(delta_ptr + pid_b.to(tl.int64) * {length} + rows{guard(row_ok)})
+        st = tl.dot(k, qt{precision}) * {factor * LOG2E!r}{bias}{causal}{bounds}
+        pt = tl.exp2(st - lse[None, :])
+        dpt = tl.dot(v, tl.trans(do){precision})
+        dst = pt * (dpt - delta[None, :])
+{product("dv", "pt", "do", dtype, split, widen)}
+{product("dk", "dst", "tl.trans(qt)", dtype, split, widen)}"""
+
+    col_ok_kv = below("cols", keys, kv_t.block_n)
+    k_checks, v_checks = (down(col_ok_kv), across(dim_ok)), (down(col_ok_kv), across(vdim_ok))
+    dv_value = f"dv.to({elem}){guard(down(col_ok_kv), across(vdim_ok), store=True)}"
+    dk_guard = guard(down(col_ok_kv), across(dim_ok), store=True)
+    if spec.causal:
+        # query tiles that reach below the block's last key need no mask; those crossing the diagonal do
+        loops = f"""
+    first = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
+    unmasked = tl.minimum(((pid_n + 1) * BLOCK_N + BLOCK_M - 1) // BLOCK_M * BLOCK_M, {length})""" + \
+            dkv_loop("first", "unmasked", True) + dkv_loop("unmasked", str(length), False)
+    else:
+        loops = dkv_loop("0", str(length), False)
     kv_src = header(f"attention backward (dK, dV) kernel {name}", interpret) + f'''
 
 @triton.jit
@@ -132,50 +151,48 @@ def {name}_dkv({args}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl
                BLOCK_E: tl.constexpr):
     pid_n = tl.program_id(0){common}
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < {keys}
-{cols_block("    ")}
+    k = {load("kt_ptr + kt_base", "cols", kt.strides[-1], "dims", kt.strides[-2], *k_checks, widen=widen)}
+    v = {load("v_ptr + v_base", "cols", v.strides[-2], "vdims", v.strides[-1], *v_checks, widen=widen)}
     dv = tl.zeros([BLOCK_N, BLOCK_E], tl.float32)
-    dkt = tl.zeros([BLOCK_D, BLOCK_N], tl.float32)
-    for start in range({start_m}, {length}, BLOCK_M):
-        rows = start + tl.arange(0, BLOCK_M)
-        row_ok = rows < {length}
-{rows_block("        ")}
-        delta = tl.load(delta_ptr + pid_b.to(tl.int64) * {length} + rows, mask=row_ok, other=0.0){probabilities}
-{_mm("dv", "tl.trans(p)", "do", "left", dtype, split, widen)}
-{_mm("dkt", "tl.trans(q)", "ds", "right", dtype, split, widen)}
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32){loops}
     out_base = pid_b.to(tl.int64)
-    tl.store(dv_ptr + out_base * {keys * value_dim} + cols[:, None] * {value_dim} + vdims[None, :],
-             dv.to({elem}), mask=col_ok[:, None] & (vdims[None, :] < {value_dim}))
-    tl.store(dkt_ptr + out_base * {keys * head} + {dkt_at}, (dkt * {factor!r}).to({elem}),
-             mask=(dims[:, None] < {head}) & col_ok[None, :])
+    tl.store(dv_ptr + out_base * {keys * value_dim} + cols[:, None] * {value_dim} + vdims[None, :], {dv_value})
+    tl.store(dkt_ptr + out_base * {keys * head} + {dk_at}, (dk * {factor!r}).to({elem}){dk_guard})
 '''
-    end = f"tl.minimum({keys}, (pid_m + 1) * BLOCK_M)" if spec.causal else str(keys)
+    row_ok_q = below("rows", length, q_t.block_m)
+    q_checks, q_do_checks = (down(row_ok_q), across(dim_ok)), (down(row_ok_q), across(vdim_ok))
+    if spec.causal:
+        loops = f"""
+    diagonal = tl.minimum((pid_m * BLOCK_M // BLOCK_N) * BLOCK_N, {keys})""" + dq_loop("0", "diagonal", False) + \
+            dq_loop("diagonal", f"tl.minimum({keys}, (pid_m + 1) * BLOCK_M)", True)
+        pid_m = "tl.num_programs(0) - 1 - tl.program_id(0)"  # the longest rows first
+    else:
+        loops, pid_m = dq_loop("0", str(keys), False), "tl.program_id(0)"
+    # dQ = Σ_j P (dP - Δ) K = Σ_j (P ∘ dP) K - Δ Σ_j P K, with Δ = Σ_j P ∘ dP summed in the same loop: a
+    # query whose softmax is one key (the first row of a causal mask) gets exactly 0, as the formula does
     q_src = header(f"attention backward (dQ) kernel {name}", interpret) + f'''
 
 @triton.jit
 def {name}_dq({args}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_E: tl.constexpr):
-    pid_m = tl.program_id(0){common}
+    pid_m = {pid_m}{common}
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < {length}
-{rows_block("    ")}
+    q = {load("q_ptr + q_base", "rows", q.strides[-2], "dims", q.strides[-1], *q_checks, widen=widen)}
+    do = {load("do_ptr + do_base", "rows", do_lay.strides[-2], "vdims", do_lay.strides[-1], *q_do_checks, widen=widen)}
+    lse = tl.load(lse_ptr + pid_b.to(tl.int64) * {length} + rows{guard(row_ok_q)})
+    lse = tl.where(lse == float("-inf"), 0.0, lse)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     pk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    delta = tl.zeros([BLOCK_M], tl.float32)
-    for start in range(0, {end}, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        col_ok = cols < {keys}
-{cols_block("        ")}{q_loop}
-{_mm("dq", "pdp", "tl.trans(kt)", "left", dtype, split, widen)}
-{_mm("pk", "p", "tl.trans(kt)", "left", dtype, split, widen)}
+    delta = tl.zeros([BLOCK_M], tl.float32){loops}
     dq = dq - delta[:, None] * pk
-    tl.store(delta_ptr + pid_b.to(tl.int64) * {length} + rows, delta, mask=row_ok)
+    tl.store(delta_ptr + pid_b.to(tl.int64) * {length} + rows, delta{guard(row_ok_q, store=True)})
     tl.store(dq_ptr + pid_b.to(tl.int64) * {length * head} + rows[:, None] * {head} + dims[None, :],
-             (dq * {factor!r}).to({elem}), mask=row_ok[:, None] & (dims[None, :] < {head}))
+             (dq * {factor!r}).to({elem}){guard(down(row_ok_q), across(dim_ok), store=True)})
 '''
-    constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": _pow2(head), "BLOCK_E": _pow2(value_dim)}
-    kv = KernelSource(f"{name}_dkv", kv_src, ((keys + block_n - 1) // block_n, nbatch), warps, constexprs,
+    kv = KernelSource(f"{name}_dkv", kv_src, ((keys + kv_t.block_n - 1) // kv_t.block_n, nbatch), kv_t.warps,
+                      {"BLOCK_M": kv_t.block_m, "BLOCK_N": kv_t.block_n, "BLOCK_D": block_d, "BLOCK_E": block_e},
                       "attention")
-    dq = KernelSource(f"{name}_dq", q_src, ((length + block_m - 1) // block_m, nbatch), warps, constexprs,
+    dq = KernelSource(f"{name}_dq", q_src, ((length + q_t.block_m - 1) // q_t.block_m, nbatch), q_t.warps,
+                      {"BLOCK_M": q_t.block_m, "BLOCK_N": q_t.block_n, "BLOCK_D": block_d, "BLOCK_E": block_e},
                       "attention")
     return kv, dq
