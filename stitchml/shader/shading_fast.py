@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .language import mlp_apply, mlp_load
+from .language import _PTX, mlp_apply, mlp_load
 from .spec import MLPSpec
 
 
@@ -58,11 +58,25 @@ def _output_columns(w_ptr, PIN: tl.constexpr):
 
 
 @triton.jit
+def _biased_lanes(u, w, lo, hi):
+    """lo + w * (bytes 0 and 2 of u, each + 128), hi + w * (bytes 1 and 3 + 128), in 16-bit lanes. One
+    xor biases all four bytes (b + 128 = b ^ 0x80 as a byte); on the GPU one byte permute moves bytes 1
+    and 3 down (a shift and a mask otherwise)."""
+    v = u ^ -0x7F7F7F80  # 0x80808080 as an int32
+    if _PTX:
+        odd = tl.inline_asm_elementwise("prmt.b32 $0, $1, 0, 0x4341;", "=r,r", [v], dtype=tl.int32, is_pure=True,
+                                        pack=1)
+    else:
+        odd = (v >> 8) & 0x00FF00FF
+    return lo + (v & 0x00FF00FF) * w, hi + odd * w
+
+
+@triton.jit
 def _word(words, J: tl.constexpr, FW: tl.constexpr, CW: tl.constexpr, f00, f01, f10, f11, c00, c01, c10, c11,
           g00, g01, g10, g11, h00, h01, h10, h11):
-    """The weighted tap sums of latent word J (fine words first, then coarse) as two int32s of two
-    16-bit lanes each: bytes 0 and 2, and bytes 1 and 3, each biased by 128 and summed in 64ths.
-    f.., c..: word offsets of the fine and coarse taps; g.., h..: their weights in 64ths."""
+    """The weighted tap sums of latent word J (fine words first, then coarse) for its bytes 0, 2, 1, 3,
+    each biased by 128 and summed in 64ths (integers summed two to an int32, SWAR), as float32 values
+    2**23 + sum. f.., c..: word offsets of the fine and coarse taps; g.., h..: their weights in 64ths."""
     lo = tl.zeros(f00.shape, tl.int32)
     hi = tl.zeros(f00.shape, tl.int32)
     if J < FW:
@@ -79,8 +93,7 @@ def _word(words, J: tl.constexpr, FW: tl.constexpr, CW: tl.constexpr, f00, f01, 
             else:
                 u = tl.load(words + f11 + J)
                 w = g11
-            lo += ((u & 0x00FF00FF) ^ 0x00800080) * w
-            hi += (((u >> 8) & 0x00FF00FF) ^ 0x00800080) * w
+            lo, hi = _biased_lanes(u, w, lo, hi)
     elif J < FW + CW:
         for tap in tl.static_range(4):
             if tap == 0:
@@ -95,10 +108,29 @@ def _word(words, J: tl.constexpr, FW: tl.constexpr, CW: tl.constexpr, f00, f01, 
             else:
                 u = tl.load(words + c11 + (J - FW))
                 w = h11
-            lo += ((u & 0x00FF00FF) ^ 0x00800080) * w
-            hi += (((u >> 8) & 0x00FF00FF) ^ 0x00800080) * w
+            lo, hi = _biased_lanes(u, w, lo, hi)
     # Words past the channels stay 0: finite inputs that meet the zero rows the packing pads with.
-    return tl.join(tl.join(lo & 0xFFFF, lo >> 16), tl.join(hi & 0xFFFF, hi >> 16))
+    if _PTX:
+        # Each 16-bit lane under the exponent of 2**23 in one byte permute: the float 2**23 + lane.
+        lanes = tl.join(tl.join(_float_lane(lo, False), _float_lane(lo, True)),
+                        tl.join(_float_lane(hi, False), _float_lane(hi, True)))
+    else:
+        lanes = tl.join(tl.join(lo & 0xFFFF, lo >> 16), tl.join(hi & 0xFFFF, hi >> 16)) | 0x4B000000
+    return lanes.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _float_lane(word, HIGH: tl.constexpr):
+    """The bits of the float 2**23 + the low (or high) 16-bit lane of `word`: one prmt.b32 picking the
+    lane's two bytes and then bytes of 0x4B000000 (selector nibble i names result byte i; 0-3 are
+    word's bytes, 4-7 the constant's)."""
+    if HIGH:
+        out = tl.inline_asm_elementwise("prmt.b32 $0, $1, 0x4B000000, 0x7632;", "=r,r", [word], dtype=tl.int32,
+                                        is_pure=True, pack=1)
+    else:
+        out = tl.inline_asm_elementwise("prmt.b32 $0, $1, 0x4B000000, 0x7610;", "=r,r", [word], dtype=tl.int32,
+                                        is_pure=True, pack=1)
+    return out
 
 
 @triton.jit
@@ -120,15 +152,33 @@ def _shading_outputs(y):
 
 
 @triton.jit
-def shade_words_kernel(lat_ptr, w_ptr, out_ptr, size, coarse_word, BLOCK: tl.constexpr, FW: tl.constexpr,
+def _packed_halves(out):
+    """(BLOCK, 8) float32 as (BLOCK, 4) int32 holding channels 2k (low half) and 2k + 1 (high half) as
+    halves, so a store writes two channels per 32-bit word (in the accumulator layout a thread holds both)."""
+    even, odd = tl.split(tl.reshape(out, (out.shape[0], 4, 2)))
+    if _PTX:
+        words = tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [even, odd], dtype=tl.int32,
+                                          is_pure=True, pack=1)
+    else:
+        words = (even.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | \
+            (odd.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) << 16)
+    return words
+
+
+@triton.jit
+def shade_words_kernel(lat_ptr, w_ptr, out_ptr, height, width, coarse_word, BLOCK: tl.constexpr, FW: tl.constexpr,
                        CW: tl.constexpr, LEVELS: tl.constexpr, MLP_LAYERS: tl.constexpr, MLP_P0: tl.constexpr,
                        MLP_P1: tl.constexpr, MLP_P2: tl.constexpr, MLP_P3: tl.constexpr, MLP_P4: tl.constexpr,
                        MLP_A0: tl.constexpr, MLP_A1: tl.constexpr, MLP_A2: tl.constexpr, MLP_A3: tl.constexpr,
                        MLP_SCOPE: tl.constexpr, MLP_REDUCED: tl.constexpr, ROW_BLOCKS: tl.constexpr,
-                       STAGES: tl.constexpr):
-    """`shading._shade_kernel` for inputs that `fits`: FW fine and CW coarse words per texel."""
+                       STAGES: tl.constexpr, PACKED: tl.constexpr):
+    """`shading._shade_kernel` for inputs that `fits`: FW fine and CW coarse words per texel.
+    ROW_BLOCKS: the blocks per image row when BLOCK divides the width (a constant, so a block's row and
+    column come without a division at run time), else 0. PACKED: fp16 outputs stored two to a word."""
     w0, b0, w1, b1, w2, b2, w3, b3 = mlp_load(w_ptr, MLP_LAYERS, MLP_P0, MLP_P1, MLP_P2, MLP_P3, MLP_P4)
-    w0 = _input_rows(w_ptr, MLP_P1)
+    # The inputs arrive as LEVELS * value; 1 / LEVELS goes into the first layer's weights (rounded to
+    # half once), which saves a multiply per input.
+    w0 = (_input_rows(w_ptr, MLP_P1).to(tl.float32) * (1.0 / LEVELS)).to(w0.dtype)
     O1: tl.constexpr = MLP_P0 * MLP_P1 + MLP_P1
     O2: tl.constexpr = O1 + MLP_P1 * MLP_P2 + MLP_P2
     O3: tl.constexpr = O2 + MLP_P2 * MLP_P3 + MLP_P3
@@ -139,33 +189,32 @@ def shade_words_kernel(lat_ptr, w_ptr, out_ptr, size, coarse_word, BLOCK: tl.con
     else:
         w3, b3 = _output_columns(w_ptr + O3, MLP_P3)
     words = lat_ptr.to(tl.pointer_type(tl.int32))
-    half = size // 2
-    quarter = size // 4
-    for block in tl.range(tl.program_id(0), tl.cdiv(size * size, BLOCK), tl.num_programs(0), num_stages=STAGES):
+    fine_h, fine_w = height // 2, width // 2
+    coarse_h, coarse_w = height // 4, width // 4
+    for block in tl.range(tl.program_id(0), tl.cdiv(height * width, BLOCK), tl.num_programs(0), num_stages=STAGES):
         r = tl.arange(0, BLOCK)
-        if ROW_BLOCKS:  # size % BLOCK == 0: the block lies in one image row, whose index is one scalar
-            py = (block * BLOCK) // size
-            px = (block * BLOCK) % size + r
-            texel = px < size
+        if ROW_BLOCKS > 0:  # the block lies in one image row, whose index is one scalar
+            py = block // ROW_BLOCKS
+            px = (block % ROW_BLOCKS) * BLOCK + r
         else:
             t = block * BLOCK + r  # int32: 64-bit division is slow on the GPU
-            texel = t < size * size
-            py = tl.minimum(t // size, size - 1)  # rows past the end read the last row; their stores are masked
-            px = t % size
+            texel = t < height * width
+            py = tl.minimum(t // width, height - 1)  # rows past the end read the last row; their stores are masked
+            px = t % width
         # Half-pixel centres: at scale 1/2 the lower tap is (p - 1) >> 1 and the upper one weighs
         # ((p - 1) & 1) / 2 + 1/4; at 1/4, (p - 2) >> 2 and ((p - 2) & 3) / 4 + 1/8. Edges repeat.
         fy = py - 1
         fx = px - 1
         cy = py - 2
         cx = px - 2
-        fr0 = tl.maximum(fy >> 1, 0) * half
-        fr1 = tl.minimum((fy >> 1) + 1, half - 1) * half
+        fr0 = tl.maximum(fy >> 1, 0) * fine_w
+        fr1 = tl.minimum((fy >> 1) + 1, fine_h - 1) * fine_w
         fc0 = tl.maximum(fx >> 1, 0)
-        fc1 = tl.minimum((fx >> 1) + 1, half - 1)
-        cr0 = tl.maximum(cy >> 2, 0) * quarter
-        cr1 = tl.minimum((cy >> 2) + 1, quarter - 1) * quarter
+        fc1 = tl.minimum((fx >> 1) + 1, fine_w - 1)
+        cr0 = tl.maximum(cy >> 2, 0) * coarse_w
+        cr1 = tl.minimum((cy >> 2) + 1, coarse_h - 1) * coarse_w
         cc0 = tl.maximum(cx >> 2, 0)
-        cc1 = tl.minimum((cx >> 2) + 1, quarter - 1)
+        cc1 = tl.minimum((cx >> 2) + 1, coarse_w - 1)
         fwy = (fy & 1) * 2 + 1  # the upper tap's weight, in quarters
         fwx = (fx & 1) * 2 + 1
         cwy = (cy & 3) * 2 + 1  # in eighths
@@ -190,16 +239,21 @@ def shade_words_kernel(lat_ptr, w_ptr, out_ptr, size, coarse_word, BLOCK: tl.con
         q1 = _word(words, 1, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11)
         q2 = _word(words, 2, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11)
         q3 = _word(words, 3, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11)
-        lanes = tl.reshape(tl.join(tl.join(q0, q1), tl.join(q2, q3)), (BLOCK, 16))
-        # 2**23 + lane, read as a float's bits, is exact; remove 2**23 and the bias 128 * 64, scale to values.
-        x = ((lanes | 0x4B000000).to(tl.float32, bitcast=True) - 8396800.0) * (1.0 / (64 * LEVELS))
+        # 2**23 + lane, read as a float, is exact; / 64 - (2**23 + 128 * 64) / 64 is exact too (one fma):
+        # the tap sum in latent steps.
+        x = tl.reshape(tl.join(tl.join(q0, q1), tl.join(q2, q3)), (BLOCK, 16)) * (1.0 / 64) - 131200.0
         y = mlp_apply(x, w0, b0, w1, b1, w2, b2, w3, b3, MLP_LAYERS, MLP_A0, MLP_A1, MLP_A2, MLP_A3, MLP_SCOPE,
                       MLP_REDUCED)
-        out = _shading_outputs(y).to(out_ptr.dtype.element_ty)
         # 64-bit arithmetic only on the block's start; per-element offsets stay int32 so stores vectorize.
-        ob = out_ptr + tl.cast(block, tl.int64) * (BLOCK * 8)
-        o = r[:, None] * 8 + tl.arange(0, 8)[None, :]
-        if ROW_BLOCKS:
+        if PACKED:
+            ob = out_ptr.to(tl.pointer_type(tl.int32)) + tl.cast(block, tl.int64) * (BLOCK * 4)
+            o = r[:, None] * 4 + tl.arange(0, 4)[None, :]
+            out = _packed_halves(_shading_outputs(y))
+        else:
+            ob = out_ptr + tl.cast(block, tl.int64) * (BLOCK * 8)
+            o = r[:, None] * 8 + tl.arange(0, 8)[None, :]
+            out = _shading_outputs(y).to(out_ptr.dtype.element_ty)
+        if ROW_BLOCKS > 0:
             tl.store(ob + o, out)
         else:
             tl.store(ob + o, out, mask=texel[:, None])
