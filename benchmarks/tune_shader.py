@@ -67,16 +67,20 @@ def part_decode(device: str, quick: bool, log: dict) -> None:
     from stitchml.shader import MLPSpec, shading
 
     measure = timer(device)
-    h, w = (16, 32) if quick else (2160, 3840)
+    h, w = (8, 256) if quick else (2160, 3840)
     sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 1
     rows = []
     layouts = [(4, 12, 32, "bench"), (4, 12, 16, "hidden 16"), (4, 8, 32, "4+8"), (4, 4, 32, "4+4"),
-               (4, 6, 32, "demo 4+6 (byte gather)")]
-    settings = [(256, 4, None, 1, None), (256, 4, None, 1, False), (128, 4, None, 1, None), (512, 4, None, 1, None),
-                (512, 8, None, 1, None), (256, 8, None, 1, None), (256, 4, 8, 1, None), (256, 4, 8, 2, None),
-                (256, 4, 16, 1, None), (256, 4, 4, 2, None), (128, 4, 16, 2, None), (512, 8, 4, 2, None)]
+               (4, 6, 32, "demo 4+6 (byte gather)"),
+               (4, 12, 64, "hidden 64")]
+    # (rows per block, warps, programs per SM or None, stages, packed stores (None: default), texels per group)
+    settings = [(256, 4, None, 1, None, 1), (256, 4, None, 1, False, 1), (256, 8, None, 1, None, 1),
+                (256, 4, None, 1, None, 2), (256, 4, 8, 1, None, 2), (256, 4, 4, 2, None, 2), (256, 4, 8, 2, None, 2),
+                (256, 2, None, 1, None, 4), (256, 2, 8, 1, None, 4), (256, 2, 16, 1, None, 4),
+                (256, 2, 8, 2, None, 4), (256, 2, None, 1, False, 4), (128, 2, None, 1, None, 2),
+                (128, 2, 16, 2, None, 2), (128, 1, None, 1, None, 4), (256, 4, None, 1, None, 4)]
     if quick:
-        layouts, settings = layouts[:1] + layouts[-1:], settings[:2]
+        layouts, settings = layouts[:1] + layouts[4:5], settings[:1] + settings[7:8]
     for fine, coarse, hidden, name in layouts:
         levels = 7
         spec = MLPSpec((fine + coarse, hidden, 6), ("relu", "none"), "float16", "program")
@@ -87,13 +91,15 @@ def part_decode(device: str, quick: bool, log: dict) -> None:
         packed = spec.pack(weights, device)
         ref, feats = _reference_decode(latents, h, w, fine, coarse, levels, spec, weights, device)
         out = torch.empty(h * w, 8, dtype=torch.float16, device=device)
-        for block, warps, per_sm, stages, pack in settings if name == "bench" else settings[:1]:
-            label = f"{block}x{warps}w" + (f"/p{per_sm}s{stages}" if per_sm else "") + \
+        for block, warps, per_sm, stages, pack, group in settings if name == "bench" else \
+                [settings[0], (256, 4, None, 1, None, 2), (256, 2, None, 1, None, 4)][:1 if "gather" in name else 3]:
+            label = f"{block}x{warps}w" + (f"/p{per_sm}s{stages}" if per_sm else "") + f" g{group}" + \
                 ("" if pack is None else " unpacked")
 
-            def call(b=block, nw=warps, p=per_sm, s=stages, pk=pack):
+            def call(b=block, nw=warps, p=per_sm, s=stages, pk=pack, g=group):
                 shading.shade(latents, packed, (h, w), fine, coarse, levels, spec, block=b if "gather" not in name
-                              else 128, num_warps=nw, programs=p and p * sms, stages=s, out=out, packed_store=pk)
+                              else 128, num_warps=nw, programs=p and p * sms, stages=s, out=out, packed_store=pk,
+                              group=g)
             try:
                 out.fill_(float("nan"))
                 call()

@@ -86,6 +86,30 @@ def test_shade_rectangular_materials(height, width, fine, coarse, block, dtype):
         shading.shade(latents[:-1].to(DEVICE), spec.pack(weights, DEVICE), (12, 20), fine, coarse, 15, spec)
 
 
+@pytest.mark.parametrize("height,width,fine,coarse,block,group,warps", [
+    (8, 32, 4, 12, 16, 4, 1),  # one word fine, three coarse; left and right edges inside groups
+    (12, 32, 8, 4, 32, 2, 1),  # two fine words; pairs at both coarse phases
+    (4, 16, 4, 8, 16, 4, 1),  # a word past the channels
+])
+def test_grouped_sampling_is_the_per_texel_decode(height, width, fine, coarse, block, group, warps):
+    """Texels sampled a group at a time give the same integer tap sums, hence the same bits, as each
+    texel on its own; and both match the float64 decode."""
+    spec, weights = _decoder(fine + coarse, seed=height + width)
+    n = (height // 2) * (width // 2) * fine + (height // 4) * (width // 4) * coarse
+    latents = torch.randint(-15, 16, (n,), dtype=torch.int8, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    outs = []
+    for g in (1, group):
+        out = torch.full((height * width, 8), float("nan"), dtype=torch.float16, device=DEVICE)
+        shading.shade(latents, spec.pack(weights, DEVICE), (height, width), fine, coarse, 15, spec, block=block,
+                      num_warps=warps, group=g, out=out)
+        outs.append(out.cpu())
+    assert torch.equal(outs[0], outs[1])
+    ref = _reference(_features(latents.cpu(), (height, width), fine, coarse, 15), spec, weights)
+    np.testing.assert_allclose(outs[1].double().numpy(), ref.numpy(), atol=4e-3)
+    with pytest.raises(ShapeError, match="group must be 1, 2 or 4"):
+        shading.shade(latents, spec.pack(weights, DEVICE), (height, width), fine, coarse, 15, spec, group=3)
+
+
 def test_shade_plain_matches_the_float64_decode():
     spec, weights = _decoder(16, seed=5)
     # in [-1, 1] like sampled latents / levels

@@ -17,6 +17,7 @@ from .language import mlp_apply, mlp_load
 from .spec import MLPSpec
 
 CHANNELS = 8  # written per texel: base color RGB, normal xyz, roughness, zero
+GROUP_DEFAULT = 1  # texels sampled together by the word kernel (`shade`'s group)
 
 
 @triton.jit
@@ -94,7 +95,8 @@ def _shade_kernel(lat_ptr, w_ptr, out_ptr, height, width, coarse_offset, BLOCK: 
 
 def shade(latents: torch.Tensor, packed: torch.Tensor, size: int | tuple[int, int], fine: int, coarse: int,
           levels: int, spec: MLPSpec, *, block: int | None = None, num_warps: int = 4, programs: int | None = None,
-          stages: int = 1, out: torch.Tensor | None = None, packed_store: bool | None = None) -> torch.Tensor:
+          stages: int = 1, out: torch.Tensor | None = None, packed_store: bool | None = None,
+          group: int | None = None) -> torch.Tensor:
     """Decode every texel of a material `size` texels square, or (height, width):
     (height * width, 8) [r, g, b, nx, ny, nz, roughness, 0], row by row.
 
@@ -106,7 +108,9 @@ def shade(latents: torch.Tensor, packed: torch.Tensor, size: int | tuple[int, in
     (the fast kernel only). When both channel counts are multiples of 4 and the decoder's padded widths
     allow (`shading_fast.fits`), the latents are read as 32-bit words and filtered as integers
     (`shading_fast.shade_words_kernel`); the results are the same. There, half-precision outputs are
-    stored two channels to a 32-bit word (`packed_store`, default: when `out` is float16).
+    stored two channels to a 32-bit word (`packed_store`, default: when `out` is float16), and when
+    `block` divides the width, `group` (2 or 4; 1 turns it off) consecutive texels are sampled together,
+    sharing the latent columns they fall between.
     """
     height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
     n_fine, n_coarse = (height // 2) * (width // 2) * fine, (height // 4) * (width // 4) * coarse
@@ -129,10 +133,14 @@ def shade(latents: torch.Tensor, packed: torch.Tensor, size: int | tuple[int, in
         halves = out.dtype == torch.float16
         if packed_store and not halves:
             raise ShapeError(f"shade: packed stores write float16 outputs, got {out.dtype}")
+        if group not in (None, 1, 2, 4):
+            raise ShapeError(f"shade: group must be 1, 2 or 4 texels, got {group}")
+        row_blocks = width // block if width % block == 0 else 0
         shading_fast.shade_words_kernel[grid](
             latents, packed, out, height, width, n_fine // 4, BLOCK=block, FW=fine // 4, CW=coarse // 4,
-            LEVELS=levels, ROW_BLOCKS=width // block if width % block == 0 else 0, STAGES=stages,
-            PACKED=halves if packed_store is None else packed_store, num_warps=num_warps,
+            LEVELS=levels, ROW_BLOCKS=row_blocks, STAGES=stages,
+            PACKED=halves if packed_store is None else packed_store,
+            GROUP=(GROUP_DEFAULT if group is None else group) if row_blocks else 1, num_warps=num_warps,
             **spec.constexprs("MLP_"))
     else:
         _shade_kernel[grid](

@@ -110,8 +110,15 @@ def _word(words, J: tl.constexpr, FW: tl.constexpr, CW: tl.constexpr, f00, f01, 
                 w = h11
             lo, hi = _biased_lanes(u, w, lo, hi)
     # Words past the channels stay 0: finite inputs that meet the zero rows the packing pads with.
+    return _lanes(lo, hi)
+
+
+@triton.jit
+def _lanes(lo, hi):
+    """The four 16-bit lanes of `lo` and `hi` as floats 2**23 + lane, shape (..., 2, 2): [lane, lo or hi],
+    i.e. byte 2 * lane + (hi) of the latent word."""
     if _PTX:
-        # Each 16-bit lane under the exponent of 2**23 in one byte permute: the float 2**23 + lane.
+        # Each lane under the exponent of 2**23 in one byte permute.
         lanes = tl.join(tl.join(_float_lane(lo, False), _float_lane(lo, True)),
                         tl.join(_float_lane(hi, False), _float_lane(hi, True)))
     else:
@@ -131,6 +138,157 @@ def _float_lane(word, HIGH: tl.constexpr):
         out = tl.inline_asm_elementwise("prmt.b32 $0, $1, 0x4B000000, 0x7610;", "=r,r", [word], dtype=tl.int32,
                                         is_pure=True, pack=1)
     return out
+
+
+@triton.jit
+def _ylerp(words, top, bottom, a, b):
+    """One latent word at two rows (word offsets `top`, `bottom`), its bytes biased and blended a : b
+    along y, as 16-bit lanes: (bytes 0 and 2, bytes 1 and 3)."""
+    lo_t, hi_t = _biased_lanes(tl.load(words + top), a, 0, 0)
+    return _biased_lanes(tl.load(words + bottom), b, lo_t, hi_t)
+
+
+@triton.jit
+def _joined(q0, q1, q2, q3):
+    """One texel's 16 inputs (..., 16) from its four words' `_lanes`, in `_input_rows`' order."""
+    return tl.reshape(tl.join(tl.join(q0, q1), tl.join(q2, q3)), (q0.shape[0], 16))
+
+
+@triton.jit
+def _group_word(words, J: tl.constexpr, FW: tl.constexpr, CW: tl.constexpr, GROUP: tl.constexpr, ft, fb, ca, cb,
+                F0, F1, F2, F3, C0, C1, C2, fa, wa, wb, k1a, k1b):
+    """Latent word J of the GROUP texels of each group, as `_lanes` per texel (q0, q1, q2, q3; the last
+    two only for GROUP 4). Columns are y-blended once per group and shared: F0.. fine and C0.. coarse
+    column offsets; ft, fb / ca, cb: the rows' word offsets; fa / wa: the lower row's y weight. Along x
+    the fine weights are constants (in 16ths of the quarters: 64ths in all); the coarse ones too for
+    GROUP 4, per group (k1a, k1b for the second texel, wa.. reused) for GROUP 2."""
+    if J < FW:
+        l0, h0 = _ylerp(words, ft + F0 * FW + J, fb + F0 * FW + J, 4 - fa, fa)
+        l1, h1 = _ylerp(words, ft + F1 * FW + J, fb + F1 * FW + J, 4 - fa, fa)
+        l2, h2 = _ylerp(words, ft + F2 * FW + J, fb + F2 * FW + J, 4 - fa, fa)
+        # texel k: columns (k + 1) >> 1 and the next; the upper weighs 3/4 for even k, 1/4 for odd
+        q0 = _lanes(l0 * 4 + l1 * 12, h0 * 4 + h1 * 12)
+        q1 = _lanes(l1 * 12 + l2 * 4, h1 * 12 + h2 * 4)
+        q2 = q0
+        q3 = q0
+        if GROUP == 4:
+            l3, h3 = _ylerp(words, ft + F3 * FW + J, fb + F3 * FW + J, 4 - fa, fa)
+            q2 = _lanes(l1 * 4 + l2 * 12, h1 * 4 + h2 * 12)
+            q3 = _lanes(l2 * 12 + l3 * 4, h2 * 12 + h3 * 4)
+    elif J < FW + CW:
+        l0, h0 = _ylerp(words, ca + C0 * CW + (J - FW), cb + C0 * CW + (J - FW), 8 - wa, wa)
+        l1, h1 = _ylerp(words, ca + C1 * CW + (J - FW), cb + C1 * CW + (J - FW), 8 - wa, wa)
+        if GROUP == 4:
+            # texel k: columns k >> 1 and the next; upper weights 5, 7, 1, 3 eighths
+            l2, h2 = _ylerp(words, ca + C2 * CW + (J - FW), cb + C2 * CW + (J - FW), 8 - wa, wa)
+            q0 = _lanes(l0 * 3 + l1 * 5, h0 * 3 + h1 * 5)
+            q1 = _lanes(l0 + l1 * 7, h0 + h1 * 7)
+            q2 = _lanes(l1 * 7 + l2, h1 * 7 + h2)
+            q3 = _lanes(l1 * 5 + l2 * 3, h1 * 5 + h2 * 3)
+        else:
+            # both texels of a pair share their two columns; the weights depend on the pair's phase
+            q0 = _lanes(l0 * (8 - wb) + l1 * wb, h0 * (8 - wb) + h1 * wb)
+            q1 = _lanes(l0 * k1a + l1 * k1b, h0 * k1a + h1 * k1b)
+            q2 = q0
+            q3 = q0
+    else:
+        q0 = _lanes(tl.zeros(F0.shape, tl.int32), tl.zeros(F0.shape, tl.int32))
+        q1, q2, q3 = q0, q0, q0
+    return q0, q1, q2, q3
+
+
+@triton.jit
+def _texel_inputs(words, py, px, fine_h, fine_w, coarse_h, coarse_w, coarse_word, FW: tl.constexpr,
+                  CW: tl.constexpr):
+    """`_lanes` of the texels (py, px) as (BLOCK, 16), each texel's four taps on its own."""
+    # Half-pixel centres: at scale 1/2 the lower tap is (p - 1) >> 1 and the upper one weighs
+    # ((p - 1) & 1) / 2 + 1/4; at 1/4, (p - 2) >> 2 and ((p - 2) & 3) / 4 + 1/8. Edges repeat.
+    fy = py - 1
+    fx = px - 1
+    cy = py - 2
+    cx = px - 2
+    fr0 = tl.maximum(fy >> 1, 0) * fine_w
+    fr1 = tl.minimum((fy >> 1) + 1, fine_h - 1) * fine_w
+    fc0 = tl.maximum(fx >> 1, 0)
+    fc1 = tl.minimum((fx >> 1) + 1, fine_w - 1)
+    cr0 = tl.maximum(cy >> 2, 0) * coarse_w
+    cr1 = tl.minimum((cy >> 2) + 1, coarse_h - 1) * coarse_w
+    cc0 = tl.maximum(cx >> 2, 0)
+    cc1 = tl.minimum((cx >> 2) + 1, coarse_w - 1)
+    fwy = (fy & 1) * 2 + 1  # the upper tap's weight, in quarters
+    fwx = (fx & 1) * 2 + 1
+    cwy = (cy & 3) * 2 + 1  # in eighths
+    cwx = (cx & 3) * 2 + 1
+    f00 = (fr0 + fc0) * FW
+    f01 = (fr0 + fc1) * FW
+    f10 = (fr1 + fc0) * FW
+    f11 = (fr1 + fc1) * FW
+    c00 = coarse_word + (cr0 + cc0) * CW
+    c01 = coarse_word + (cr0 + cc1) * CW
+    c10 = coarse_word + (cr1 + cc0) * CW
+    c11 = coarse_word + (cr1 + cc1) * CW
+    g00 = 4 * (4 - fwy) * (4 - fwx)
+    g01 = 4 * (4 - fwy) * fwx
+    g10 = 4 * fwy * (4 - fwx)
+    g11 = 4 * fwy * fwx
+    h00 = (8 - cwy) * (8 - cwx)
+    h01 = (8 - cwy) * cwx
+    h10 = cwy * (8 - cwx)
+    h11 = cwy * cwx
+    q0 = _word(words, 0, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11)
+    q1 = _word(words, 1, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11)
+    q2 = _word(words, 2, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11)
+    q3 = _word(words, 3, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11)
+    return _joined(q0, q1, q2, q3)
+
+
+@triton.jit
+def _group_inputs(words, py, x0, fine_h, fine_w, coarse_h, coarse_w, coarse_word, BLOCK: tl.constexpr,
+                  FW: tl.constexpr, CW: tl.constexpr, GROUP: tl.constexpr):
+    """`_lanes` of the BLOCK texels x0, x0 + 1, ... of row py (x0 a multiple of GROUP), as (BLOCK, 16),
+    sampled GROUP texels at a time: magnification by 2 and 4 puts GROUP consecutive texels on
+    GROUP / 2 + 2 fine and GROUP / 2 + 1 coarse columns, blended along y once for the group."""
+    G: tl.constexpr = BLOCK // GROUP
+    gx = x0 + tl.arange(0, G) * GROUP
+    fy = py - 1
+    cy = py - 2
+    ft = tl.maximum(fy >> 1, 0) * fine_w * FW
+    fb = tl.minimum((fy >> 1) + 1, fine_h - 1) * fine_w * FW
+    ca = coarse_word + tl.maximum(cy >> 2, 0) * coarse_w * CW
+    cb = coarse_word + tl.minimum((cy >> 2) + 1, coarse_h - 1) * coarse_w * CW
+    fa = (fy & 1) * 2 + 1  # the lower row's weight is 4 - fa quarters
+    wa = (cy & 3) * 2 + 1  # 8 - wa eighths
+    f = (gx - 1) >> 1
+    F0 = tl.maximum(f, 0)
+    F1 = tl.minimum(f + 1, fine_w - 1)
+    F2 = tl.minimum(f + 2, fine_w - 1)
+    F3 = tl.minimum(f + 3, fine_w - 1)
+    c = (gx - 2) >> 2
+    C0 = tl.maximum(c, 0)
+    C1 = tl.minimum(c + 1, coarse_w - 1)
+    C2 = tl.minimum(c + 2, coarse_w - 1)
+    # pairs (GROUP 2) at x = 0 or 2 mod 4: the coarse x weights of their texels are 5, 7 or 1, 3 eighths
+    wb = 5 - 2 * (gx & 2)
+    k1b = wb + 2
+    k1a = 8 - k1b
+    a0, a1, a2, a3 = _group_word(words, 0, FW, CW, GROUP, ft, fb, ca, cb, F0, F1, F2, F3, C0, C1, C2, fa, wa, wb, k1a,
+                                 k1b)
+    b0, b1, b2, b3 = _group_word(words, 1, FW, CW, GROUP, ft, fb, ca, cb, F0, F1, F2, F3, C0, C1, C2, fa, wa, wb, k1a,
+                                 k1b)
+    c0, c1, c2, c3 = _group_word(words, 2, FW, CW, GROUP, ft, fb, ca, cb, F0, F1, F2, F3, C0, C1, C2, fa, wa, wb, k1a,
+                                 k1b)
+    d0, d1, d2, d3 = _group_word(words, 3, FW, CW, GROUP, ft, fb, ca, cb, F0, F1, F2, F3, C0, C1, C2, fa, wa, wb, k1a,
+                                 k1b)
+    x0_ = _joined(a0, b0, c0, d0)  # (G, 16) per texel of the group
+    x1_ = _joined(a1, b1, c1, d1)
+    if GROUP == 4:
+        x2_ = _joined(a2, b2, c2, d2)
+        x3_ = _joined(a3, b3, c3, d3)
+        # [g, channel, k & 1, k >> 1] -> [g, k >> 1, k & 1, channel]: row 4 g + k
+        x = tl.reshape(tl.permute(tl.join(tl.join(x0_, x1_), tl.join(x2_, x3_)), (0, 3, 2, 1)), (BLOCK, 16))
+    else:
+        x = tl.reshape(tl.permute(tl.join(x0_, x1_), (0, 2, 1)), (BLOCK, 16))
+    return x
 
 
 @triton.jit
@@ -171,10 +329,13 @@ def shade_words_kernel(lat_ptr, w_ptr, out_ptr, height, width, coarse_word, BLOC
                        MLP_P1: tl.constexpr, MLP_P2: tl.constexpr, MLP_P3: tl.constexpr, MLP_P4: tl.constexpr,
                        MLP_A0: tl.constexpr, MLP_A1: tl.constexpr, MLP_A2: tl.constexpr, MLP_A3: tl.constexpr,
                        MLP_SCOPE: tl.constexpr, MLP_REDUCED: tl.constexpr, ROW_BLOCKS: tl.constexpr,
-                       STAGES: tl.constexpr, PACKED: tl.constexpr):
+                       STAGES: tl.constexpr, PACKED: tl.constexpr, GROUP: tl.constexpr):
     """`shading._shade_kernel` for inputs that `fits`: FW fine and CW coarse words per texel.
     ROW_BLOCKS: the blocks per image row when BLOCK divides the width (a constant, so a block's row and
-    column come without a division at run time), else 0. PACKED: fp16 outputs stored two to a word."""
+    column come without a division at run time), else 0. PACKED: fp16 outputs stored two to a word.
+    GROUP (2 or 4, with ROW_BLOCKS): texels sampled that many at a time, sharing their latent columns;
+    1: each texel on its own."""
+    tl.static_assert((GROUP == 1) or (ROW_BLOCKS > 0), "shade: grouped sampling needs blocks within rows")
     w0, b0, w1, b1, w2, b2, w3, b3 = mlp_load(w_ptr, MLP_LAYERS, MLP_P0, MLP_P1, MLP_P2, MLP_P3, MLP_P4)
     # The inputs arrive as LEVELS * value; 1 / LEVELS goes into the first layer's weights (rounded to
     # half once), which saves a multiply per input.
@@ -201,47 +362,14 @@ def shade_words_kernel(lat_ptr, w_ptr, out_ptr, height, width, coarse_word, BLOC
             texel = t < height * width
             py = tl.minimum(t // width, height - 1)  # rows past the end read the last row; their stores are masked
             px = t % width
-        # Half-pixel centres: at scale 1/2 the lower tap is (p - 1) >> 1 and the upper one weighs
-        # ((p - 1) & 1) / 2 + 1/4; at 1/4, (p - 2) >> 2 and ((p - 2) & 3) / 4 + 1/8. Edges repeat.
-        fy = py - 1
-        fx = px - 1
-        cy = py - 2
-        cx = px - 2
-        fr0 = tl.maximum(fy >> 1, 0) * fine_w
-        fr1 = tl.minimum((fy >> 1) + 1, fine_h - 1) * fine_w
-        fc0 = tl.maximum(fx >> 1, 0)
-        fc1 = tl.minimum((fx >> 1) + 1, fine_w - 1)
-        cr0 = tl.maximum(cy >> 2, 0) * coarse_w
-        cr1 = tl.minimum((cy >> 2) + 1, coarse_h - 1) * coarse_w
-        cc0 = tl.maximum(cx >> 2, 0)
-        cc1 = tl.minimum((cx >> 2) + 1, coarse_w - 1)
-        fwy = (fy & 1) * 2 + 1  # the upper tap's weight, in quarters
-        fwx = (fx & 1) * 2 + 1
-        cwy = (cy & 3) * 2 + 1  # in eighths
-        cwx = (cx & 3) * 2 + 1
-        f00 = (fr0 + fc0) * FW
-        f01 = (fr0 + fc1) * FW
-        f10 = (fr1 + fc0) * FW
-        f11 = (fr1 + fc1) * FW
-        c00 = coarse_word + (cr0 + cc0) * CW
-        c01 = coarse_word + (cr0 + cc1) * CW
-        c10 = coarse_word + (cr1 + cc0) * CW
-        c11 = coarse_word + (cr1 + cc1) * CW
-        g00 = 4 * (4 - fwy) * (4 - fwx)
-        g01 = 4 * (4 - fwy) * fwx
-        g10 = 4 * fwy * (4 - fwx)
-        g11 = 4 * fwy * fwx
-        h00 = (8 - cwy) * (8 - cwx)
-        h01 = (8 - cwy) * cwx
-        h10 = cwy * (8 - cwx)
-        h11 = cwy * cwx
-        q0 = _word(words, 0, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11)
-        q1 = _word(words, 1, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11)
-        q2 = _word(words, 2, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11)
-        q3 = _word(words, 3, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11)
+        if GROUP > 1:
+            lanes = _group_inputs(words, py, (block % ROW_BLOCKS) * BLOCK, fine_h, fine_w, coarse_h, coarse_w,
+                                  coarse_word, BLOCK, FW, CW, GROUP)
+        else:
+            lanes = _texel_inputs(words, py, px, fine_h, fine_w, coarse_h, coarse_w, coarse_word, FW, CW)
         # 2**23 + lane, read as a float, is exact; / 64 - (2**23 + 128 * 64) / 64 is exact too (one fma):
         # the tap sum in latent steps.
-        x = tl.reshape(tl.join(tl.join(q0, q1), tl.join(q2, q3)), (BLOCK, 16)) * (1.0 / 64) - 131200.0
+        x = lanes * (1.0 / 64) - 131200.0
         y = mlp_apply(x, w0, b0, w1, b1, w2, b2, w3, b3, MLP_LAYERS, MLP_A0, MLP_A1, MLP_A2, MLP_A3, MLP_SCOPE,
                       MLP_REDUCED)
         # 64-bit arithmetic only on the block's start; per-element offsets stay int32 so stores vectorize.
