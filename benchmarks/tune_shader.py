@@ -8,8 +8,8 @@ training step; numbers in benchmarks/RESULTS.md).
 Parts: "decode", the neural-material shading kernel at 3840x2160 (4 + 12 int8 latent channels,
 16->32->6, 8 half channels out) at several launch settings with packed and plain stores, smaller
 decoders and the demo's layout, the same decoder on plain features, a copy of the bytes; "mlp",
-16->64->64->8 at 1080p through `mlp_rows` at several settings and with half accumulators
-(probe_shader's kernel), with eager and torch.compile; "train", `bench_material_training`'s step with
+16->64->64->8 at 1080p through `mlp_rows` at several settings, with float32 sums and with half sums
+(precision "float16-sums"), with eager and torch.compile; "train", `bench_material_training`'s step with
 resize's GPU path and without it. GPU times are CUDA-graph replays (bench_shader.median_us).
 """
 from __future__ import annotations
@@ -23,11 +23,18 @@ import time
 
 import numpy as np
 import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+WARM = False  # --warm: run every variant once (compiling it), time nothing
+
+
 def timer(device: str):
+    if WARM:
+        def once(fn) -> float:
+            fn()
+            return float("nan")
+        return once
     if device == "cuda":
         from bench_shader import median_us
         return median_us
@@ -149,20 +156,14 @@ def part_mlp(device: str, quick: bool, log: dict) -> None:
         settings = settings[:2]
     out = []
     variants = [("rows", s) for s in settings]
-    if device == "cuda":
-        variants += [("acc16", s) for s in [(128, 4, 8, 3), (64, 4, 16, 3), (128, 8, 4, 3), (128, 4, 4, 3)]]
+    variants += [("sums", s) for s in [(None, 4, None, 1), (128, 4, 8, 3), (128, 4, 12, 3), (128, 4, 16, 3),
+                                       (64, 4, 16, 3), (64, 4, 24, 3), (128, 8, 4, 3), (128, 8, 8, 3),
+                                       (256, 8, 4, 3)][:2 if quick else 9]]
+    sums = MLPSpec(widths, acts, "float16-sums", "program")
     for kind, (block, warps, per_sm, stages) in variants:
         label = f"{kind} " + ("default" if block is None else f"{block}x{warps}w/p{per_sm}s{stages}")
-        if kind == "rows":
-            def call(b=block, nw=warps, p=per_sm, s=stages):
-                mlp_rows(x, packed, spec, block=b, num_warps=nw, programs=p and p * sms, stages=s, out=y)
-        else:
-            from probe_shader import _probe_kernel
-
-            def call(b=block, nw=warps, p=per_sm, s=stages):
-                _probe_kernel[(min(p * sms, rows // b),)](
-                    x, packed, y, rows, IN=16, OUT=8, BLOCK=b, OUT_P=16, STAGES=s, EPI="acc16", num_warps=nw,
-                    **spec.constexprs("MLP_"))
+        def call(b=block, nw=warps, p=per_sm, s=stages, net=spec if kind == "rows" else sums):
+            mlp_rows(x, packed, net, block=b, num_warps=nw, programs=p and p * sms, stages=s, out=y)
         try:
             y.fill_(float("nan"))
             call()
@@ -199,7 +200,9 @@ def part_train(device: str, quick: bool, log: dict) -> None:
     from stitchml.ops import image
 
     sizes = [32] if quick else [1024, 2048]
-    warmup, reps = (1, 2) if quick else (3, 10)
+    warmup, reps = (1, 2) if quick or WARM else (3, 10)
+    if WARM:
+        sizes = sizes[:1]
     rows = []
     fast = image._fast
     for label, use_fast in [("resize GPU path", True), ("resize float64 reference", False)]:
@@ -217,6 +220,36 @@ def part_train(device: str, quick: bool, log: dict) -> None:
                           f"texels/s {base / v['step_ms']:5.2f}x eager  loss diff {v['loss_rel_diff']:.1e}", flush=True)
     image._fast = fast
     log["train"] = rows
+    if device == "cuda" and not WARM:
+        log["train_profile"] = _profile_step(sizes[0])
+
+
+def _profile_step(size: int) -> list:
+    """GPU time per kernel over five StitchML training steps at `size` (what the step spends its time on)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from stitchml.demos import neural_materials as nm
+
+    layout = nm.Layout(size)
+    t = nm.training_graph(layout, seed=0)
+    target = torch.from_numpy(nm.make_material(size).targets().reshape(-1, nm.OUTPUTS)).cuda()
+    feeds = {t.target: target, t.learning_rate: np.float32(0.05), t.noise: np.float32(1.0)}
+    for _ in range(3):
+        t.graph.run(feeds, [t.loss], t.updates, device="cuda")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            t.graph.run(feeds, [t.loss], t.updates, device="cuda")
+        torch.cuda.synchronize()
+    events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in events)
+    out = [{"kernel": e.key[:90], "us_per_step": e.device_time_total / 5, "calls_per_step": e.count / 5}
+           for e in events[:14]]
+    print(f"  StitchML step at {size}: {total / 5:.0f} us of GPU time in {sum(e.count for e in events) / 5:.0f} "
+          f"kernels a step; the largest:", flush=True)
+    for e in out:
+        print(f"    {e['us_per_step']:8.1f} us  x{e['calls_per_step']:.0f}  {e['kernel']}", flush=True)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,7 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, two settings (to check the script)")
     parser.add_argument("--only", nargs="+", choices=["decode", "mlp", "train"], default=["decode", "mlp", "train"])
     parser.add_argument("--json", help="write the results here (after every part)")
+    parser.add_argument("--warm", action="store_true",
+                        help="run every variant once and time nothing: fills the compile caches (run the parts "
+                             "side by side with --warm, then time them one after another)")
     args = parser.parse_args(argv)
+    global WARM
+    WARM = args.warm
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here; use --device cpu --quick")
     import triton
