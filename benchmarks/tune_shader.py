@@ -189,7 +189,7 @@ def part_mlp(device: str, quick: bool, log: dict) -> None:
                 h = torch.relu(h) if act == "relu" else h
             return h
         compiled = torch.compile(eager)
-        src = torch.empty(rows * 24 // 2, device=device)
+        src = torch.empty(rows * 24 // 4, device=device)  # 16 + 8 halves a row: 48 bytes read and written
         dst = torch.empty_like(src)
         for label, fn in [("eager fp16", lambda: eager(x)), ("torch.compile fp16", lambda: compiled(x)),
                           ("copy of its bytes", lambda: dst.copy_(src))]:
