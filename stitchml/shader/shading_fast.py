@@ -1,6 +1,6 @@
 """The neural-material shading kernel's fast path: latent channels in 32-bit words, filtered as integers,
-one texel per thread, and the decoder's output layer arranged so that the shading outputs need no
-reductions across threads. `stitchml.shader.shading.shade` calls it when it applies (`fits`).
+one texel (or a group of texels) per thread, and the decoder's output layer arranged so that the
+shading outputs need no reductions across threads. `stitchml.shader.shading.shade` calls it when it applies (`fits`).
 
 Why it is shaped this way (an H200 at 4096 x 4096 is bound by instructions, not bytes: 1.8 bytes of
 latents and 16 bytes of output per texel move in ~72 µs, while the byte-gather kernel issued ~2000
@@ -13,6 +13,9 @@ instructions per texel):
 * Per-texel values (tap indices, weights) are one-dimensional, so each is computed once per texel
   rather than once per channel; the 16 channels are joined in registers, and the first layer's weight
   rows are permuted on load to match the joined order.
+* Magnified by 2 and 4, consecutive texels of a row fall between the same latent columns: sampled
+  in pairs or fours (`GROUP`), each column is blended along y once for the texels that share it, and
+  along x with weights that are constants of a texel's place in its group.
 * The output layer's columns are permuted on load so that, in the tensor-core accumulator layout
   (each thread holds columns 2k, 2k+1, 8+2k, 9+2k of a row), every thread has the normal's x and y
   beside the colour channels it writes: the normal is rebuilt and the store assembled without
@@ -159,7 +162,8 @@ def _group_word(words, J: tl.constexpr, FW: tl.constexpr, CW: tl.constexpr, GROU
                 F0, F1, F2, F3, C0, C1, C2, fa, wa, wb, k1a, k1b):
     """Latent word J of the GROUP texels of each group, as `_lanes` per texel (q0, q1, q2, q3; the last
     two only for GROUP 4). Columns are y-blended once per group and shared: F0.. fine and C0.. coarse
-    column offsets; ft, fb / ca, cb: the rows' word offsets; fa / wa: the lower row's y weight. Along x
+    column offsets; ft, fb / ca, cb: the two rows' word offsets; fa / wa: the second row's weight (quarters /
+    eighths; the first row's is 4 - fa / 8 - wa). Along x
     the fine weights are constants (in 16ths of the quarters: 64ths in all); the coarse ones too for
     GROUP 4, per group (k1a, k1b for the second texel, wa.. reused) for GROUP 2."""
     if J < FW:
@@ -256,8 +260,8 @@ def _group_inputs(words, py, x0, fine_h, fine_w, coarse_h, coarse_w, coarse_word
     fb = tl.minimum((fy >> 1) + 1, fine_h - 1) * fine_w * FW
     ca = coarse_word + tl.maximum(cy >> 2, 0) * coarse_w * CW
     cb = coarse_word + tl.minimum((cy >> 2) + 1, coarse_h - 1) * coarse_w * CW
-    fa = (fy & 1) * 2 + 1  # the lower row's weight is 4 - fa quarters
-    wa = (cy & 3) * 2 + 1  # 8 - wa eighths
+    fa = (fy & 1) * 2 + 1  # the second row's weight in quarters (the first row's: 4 - fa)
+    wa = (cy & 3) * 2 + 1  # in eighths (8 - wa)
     f = (gx - 1) >> 1
     F0 = tl.maximum(f, 0)
     F1 = tl.minimum(f + 1, fine_w - 1)
