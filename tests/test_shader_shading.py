@@ -104,6 +104,8 @@ def test_grouped_sampling_is_the_per_texel_decode(height, width, fine, coarse, b
                       num_warps=warps, group=g, out=out)
         outs.append(out.cpu())
     assert torch.equal(outs[0], outs[1])
+    # by default a group per thread: pairs at 256 texels x 4 warps, fours at 2 warps, none when too few
+    assert [shading.default_group(b, w) for b, w in [(256, 4), (256, 2), (128, 4), (512, 4)]] == [2, 4, 1, 4]
     ref = _reference(_features(latents.cpu(), (height, width), fine, coarse, 15), spec, weights)
     np.testing.assert_allclose(outs[1].double().numpy(), ref.numpy(), atol=4e-3)
     with pytest.raises(ShapeError, match="group must be 1, 2 or 4"):

@@ -17,10 +17,14 @@ from .language import mlp_apply, mlp_load
 from .spec import MLPSpec
 
 CHANNELS = 8  # written per texel: base color RGB, normal xyz, roughness, zero
-# Texels the word kernel samples together when its blocks lie within rows (`shade`'s group): pairs
-# share their latent columns at the same registers as single texels (sm_90 SASS from Triton 3.6, 256
-# texels x 4 warps: 304 instructions a texel against 358, 106 registers either way).
-GROUP_DEFAULT = 2
+
+
+def default_group(block: int, num_warps: int) -> int:
+    """Texels the word kernel samples together by default (`shade`'s group): the most, of 1, 2 and 4,
+    that leave a group per thread. Fewer groups than threads would repeat each group's work on several
+    threads and move it through shared memory (sm_90 SASS from Triton 3.6: 582 instructions a texel for
+    fours at 256 texels x 4 warps, against 304 for pairs, 358 for single texels, 240 for fours at 2 warps)."""
+    return max(g for g in (1, 2, 4) if g == 1 or block // g >= 32 * num_warps)
 
 
 @triton.jit
@@ -112,8 +116,9 @@ def shade(latents: torch.Tensor, packed: torch.Tensor, size: int | tuple[int, in
     allow (`shading_fast.fits`), the latents are read as 32-bit words and filtered as integers
     (`shading_fast.shade_words_kernel`); the results are the same. There, half-precision outputs are
     stored two channels to a 32-bit word (`packed_store`, default: when `out` is float16), and when
-    `block` divides the width, `group` (2 or 4; 1 turns it off) consecutive texels are sampled together,
-    sharing the latent columns they fall between.
+    `block` divides the width, `group` (2 or 4; 1 turns it off; default `default_group`) consecutive
+    texels are sampled together, sharing the latent columns they fall between: pairs at the default 256
+    texels and 4 warps.
     """
     height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
     n_fine, n_coarse = (height // 2) * (width // 2) * fine, (height // 4) * (width // 4) * coarse
@@ -143,7 +148,8 @@ def shade(latents: torch.Tensor, packed: torch.Tensor, size: int | tuple[int, in
             latents, packed, out, height, width, n_fine // 4, BLOCK=block, FW=fine // 4, CW=coarse // 4,
             LEVELS=levels, ROW_BLOCKS=row_blocks, STAGES=stages,
             PACKED=halves if packed_store is None else packed_store,
-            GROUP=(GROUP_DEFAULT if group is None else group) if row_blocks else 1, num_warps=num_warps,
+            GROUP=(default_group(block, num_warps) if group is None else group) if row_blocks else 1,
+            num_warps=num_warps,
             **spec.constexprs("MLP_"))
     else:
         _shade_kernel[grid](
