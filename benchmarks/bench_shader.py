@@ -213,7 +213,7 @@ def bench_decode(height: int, width: int, device: str) -> dict:
             times[name] = median_us(call) if off < 1e-5 else float("nan")
         except Exception as e:  # noqa: BLE001  (a benchmark row still prints)
             print(f"  setting {name} failed: {type(e).__name__}: {str(e)[:200]}")
-    best = min((t, k) for k, t in times.items() if k != "default" and t == t)
+    best = min(((t, k) for k, t in times.items() if k != "default" and t == t), default=(times["default"], "default"))
     features = torch.rand(height * width, 16, device=device, dtype=torch.float16) * 2 - 1
     plain = _fastest(lambda block, warps, programs, stages: shading.shade_plain(
         features, packed, spec, block=block, num_warps=warps, programs=programs, stages=stages, out=out),
