@@ -184,6 +184,27 @@ def test_mlp_rows_against_reference(widths, acts, precision, scope):
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("widths,acts", [((16, 64, 64, 8), ("relu", "relu", "none")),
+                                          ((12, 32, 32, 6), ("sigmoid", "tanh", "none"))])
+def test_half_sums_against_reference(widths, acts):
+    """Precision "float16-sums": hidden layers summed in half from their biases, the output in float32."""
+    spec = MLPSpec(widths, acts, "float16-sums", PROGRAM)
+    weights = _weights(spec, 3)
+    x = torch.randn(48, widths[0], generator=torch.Generator().manual_seed(4))
+    packed = spec.pack(weights, DEVICE)
+    assert packed.dtype == torch.float16 and spec.constexprs()["MLP_REDUCED"] == 2
+    got = mlp_rows(x.to(DEVICE), packed, spec, block=16).cpu().double()
+    float_sums = mlp_rows(x.to(DEVICE), packed, MLPSpec(widths, acts, "float16", PROGRAM), block=16).cpu().double()
+    stored = spec.unpack(packed)
+    h = x.double()
+    for (w, b), act in zip(stored, acts):
+        h = h.half().double() @ torch.tensor(w) + torch.tensor(b)
+        h = {"none": lambda t: t, "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}[act](h)
+    # 64 products summed in half: a few half ulps of the hidden values (|h| < 4: 2**-9 each)
+    torch.testing.assert_close(got, h, rtol=5e-3, atol=5e-3)
+    assert (got - float_sums).abs().max() > 0  # the half sums really are in the path
+
+
 def test_pack_layout_and_unpack():
     spec = MLPSpec((3, 5, 2), ("relu", "none"), "float32", THREAD)
     assert spec.padded == (4, 8, 2) and spec.packed_numel == 4 * 8 + 8 + 8 * 2 + 2

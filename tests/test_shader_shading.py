@@ -37,11 +37,11 @@ def _reference(features: torch.Tensor, spec: MLPSpec, weights) -> torch.Tensor:
     return torch.cat([y[:, :3].clamp(0, 1), normal, y[:, 5:6].clamp(0, 1), torch.zeros_like(z)], 1)
 
 
-def _features(latents: torch.Tensor, size: int, fine: int, coarse: int, levels: int) -> torch.Tensor:
-    n_fine = (size // 2) ** 2 * fine
-    grids = [latents[:n_fine].reshape(size // 2, size // 2, fine),
-             latents[n_fine:].reshape(size // 4, size // 4, coarse)]
-    feats = [torch.nn.functional.interpolate(q.permute(2, 0, 1)[None].double() / levels, size=(size, size),
+def _features(latents: torch.Tensor, size, fine: int, coarse: int, levels: int) -> torch.Tensor:
+    h, w = (size, size) if isinstance(size, int) else size
+    n_fine = (h // 2) * (w // 2) * fine
+    grids = [latents[:n_fine].reshape(h // 2, w // 2, fine), latents[n_fine:].reshape(h // 4, w // 4, coarse)]
+    feats = [torch.nn.functional.interpolate(q.permute(2, 0, 1)[None].double() / levels, size=(h, w),
                                              mode="bilinear", align_corners=False)[0] for q in grids]
     return torch.cat(feats).reshape(fine + coarse, -1).T
 
@@ -65,6 +65,51 @@ def test_shade_matches_the_float64_decode(size, fine, coarse, block, levels):
     # the kernel rounds the decoder's inputs, weights and hidden layer to half; the reference does not
     np.testing.assert_allclose(got.numpy(), ref.numpy(), atol=3e-3)
     np.testing.assert_allclose(got[:, 3:6].norm(dim=1).numpy(), 1, atol=1e-5)
+
+
+@pytest.mark.parametrize("height,width,fine,coarse,block,dtype", [
+    (8, 32, 4, 12, 16, torch.float16),  # blocks within rows (a constant count per row), two channels a store word
+    (12, 20, 4, 4, 32, torch.float16),  # blocks across rows of a non-square material
+    (8, 12, 4, 6, 16, torch.float32),  # the byte-gather kernel
+])
+def test_shade_rectangular_materials(height, width, fine, coarse, block, dtype):
+    spec, weights = _decoder(fine + coarse, seed=height + width)
+    n = (height // 2) * (width // 2) * fine + (height // 4) * (width // 4) * coarse
+    latents = torch.randint(-15, 16, (n,), dtype=torch.int8, generator=torch.Generator().manual_seed(5))
+    out = torch.full((height * width, 8), float("nan"), dtype=dtype, device=DEVICE)
+    shading.shade(latents.to(DEVICE), spec.pack(weights, DEVICE), (height, width), fine, coarse, 15, spec,
+                  block=block, out=out)
+    ref = _reference(_features(latents, (height, width), fine, coarse, 15), spec, weights)
+    # half outputs add one rounding (2.4e-4 at 0.5) to the decoder's
+    np.testing.assert_allclose(out.double().cpu().numpy(), ref.numpy(), atol=3e-3 if dtype == torch.float32 else 4e-3)
+    with pytest.raises(ShapeError, match="12x20 material"):
+        shading.shade(latents[:-1].to(DEVICE), spec.pack(weights, DEVICE), (12, 20), fine, coarse, 15, spec)
+
+
+@pytest.mark.parametrize("height,width,fine,coarse,block,group,warps", [
+    (8, 32, 4, 12, 16, 4, 1),  # one word fine, three coarse; left and right edges inside groups
+    (12, 32, 8, 4, 32, 2, 1),  # two fine words; pairs at both coarse phases
+    (4, 16, 4, 8, 16, 4, 1),  # a word past the channels
+])
+def test_grouped_sampling_is_the_per_texel_decode(height, width, fine, coarse, block, group, warps):
+    """Texels sampled a group at a time give the same integer tap sums, hence the same bits, as each
+    texel on its own; and both match the float64 decode."""
+    spec, weights = _decoder(fine + coarse, seed=height + width)
+    n = (height // 2) * (width // 2) * fine + (height // 4) * (width // 4) * coarse
+    latents = torch.randint(-15, 16, (n,), dtype=torch.int8, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    outs = []
+    for g in (1, group):
+        out = torch.full((height * width, 8), float("nan"), dtype=torch.float16, device=DEVICE)
+        shading.shade(latents, spec.pack(weights, DEVICE), (height, width), fine, coarse, 15, spec, block=block,
+                      num_warps=warps, group=g, out=out)
+        outs.append(out.cpu())
+    assert torch.equal(outs[0], outs[1])
+    # by default a group per thread: pairs at 256 texels x 4 warps, fours at 2 warps, none when too few
+    assert [shading.default_group(b, w) for b, w in [(256, 4), (256, 2), (128, 4), (512, 4)]] == [2, 4, 1, 4]
+    ref = _reference(_features(latents.cpu(), (height, width), fine, coarse, 15), spec, weights)
+    np.testing.assert_allclose(outs[1].double().numpy(), ref.numpy(), atol=4e-3)
+    with pytest.raises(ShapeError, match="group must be 1, 2 or 4"):
+        shading.shade(latents, spec.pack(weights, DEVICE), (height, width), fine, coarse, 15, spec, group=3)
 
 
 def test_shade_plain_matches_the_float64_decode():

@@ -3,7 +3,7 @@ trained with StitchML, decoded per pixel inside a Triton shading kernel, compare
 
     $ stitchml demo neural-materials                          # 128x128 on the CPU: about 2-3 minutes on two cores
     $ stitchml demo neural-materials --size 1024 --steps 4000 --device cuda
-    $ stitchml demo neural-materials --size 1024 --steps 2000 --device cuda --sweep --weights 1 1 1
+    $ stitchml demo neural-materials --size 1024 --steps 2000 --device cuda --sweep --weights 4 1 1
 
 The material: one surface, every channel derived from one photograph (scikit-image's coffee by default):
 base color is the photograph, the normals come from its luminance taken as height, roughness from its
@@ -314,8 +314,8 @@ def goal_report(neural: dict[str, float], neural_bpp: float, baselines: dict[str
 
 
 # Layouts of the sweep, in increasing bits per texel: (fine channels, coarse channels, bits, hidden width).
-LADDER = [(2, 4, 5, 32), (4, 6, 5, 32), (4, 8, 6, 32), (6, 8, 6, 32), (6, 12, 6, 64), (8, 16, 6, 64),
-          (12, 16, 6, 64), (16, 24, 6, 64)]
+LADDER = [(2, 4, 5, 32), (4, 6, 5, 32), (4, 8, 6, 32), (6, 8, 6, 32), (6, 12, 6, 64), (6, 16, 6, 64),
+          (8, 16, 6, 64), (12, 16, 6, 64), (16, 24, 6, 64)]
 
 
 def save_comparison(path: str, ref: Material, rows: dict[str, Material]) -> None:

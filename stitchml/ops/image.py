@@ -9,6 +9,11 @@ elements at integer taps around it (edge elements repeat outside the input).
 Integer results of linear and cubic interpolation round to nearest and
 saturate. `resize_gradient` is the transpose: each output's cotangent added
 back to its taps with the same weights.
+
+The reference computes in float64 with one gather per tap and axis. On a GPU, floating-point bilinear
+resizing of the last two axes at half-pixel centres (what training graphs that upsample latent grids
+do) runs PyTorch's fused upsampling kernels instead, in float32: the float64 passes cost several times
+the rest of such a training step.
 """
 from __future__ import annotations
 
@@ -120,9 +125,47 @@ def _along(v, axis, rank):
     return torch.from_numpy(v).reshape(shape)
 
 
+def _bilinear_2d(shape, sizes, scales, roi, mode, transform) -> bool:
+    """Whether a resize is PyTorch's bilinear `interpolate` (align_corners=False) of the last two axes:
+    linear, half-pixel centres, scales equal to sizes / extents, the other axes kept, rank 3 or more."""
+    if mode != "linear" or roi or len(shape) < 3 or transform not in ("half_pixel", "pytorch_half_pixel"):
+        return False
+    outs = [n if s == -1 else s for s, n in zip(sizes, shape)]
+    if any(o != n for o, n in zip(outs[:-2], shape[:-2])) or min(outs[-2:]) < 1 or min(shape[-2:]) < 1:
+        return False
+    # pytorch_half_pixel maps a single output to 0, interpolate to the centre: only equal for outputs > 1
+    if transform == "pytorch_half_pixel" and min(outs[-2:]) == 1:
+        return False
+    return all(s == o / n for s, o, n in zip(scales[-2:], outs[-2:], shape[-2:]))
+
+
+def _fast(x: torch.Tensor, shape, sizes, scales, roi, mode, transform) -> bool:
+    return x.is_cuda and x.dtype.is_floating_point and x.dtype != torch.float64 and \
+        _bilinear_2d(shape, sizes, scales, roi, mode, transform)
+
+
+def bilinear_2d(x: torch.Tensor, sizes) -> torch.Tensor:
+    """`resize` of the last two axes of `x` to `sizes[-2:]` by PyTorch's bilinear interpolation, in float32."""
+    h, w = x.shape[-2:]
+    out = [h if sizes[-2] == -1 else sizes[-2], w if sizes[-1] == -1 else sizes[-1]]
+    y = torch.nn.functional.interpolate(x.reshape(1, -1, h, w).float(), size=out, mode="bilinear",
+                                        align_corners=False)
+    return y.reshape(*x.shape[:-2], *out).to(x.dtype)
+
+
+def bilinear_2d_gradient(dy: torch.Tensor, source_shape) -> torch.Tensor:
+    """The adjoint of `bilinear_2d` for a source of `source_shape`, in float32."""
+    channels = int(np.prod(source_shape[:-2], dtype=np.int64))
+    d = torch.ops.aten.upsample_bilinear2d_backward(dy.reshape(1, channels, *dy.shape[-2:]).float(),
+                                                    list(dy.shape[-2:]), [1, channels, *source_shape[-2:]], False)
+    return d.reshape(source_shape).to(dy.dtype)
+
+
 @resize.def_impl
 def _resize_impl(x, sizes, scales, roi, mode, transform, nearest_mode, cubic_coeff_a, exclude_outside,
                  extrapolation_value):
+    if _fast(x, x.shape, sizes, scales, roi, mode, transform):
+        return bilinear_2d(x, sizes)
     y = x if mode == "nearest" else x.to(torch.float64)
     outside = None
     for axis, idx, w, bad in _plans(x.shape, sizes, scales, roi, mode, transform, nearest_mode, cubic_coeff_a,
@@ -166,6 +209,8 @@ def _resize_gradient_infer(types, **attrs):
 @resize_gradient.def_impl
 def _resize_gradient_impl(dy, source, sizes, scales, roi, mode, transform, nearest_mode, cubic_coeff_a,
                           exclude_outside, extrapolation_value):
+    if _fast(dy, source.shape, sizes, scales, roi, mode, transform):
+        return bilinear_2d_gradient(dy, tuple(source.shape))
     plans = _plans(source.shape, sizes, scales, roi, mode, transform, nearest_mode, cubic_coeff_a, exclude_outside)
     d = dy.to(torch.float64)
     for axis, _, _, bad in plans:  # the extrapolated outputs came from no source element

@@ -113,8 +113,19 @@ def _dense(h, w, b, ACT: tl.constexpr, SCOPE: tl.constexpr, REDUCED: tl.constexp
 def _hidden(h, w, b, ACT: tl.constexpr, SCOPE: tl.constexpr, REDUCED: tl.constexpr):
     """A layer whose output feeds another layer. With half operands the next dot rounds it to half
     anyway: a ReLU then rounds and clamps in one instruction per two values (cvt.rn.relu.f16x2.f32)
-    instead of a max per value and a conversion per two. (A NaN stays NaN, as torch.relu keeps it.)"""
-    if _PTX and REDUCED and (ACT == "relu"):
+    instead of a max per value and a conversion per two. (A NaN stays NaN, as torch.relu keeps it.)
+    REDUCED 2 sums in half, from the bias, and a ReLU is a max per two halves."""
+    if (REDUCED == 2) and (SCOPE == "program"):
+        # Summed in half from the bias (MLPSpec precision "float16-sums").
+        y = tl.dot(h.to(tl.float16), w.to(tl.float16), acc=tl.broadcast_to(b.to(tl.float16)[None, :],
+                                                                            (h.shape[0], w.shape[1])),
+                   out_dtype=tl.float16)
+        if _PTX and (ACT == "relu"):
+            out = tl.inline_asm_elementwise("max.NaN.f16x2 $0, $1, $2;", "=r,r,r", [y, tl.zeros_like(y)],
+                                            dtype=tl.float16, is_pure=True, pack=2)
+        else:
+            out = _activate(y.to(tl.float32), ACT).to(tl.float16)
+    elif _PTX and REDUCED and (ACT == "relu"):
         y = matmul2d(h, w, h.shape[0], w.shape[1], w.shape[0], False, False, REDUCED, SCOPE) + \
             b.to(tl.float32)[None, :]
         out = tl.inline_asm_elementwise("cvt.rn.relu.f16x2.f32 $0, $2, $1;", "=r,r,r", [y], dtype=tl.float16,

@@ -19,19 +19,27 @@ from .spec import MLPSpec
 CHANNELS = 8  # written per texel: base color RGB, normal xyz, roughness, zero
 
 
+def default_group(block: int, num_warps: int) -> int:
+    """Texels the word kernel samples together by default (`shade`'s group): the most, of 1, 2 and 4,
+    that leave a group per thread. Fewer groups than threads would repeat each group's work on several
+    threads and move it through shared memory (sm_90 SASS from Triton 3.6: 582 instructions a texel for
+    fours at 256 texels x 4 warps, against 304 for pairs, 358 for single texels, 240 for fours at 2 warps)."""
+    return max(g for g in (1, 2, 4) if g == 1 or block // g >= 32 * num_warps)
+
+
 @triton.jit
-def _taps(py, px, extent, scale):
-    """Texel indices of the four bilinear taps of a grid `extent` texels wide at pixel centres (half-pixel
+def _taps(py, px, rows, cols, scale):
+    """Texel indices of the four bilinear taps of a (rows, cols) grid at pixel centres (half-pixel
     convention, edges repeat), and the weights along y and x."""
     fy = (py + 0.5) * scale - 0.5
     fx = (px + 0.5) * scale - 0.5
     y0f = tl.floor(fy)
     x0f = tl.floor(fx)
-    y0 = tl.minimum(tl.maximum(y0f.to(tl.int32), 0), extent - 1)
-    x0 = tl.minimum(tl.maximum(x0f.to(tl.int32), 0), extent - 1)
-    y1 = tl.maximum(tl.minimum(y0f.to(tl.int32) + 1, extent - 1), 0)
-    x1 = tl.maximum(tl.minimum(x0f.to(tl.int32) + 1, extent - 1), 0)
-    return y0 * extent + x0, y0 * extent + x1, y1 * extent + x0, y1 * extent + x1, fy - y0f, fx - x0f
+    y0 = tl.minimum(tl.maximum(y0f.to(tl.int32), 0), rows - 1)
+    x0 = tl.minimum(tl.maximum(x0f.to(tl.int32), 0), cols - 1)
+    y1 = tl.maximum(tl.minimum(y0f.to(tl.int32) + 1, rows - 1), 0)
+    x1 = tl.maximum(tl.minimum(x0f.to(tl.int32) + 1, cols - 1), 0)
+    return y0 * cols + x0, y0 * cols + x1, y1 * cols + x0, y1 * cols + x1, fy - y0f, fx - x0f
 
 
 @triton.jit
@@ -51,21 +59,21 @@ def _shading_channels(y, OUT_P: tl.constexpr):
 
 
 @triton.jit
-def _shade_kernel(lat_ptr, w_ptr, out_ptr, size, coarse_offset, BLOCK: tl.constexpr, C_FINE: tl.constexpr,
+def _shade_kernel(lat_ptr, w_ptr, out_ptr, height, width, coarse_offset, BLOCK: tl.constexpr, C_FINE: tl.constexpr,
                   C_COARSE: tl.constexpr, LEVELS: tl.constexpr, MLP_LAYERS: tl.constexpr, MLP_P0: tl.constexpr,
                   MLP_P1: tl.constexpr, MLP_P2: tl.constexpr, MLP_P3: tl.constexpr, MLP_P4: tl.constexpr,
                   MLP_A0: tl.constexpr, MLP_A1: tl.constexpr, MLP_A2: tl.constexpr, MLP_A3: tl.constexpr,
                   MLP_SCOPE: tl.constexpr, MLP_REDUCED: tl.constexpr, OUT_P: tl.constexpr):
     w0, b0, w1, b1, w2, b2, w3, b3 = mlp_load(w_ptr, MLP_LAYERS, MLP_P0, MLP_P1, MLP_P2, MLP_P3, MLP_P4)
-    for block in tl.range(tl.program_id(0), tl.cdiv(size * size, BLOCK), tl.num_programs(0)):
+    for block in tl.range(tl.program_id(0), tl.cdiv(height * width, BLOCK), tl.num_programs(0)):
         t = block * BLOCK + tl.arange(0, BLOCK)  # int32: 64-bit division is slow on the GPU
-        texel = t < size * size
-        py = (t // size).to(tl.float32)
-        px = (t % size).to(tl.float32)
+        texel = t < height * width
+        py = (t // width).to(tl.float32)
+        px = (t % width).to(tl.float32)
         # Input channel c comes from the fine grid (size/2) or the coarse one (size/4): taps and weights
         # are computed once per grid and texel, then picked per channel.
-        f00, f01, f10, f11, fwy, fwx = _taps(py, px, size // 2, 0.5)
-        c00, c01, c10, c11, cwy, cwx = _taps(py, px, size // 4, 0.25)
+        f00, f01, f10, f11, fwy, fwx = _taps(py, px, height // 2, width // 2, 0.5)
+        c00, c01, c10, c11, cwy, cwx = _taps(py, px, height // 4, width // 4, 0.25)
         c = tl.arange(0, MLP_P0)[None, :]
         fine = c < C_FINE
         live = texel[:, None] & (c < C_FINE + C_COARSE)
@@ -92,40 +100,61 @@ def _shade_kernel(lat_ptr, w_ptr, out_ptr, size, coarse_offset, BLOCK: tl.conste
                  mask=texel[:, None] & (co < 8))
 
 
-def shade(latents: torch.Tensor, packed: torch.Tensor, size: int, fine: int, coarse: int, levels: int,
-          spec: MLPSpec, *, block: int | None = None, num_warps: int = 4, programs: int | None = None,
-          stages: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Decode every texel of a size x size material: (size * size, 8) [r, g, b, nx, ny, nz, roughness, 0].
+def shade(latents: torch.Tensor, packed: torch.Tensor, size: int | tuple[int, int], fine: int, coarse: int,
+          levels: int, spec: MLPSpec, *, block: int | None = None, num_warps: int = 4, programs: int | None = None,
+          stages: int = 1, out: torch.Tensor | None = None, packed_store: bool | None = None,
+          group: int | None = None) -> torch.Tensor:
+    """Decode every texel of a material `size` texels square, or (height, width):
+    (height * width, 8) [r, g, b, nx, ny, nz, roughness, 0], row by row.
 
-    `latents` (int8, flat) holds the fine grid (size/2, size/2, fine) then the coarse grid
-    (size/4, size/4, coarse), channels last, as integers in [-levels, levels]; `packed` is
+    `latents` (int8, flat) holds the fine grid (height/2, width/2, fine) then the coarse grid
+    (height/4, width/4, coarse), channels last, as integers in [-levels, levels]; `packed` is
     `spec.pack(...)` of a decoder taking fine + coarse inputs and giving 6 outputs. `programs` caps the
     grid: persistent programs load the decoder once and loop over blocks of `block` texels (default
-    256 on the fast path, the fastest on an H200 at 4096 x 4096, else 128), prefetching
-    with `stages` pipeline stages (the fast kernel only). When both channel counts are multiples of 4
-    and the decoder's padded widths allow (`shading_fast.fits`), the latents are read as 32-bit words
-    and filtered as integers (`shading_fast.shade_words_kernel`); the results are the same.
+    256 on the fast path, the fastest on an H200, else 128), prefetching with `stages` pipeline stages
+    (the fast kernel only). When both channel counts are multiples of 4 and the decoder's padded widths
+    allow (`shading_fast.fits`), the latents are read as 32-bit words and filtered as integers
+    (`shading_fast.shade_words_kernel`); the results are the same. There, half-precision outputs are
+    stored two channels to a 32-bit word (`packed_store`, default: when `out` is float16), and when
+    `block` divides the width, `group` (2 or 4; 1 turns it off; default `default_group`) consecutive
+    texels are sampled together, sharing the latent columns they fall between: pairs at the default 256
+    texels and 4 warps.
     """
-    n_fine, n_coarse = (size // 2) ** 2 * fine, (size // 4) ** 2 * coarse
-    if size % 4 or latents.dim() != 1 or latents.numel() != n_fine + n_coarse:
-        raise ShapeError(f"shade: expected a flat latent buffer of {n_fine} + {n_coarse} elements for size {size}, "
-                         f"got {tuple(latents.shape)}")
+    height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+    n_fine, n_coarse = (height // 2) * (width // 2) * fine, (height // 4) * (width // 4) * coarse
+    if height % 4 or width % 4 or height < 4 or width < 4 or latents.dim() != 1 \
+            or latents.numel() != n_fine + n_coarse:
+        raise ShapeError(f"shade: expected a flat latent buffer of {n_fine} + {n_coarse} elements for a "
+                         f"{height}x{width} material (extents multiples of 4), got {tuple(latents.shape)}")
     if spec.widths[0] != fine + coarse or spec.widths[-1] != 6:
         raise ShapeError(f"shade: expected a decoder from {fine + coarse} inputs to 6 outputs, got {spec}")
+    texels = height * width
     if out is None:
-        out = torch.empty((size * size, CHANNELS), dtype=torch.float32, device=latents.device)
+        out = torch.empty((texels, CHANNELS), dtype=torch.float32, device=latents.device)
+    if out.shape != (texels, CHANNELS) or not out.is_contiguous():
+        raise ShapeError(f"shade: expected a contiguous output ({texels}, {CHANNELS}), got {tuple(out.shape)}")
     fast = shading_fast.fits(spec, fine, coarse) and latents.data_ptr() % 4 == 0
     block = block or (256 if fast else 128)
-    blocks = triton.cdiv(size * size, block)
+    blocks = triton.cdiv(texels, block)
     grid = (max(1, min(blocks, programs or blocks)),)
     if fast:
+        halves = out.dtype == torch.float16
+        if packed_store and not halves:
+            raise ShapeError(f"shade: packed stores write float16 outputs, got {out.dtype}")
+        if group not in (None, 1, 2, 4):
+            raise ShapeError(f"shade: group must be 1, 2 or 4 texels, got {group}")
+        row_blocks = width // block if width % block == 0 else 0
         shading_fast.shade_words_kernel[grid](
-            latents, packed, out, size, n_fine // 4, BLOCK=block, FW=fine // 4, CW=coarse // 4, LEVELS=levels,
-            ROW_BLOCKS=size % block == 0, STAGES=stages, num_warps=num_warps, **spec.constexprs("MLP_"))
+            latents, packed, out, height, width, n_fine // 4, BLOCK=block, FW=fine // 4, CW=coarse // 4,
+            LEVELS=levels, ROW_BLOCKS=row_blocks, STAGES=stages,
+            PACKED=halves if packed_store is None else packed_store,
+            GROUP=(default_group(block, num_warps) if group is None else group) if row_blocks else 1,
+            num_warps=num_warps,
+            **spec.constexprs("MLP_"))
     else:
         _shade_kernel[grid](
-            latents, packed, out, size, n_fine, BLOCK=block, C_FINE=fine, C_COARSE=coarse, LEVELS=levels,
-            OUT_P=spec.padded[-1], num_warps=num_warps, **spec.constexprs("MLP_"))
+            latents, packed, out, height, width, n_fine, BLOCK=block, C_FINE=fine, C_COARSE=coarse,
+            LEVELS=levels, OUT_P=spec.padded[-1], num_warps=num_warps, **spec.constexprs("MLP_"))
     return out
 
 

@@ -18,7 +18,9 @@ from ..errors import ShapeError
 from .descriptor import MIN_DOT, PROGRAM, THREAD, check_scope
 
 ACTIVATIONS = ("none", "relu", "sigmoid", "tanh")
-PRECISIONS = {"float16": torch.float16, "float32": torch.float32}
+PRECISIONS = {"float16": torch.float16, "float16-sums": torch.float16, "float32": torch.float32}
+# The kernels' REDUCED constant: products of halves (1), and hidden layers also summed in half (2).
+_REDUCED = {"float16": 1, "float16-sums": 2, "float32": 0}
 MAX_LAYERS = 4
 Weights = Sequence[tuple[np.ndarray, np.ndarray]]  # per layer: weights (in, out) and bias (out,)
 
@@ -34,7 +36,9 @@ def _pow2_at_least(n: int, floor: int) -> int:
 class MLPSpec:
     """A chain of dense layers ``h = act(h @ W + b)`` with `widths` (input, hidden..., output).
 
-    precision: "float16" (weights stored as halves, tensor-core products) or "float32";
+    precision: "float16" (weights stored as halves, tensor-core products summed in float32),
+    "float16-sums" (the same, but hidden layers at program scope sum in half, starting from their biases:
+    fewer registers and instructions, about twice the rounding error) or "float32";
     scope: "program" (tl.dot; widths padded to powers of two ≥ 16) or "thread" (FMAs; powers of two).
     Padding rows and columns are zero, so padded inputs and outputs are ignored.
     """
@@ -98,7 +102,7 @@ class MLPSpec:
         out: dict[str, object] = {f"{prefix}LAYERS": self.layers}
         out.update({f"{prefix}P{i}": v for i, v in enumerate(p)})
         out.update({f"{prefix}A{i}": v for i, v in enumerate(a)})
-        out.update({f"{prefix}SCOPE": self.scope, f"{prefix}REDUCED": self.precision == "float16"})
+        out.update({f"{prefix}SCOPE": self.scope, f"{prefix}REDUCED": _REDUCED[self.precision]})
         return out
 
     def check(self, weights: Weights) -> list[tuple[np.ndarray, np.ndarray]]:
