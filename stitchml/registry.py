@@ -80,6 +80,25 @@ class Primitive:
     # `out` and returns it, or returns the library's own memory (then `out` is unused)
     vendor: Callable[..., Any] | None = None
     doc: str = ""
+    # How the reference computes on uint64, which PyTorch lacks most kernels for (ops/widen.py): "ring"
+    # (exact modulo 2^64 in int64), "order" (by comparisons) or "value" (needs values below 2^63).
+    # Default: "value" for elementwise ops and reductions, "ring" for the others (they move values).
+    unsigned: str = ""
+
+    def __post_init__(self):
+        if not self.unsigned:
+            from .ops.widen import ORDER, RING
+
+            plain = "ring" if self.name in RING else "order" if self.name in ORDER else "value"
+            self.unsigned = plain if self.kind in (ELEMENTWISE, REDUCTION) or self.name in ORDER else "ring"
+
+    def __setattr__(self, key, value):
+        # Every implementation computes on uint16/32/64 and float8 operands, widened where torch cannot.
+        if key == "impl" and value is not None:
+            from .ops.widen import widening
+
+            value = widening(self, value)
+        object.__setattr__(self, key, value)
 
     def def_infer(self, fn):
         self.infer = fn
