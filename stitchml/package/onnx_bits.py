@@ -9,7 +9,8 @@ Handlers as in onnx_ops.py. The registry has no bit primitives, so:
 * ``BitwiseAnd``/``Or``/``Xor``/``Not``: the bits of each operand (floor
   division by powers of two, modulo 2: two's complement for negative
   values), combined arithmetically and summed back with their weights, the
-  sign bit weighing -2^(width-1) in signed types.
+  sign bit weighing -2^(width-1) in signed types (and in uint64, which is
+  computed as int64 of the same bits).
 """
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ def _bitwise(cx, node, args, attrs):
     g = cx.g
     xs = [_t(cx, a) for a in args]
     width, signed = _width(cx, xs[0])
+    signed = signed or width == 64  # uint64 computes as int64: the same bits, and the cast back keeps them
     low = width - 1 if signed else width  # the bits summed with positive weights
     x64 = [_int64(cx, x) for x in xs]
     op = node.op_type
