@@ -2,8 +2,9 @@
 
     $ python benchmarks/bench_package.py --device cpu --json bench_package.json
     $ python benchmarks/bench_package.py --device cuda --compile --models cnn resnet18 transformer --batch 1 8
-    $ python benchmarks/bench_package.py --device cuda --compile --models hf:bert hf:gpt2 hf:llama hf:vit \
-          hf:convnext hf:resnet --batch 1 8     # transformers models from small configs (zoo.py)
+    $ python benchmarks/bench_package.py --device cuda --compile --models hf --batch 1 8
+          # "hf": every transformers family of zoo.py from small configs (BERT, GPT-2, Llama, ViT, ConvNeXt,
+          # ResNet, T5, Wav2Vec2, Swin, MobileNetV2); or name them: --models hf:t5 hf:swin
 
 For each zoo model (stitchml/package/zoo.py, random weights) and batch size:
 
@@ -273,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     rows = []
-    for name in args.models:
+    names = [n for m in args.models for n in ([f"hf:{f}" for f in zoo.TRANSFORMERS] if m == "hf" else [m])]
+    for name in names:
         model, (example,) = zoo.build(name)
         for batch in args.batch:
             x = example[:1].repeat(batch, *[1] * (example.dim() - 1))
