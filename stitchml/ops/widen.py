@@ -13,8 +13,10 @@ converted to a type PyTorch computes in, and converts the results back:
   bits), which is exact for every value in the primitive's ``unsigned`` class
   "ring" (addition, products, movement: arithmetic modulo 2^64) and, with the
   sign bit flipped first, in class "order" (comparisons, extrema, sorting).
-  Ops of class "value" (division, modulo, absolute value) are exact for
-  values below 2^63 and refuse larger ones with an error that says so.
+  Integer division, modulo, absolute value, sign and relu have their own
+  exact forms on those bits (`UINT64`); other ops of class "value" are
+  exact for values below 2^63 and refuse larger ones with an error that
+  says so.
 * float8 types compute in float32 and round back once, as half types do in
   generated kernels.
 
@@ -41,6 +43,32 @@ RING = ("identity", "stop_gradient", "negative", "square", "addition", "subtract
 ORDER = ("maximum", "minimum", "clamp", "less_than", "less_than_or_equal_to", "greater_than",
          "greater_than_or_equal_to", "reduction_maximum", "reduction_minimum", "reduction_arg_maximum",
          "reduction_arg_minimum", "top_k", "max_pooling2d")
+
+
+def _unsigned_at_least(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a >= b for uint64 values held as int64 bits: flipping the sign bit maps unsigned order to signed."""
+    return (a ^ _INT64_MIN) >= (b ^ _INT64_MIN)
+
+
+def _quotient(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Unsigned 64-bit a // b on int64 bits (Hacker's Delight, 9-3): halve a to make it a non-negative
+    int64, divide, double, and correct by one; a divisor of 2^63 or more goes at most once."""
+    if bool((b == 0).any()):
+        raise ZeroDivisionError("integer division by zero")
+    large = b < 0
+    q = (((a >> 1) & ~_INT64_MIN) // torch.where(large, 1, b)) << 1
+    q = q + _unsigned_at_least(a - q * b, b).to(torch.int64)
+    return torch.where(large, _unsigned_at_least(a, b).to(torch.int64), q)
+
+
+# Exact forms on uint64 values held as int64 bits, where the class's reinterpretation would not be.
+UINT64: dict[str, Callable[..., torch.Tensor]] = {
+    "floor_division": _quotient,
+    "modulo": lambda a, b: a - _quotient(a, b) * b,
+    "absolute": lambda x: x.clone(),
+    "relu": lambda x: x.clone(),
+    "sign": lambda x: (x != 0).to(torch.int64),
+}
 
 
 def _needs(args) -> bool:
@@ -103,6 +131,8 @@ def widening(prim, impl: Callable[..., Any]) -> Callable[..., Any]:
                 raise
         cls = prim.unsigned
         tensors = args[1:] if prim.needs_context else args
+        if prim.name in UINT64 and any(isinstance(a, torch.Tensor) and a.dtype == torch.uint64 for a in tensors):
+            return UINT64[prim.name](*(a.view(torch.int64) for a in tensors)).view(torch.uint64)
         wanted = _out_dtypes(prim, tensors, attrs)
         wide = _widen(list(args), cls, prim.name)
         result = impl(*wide, **attrs)

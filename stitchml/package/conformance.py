@@ -38,8 +38,6 @@ OUT_OF_SCOPE = [
     "- Training-mode Dropout and BatchNormalization: packages run inference.",
     "- Operators outside the importer's table (docs/packages.md lists the table) and opsets older than "
     "the importer reads (convert with onnx.version_converter).",
-    "- uint64 values of 2^63 and more in division, modulo and right shifts run in compiled kernels but not "
-    "in the op-by-op reference, which computes uint64 in int64 (no ONNX test has such values).",
 ]
 
 
