@@ -105,6 +105,42 @@ def test_uint64_beyond_int64(backend):
         g.run({a: a_np, b: np.zeros(16, np.uint64)}, [outs[5]], device="cpu")
 
 
+@pytest.mark.slow
+def test_unsigned_kernels_compile_for_cuda(monkeypatch, tmp_path):
+    """The interpreter computes with NumPy, which takes any dtype: the kernels of unsigned graphs must also
+    compile for a CUDA GPU (sm_90), as tests/test_compiler.py checks for the other types."""
+    import inspect
+    import json
+    import pathlib
+
+    from compiler_util import compile_for_cuda
+    from stitchml.codegen.common import LIBDEVICE_CUDA, LIBDEVICE_INTERPRET
+    from stitchml.runtime.launch import KernelLaunch
+
+    jobs = set()
+    original = KernelLaunch.__call__
+
+    def record(self, env):
+        source = pathlib.Path(inspect.getsourcefile(self.fn.fn)).read_text()
+        jobs.add(json.dumps({"name": self.fn.fn.__name__, "warps": self.warps, "constexprs": self.meta,
+                             "source": source.replace(LIBDEVICE_INTERPRET, LIBDEVICE_CUDA),
+                             "dtypes": [str(env[s].dtype).replace("torch.", "") for s in self.slots],
+                             "sizes": list(self.sizes)}, sort_keys=True))
+        original(self, env)
+
+    monkeypatch.setattr(KernelLaunch, "__call__", record)
+    for dt in UNSIGNED:
+        g = sm.Graph(str(dt))
+        a, b = g.placeholder((4, 9), dt), g.placeholder((9,), dt)
+        outs = [g.modulo(a * b + 7, g.maximum(b, 1)), g.floor_division(a, g.maximum(b, 1)) < a, -a, g.sign(a),
+                g.reduction_maximum(a - b, [1]), g.reduction_sum(a * b, [0]), g.cast(a, sm.float32) * 0.5]
+        feeds = {a: np.arange(36, dtype=dt.numpy).reshape(4, 9), b: np.arange(9, dtype=dt.numpy)}
+        g.compile(feeds, outs, device="cpu", options={"backend": "interpret"}).run(feeds)
+    assert len(jobs) >= 6
+    failed = compile_for_cuda(sorted(jobs), tmp_path)
+    assert not failed, "kernels that do not compile for CUDA:\n" + "\n".join(failed.values())
+
+
 @pytest.mark.parametrize("a, b, want", [
     (sm.uint16, sm.int8, sm.int32), (sm.uint16, sm.int16, sm.int32), (sm.uint32, sm.int32, sm.int64),
     (sm.uint32, sm.uint16, sm.uint32), (sm.uint64, sm.int64, sm.float64), (sm.uint64, sm.uint8, sm.uint64),
