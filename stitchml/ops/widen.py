@@ -72,8 +72,14 @@ UINT64: dict[str, Callable[..., torch.Tensor]] = {
 
 
 def _needs(args) -> bool:
-    return any(isinstance(a, torch.Tensor) and a.dtype in _WIDER for a in args) or any(
-        isinstance(a, (list, tuple)) and _needs(a) for a in args)
+    # A plain loop: this runs before every reference call, on any types.
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.dtype in _WIDER:
+                return True
+        elif isinstance(a, (list, tuple)) and _needs(a):
+            return True
+    return False
 
 
 def _no_kernel(e: Exception) -> bool:
