@@ -90,9 +90,17 @@ def _nonzero_divisor(cx, b: Tensor) -> None:
 def _div(cx, node, args, attrs):
     a, b = _t(cx, args[0]), _t(cx, args[1])
     _nonzero_divisor(cx, b)
-    q = cx.g.division(a, b)
-    # Integer division truncates toward zero, as C does.
-    return [q if a.dtype.is_floating else cx.g.cast(cx.g.truncate(q), a.dtype)]
+    g = cx.g
+    if a.dtype.is_floating:
+        return [g.division(a, b)]
+    # Integer division truncates toward zero, as C does: the floor quotient (exact in the integer type, where
+    # a float quotient would round above 2^24), plus one where an inexact quotient is negative.
+    q = g.floor_division(a, b)
+    if not a.dtype.is_signed:
+        return [q]
+    inexact = g.not_equal(g.modulo(a, b), g.constant(0, a.dtype))
+    negative = g.not_equal(a < g.constant(0, a.dtype), b < g.constant(0, a.dtype))
+    return [g.select(g.logical_and(inexact, negative), q + g.constant(1, a.dtype), q)]
 
 
 @handles("Mod")
