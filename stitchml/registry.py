@@ -80,17 +80,15 @@ class Primitive:
     # `out` and returns it, or returns the library's own memory (then `out` is unused)
     vendor: Callable[..., Any] | None = None
     doc: str = ""
-    # How the reference computes on uint64, which PyTorch lacks most kernels for (ops/widen.py): "ring"
-    # (exact modulo 2^64 in int64), "order" (by comparisons) or "value" (needs values below 2^63).
-    # Default: "value" for elementwise ops and reductions, "ring" for the others (they move values).
+    # How the reference computes on uint64, which PyTorch lacks most kernels for: "ring", "order" or "value"
+    # (ops/widen.py says what each means; empty: widen.default_class picks by name and kind)
     unsigned: str = ""
 
     def __post_init__(self):
         if not self.unsigned:
-            from .ops.widen import ORDER, RING
+            from .ops.widen import default_class
 
-            plain = "ring" if self.name in RING else "order" if self.name in ORDER else "value"
-            self.unsigned = plain if self.kind in (ELEMENTWISE, REDUCTION) or self.name in ORDER else "ring"
+            self.unsigned = default_class(self.name, self.kind)
 
     def __setattr__(self, key, value):
         # Every implementation computes on uint16/32/64 and float8 operands, widened where torch cannot.

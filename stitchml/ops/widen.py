@@ -35,14 +35,23 @@ _INT64_MIN = -(1 << 63)
 _WIDER = {torch.uint16: torch.int32, torch.uint32: torch.int64, torch.uint64: torch.int64,
           **{d.torch: torch.float32 for d in dtypes.FLOAT8}}
 _NAMES = ("UInt16", "UInt32", "UInt64", "Float8")  # how PyTorch's "not implemented for" messages name them
-CLASSES = ("ring", "order", "value")
-# Elementwise ops and reductions are of class "value" unless named here (others are "ring").
+# The classes of the primitives, in one table: elementwise ops and reductions are of class "value" unless
+# named here, the others (movement, contractions, state) of class "ring".
 RING = ("identity", "stop_gradient", "negative", "square", "addition", "subtraction", "multiplication", "power",
         "equal", "not_equal", "select", "cast", "logical_not", "logical_and", "logical_or", "logical_xor",
         "is_nan", "is_infinite", "is_finite", "reduction_sum", "reduction_product", "sum_to_shape")
 ORDER = ("maximum", "minimum", "clamp", "less_than", "less_than_or_equal_to", "greater_than",
          "greater_than_or_equal_to", "reduction_maximum", "reduction_minimum", "reduction_arg_maximum",
          "reduction_arg_minimum", "top_k", "max_pooling2d")
+
+
+def default_class(name: str, kind: str) -> str:
+    """The class a primitive `name` of `kind` has unless its entry says otherwise."""
+    if name in RING:
+        return "ring"
+    if name in ORDER:
+        return "order"
+    return "value" if kind in ("elementwise", "reduction") else "ring"
 
 
 def _unsigned_at_least(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
