@@ -153,13 +153,22 @@ def _onnxruntime(model, x, device, args):
     except ImportError:
         return {"skipped": "onnxruntime is not installed"}
     f = io.BytesIO()
+    # torch.onnx cannot export scaled_dot_product_attention with grouped-query heads (Llama): a transformers
+    # model exports with the library's eager attention, the same function, and gets its own back after.
+    inner = getattr(model, "model", None)
+    attention = getattr(getattr(inner, "config", None), "_attn_implementation", None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
+            if attention is not None and hasattr(inner, "set_attn_implementation"):
+                inner.set_attn_implementation("eager")
             torch.onnx.export(model.cpu(), (x.cpu(),), f, dynamo=False, opset_version=17, input_names=["x"],
                               output_names=["y"])
-        except Exception as e:  # noqa: BLE001  (torch.onnx cannot export some models, e.g. Llama's GQA)
+        except Exception as e:  # noqa: BLE001  (torch.onnx cannot export some models)
             return {"skipped": f"torch.onnx.export failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"}
+        finally:
+            if attention is not None and hasattr(inner, "set_attn_implementation"):
+                inner.set_attn_implementation(attention)
     providers = ["CUDAExecutionProvider"] if device.startswith("cuda") else ["CPUExecutionProvider"]
     if providers[0] not in ort.get_available_providers():
         return {"skipped": f"{providers[0]} is not available in onnxruntime {ort.__version__}"}
