@@ -91,7 +91,7 @@ float8_e4m3fnuz = DType("float8_e4m3fnuz", torch.float8_e4m3fnuz, 1, 2)
 float8_e5m2fnuz = DType("float8_e5m2fnuz", torch.float8_e5m2fnuz, 1, 2)
 
 # The types PyTorch's kernels cover; for the others (WIDE_UNSIGNED, FLOAT8) reference implementations
-# compute in a wider type and convert back (stitchml/widen.py).
+# compute in a wider type and convert back (stitchml/ops/widen.py).
 CORE: tuple[DType, ...] = (float16, bfloat16, float32, float64, int8, uint8, int16, int32, int64, bool_)
 WIDE_UNSIGNED: tuple[DType, ...] = (uint16, uint32, uint64)
 FLOAT8: tuple[DType, ...] = (float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz)
