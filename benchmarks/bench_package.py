@@ -2,8 +2,9 @@
 
     $ python benchmarks/bench_package.py --device cpu --json bench_package.json
     $ python benchmarks/bench_package.py --device cuda --compile --models cnn resnet18 transformer --batch 1 8
-    $ python benchmarks/bench_package.py --device cuda --compile --models hf:bert hf:gpt2 hf:llama hf:vit \
-          hf:convnext hf:resnet --batch 1 8     # transformers models from small configs (zoo.py)
+    $ python benchmarks/bench_package.py --device cuda --compile --models hf --batch 1 8
+          # "hf": every transformers family of zoo.py from small configs (BERT, GPT-2, Llama, ViT, ConvNeXt,
+          # ResNet, T5, Wav2Vec2, Swin, MobileNetV2); or name them: --models hf:t5 hf:swin
 
 For each zoo model (stitchml/package/zoo.py, random weights) and batch size:
 
@@ -152,13 +153,22 @@ def _onnxruntime(model, x, device, args):
     except ImportError:
         return {"skipped": "onnxruntime is not installed"}
     f = io.BytesIO()
+    # torch.onnx cannot export scaled_dot_product_attention with grouped-query heads (Llama): a transformers
+    # model exports with the library's eager attention, the same function, and gets its own back after.
+    inner = getattr(model, "model", None)
+    attention = getattr(getattr(inner, "config", None), "_attn_implementation", None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
+            if attention is not None and hasattr(inner, "set_attn_implementation"):
+                inner.set_attn_implementation("eager")
             torch.onnx.export(model.cpu(), (x.cpu(),), f, dynamo=False, opset_version=17, input_names=["x"],
                               output_names=["y"])
-        except Exception as e:  # noqa: BLE001  (torch.onnx cannot export some models, e.g. Llama's GQA)
+        except Exception as e:  # noqa: BLE001  (torch.onnx cannot export some models)
             return {"skipped": f"torch.onnx.export failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"}
+        finally:
+            if attention is not None and hasattr(inner, "set_attn_implementation"):
+                inner.set_attn_implementation(attention)
     providers = ["CUDAExecutionProvider"] if device.startswith("cuda") else ["CPUExecutionProvider"]
     if providers[0] not in ort.get_available_providers():
         return {"skipped": f"{providers[0]} is not available in onnxruntime {ort.__version__}"}
@@ -273,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     rows = []
-    for name in args.models:
+    names = [n for m in args.models for n in ([f"hf:{f}" for f in zoo.TRANSFORMERS] if m == "hf" else [m])]
+    for name in names:
         model, (example,) = zoo.build(name)
         for batch in args.batch:
             x = example[:1].repeat(batch, *[1] * (example.dim() - 1))

@@ -14,6 +14,7 @@ from . import ops as _ops  # registers every primitive
 from . import composites as _composites  # registers the composites
 from . import distributed, nn, optim  # data parallelism; layers; the update rules and SGD, Adam, AdamW
 from .dtypes import (DType, bfloat16, float16, float32, float64, int8, int16, int32, int64, uint8,
+                     uint16, uint32, uint64, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz,
                      as_dtype, promote)
 from .dtypes import bool_ as bool  # noqa: A001  (stitchml.bool, like torch.bool)
 from .errors import (DataError, DeviceError, ExecutionError, FeedError, GraphError, LayoutError, PackageError,
@@ -40,6 +41,7 @@ __all__ = [
     "Graph", "Tensor", "TensorType", "Operation", "TensorData", "DType", "REGISTRY",
     "Convolution2DDescriptor", "Pooling2DDescriptor",
     "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
+    "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
     "as_dtype", "promote",
     "StitchError", "ShapeError", "FeedError", "GraphError", "ExecutionError", "LayoutError", "SerializationError",
     "DataError", "DeviceError", "distributed", "nn", "optim",

@@ -10,6 +10,18 @@ PyTorch's rule, written out here so it is ours to document:
 * a Python scalar is *weak*: it takes the type of the tensor it meets, unless
   it is of a higher category (a float scalar with an integer tensor gives
   float32, the default float type).
+
+uint16, uint32 and uint64 follow NumPy (PyTorch refuses to promote them with
+any other integer type): an unsigned type with a signed one gives the
+smallest signed type that holds both (uint16 with int8 gives int32, uint32
+with int32 gives int64) and uint64 with any signed type gives float64; with
+a narrower unsigned type or bool the wider one wins.
+
+The float8 types (float8_e4m3fn, float8_e5m2 and their "fnuz" variants) are
+storage types: values are computed in float32 and rounded back (as half
+types are in kernels). A float8 type with a wider float gives that float, two
+different float8 types give float16 (which holds both exactly), and a float8
+type with an integer or bool keeps the float8 type (the category rule).
 """
 from __future__ import annotations
 
@@ -42,12 +54,16 @@ class DType:
 
     @property
     def is_signed(self) -> bool:
-        return self.name not in ("uint8", "bool")
+        return not (self.name.startswith("uint") or self.name == "bool")
+
+    @property
+    def is_float8(self) -> bool:
+        return self.name.startswith("float8")
 
     @property
     def numpy(self) -> np.dtype | None:
-        """The NumPy dtype, or None where NumPy has none (bfloat16)."""
-        return None if self.name == "bfloat16" else np.dtype(self.name)
+        """The NumPy dtype, or None where NumPy has none (bfloat16, the float8 types)."""
+        return None if self.name == "bfloat16" or self.is_float8 else np.dtype(self.name)
 
     def __repr__(self) -> str:
         return f"stitchml.{self.name}"
@@ -66,8 +82,20 @@ int16 = DType("int16", torch.int16, 2, 1)
 int32 = DType("int32", torch.int32, 4, 1)
 int64 = DType("int64", torch.int64, 8, 1)
 bool_ = DType("bool", torch.bool, 1, 0)
+uint16 = DType("uint16", torch.uint16, 2, 1)
+uint32 = DType("uint32", torch.uint32, 4, 1)
+uint64 = DType("uint64", torch.uint64, 8, 1)
+float8_e4m3fn = DType("float8_e4m3fn", torch.float8_e4m3fn, 1, 2)
+float8_e5m2 = DType("float8_e5m2", torch.float8_e5m2, 1, 2)
+float8_e4m3fnuz = DType("float8_e4m3fnuz", torch.float8_e4m3fnuz, 1, 2)
+float8_e5m2fnuz = DType("float8_e5m2fnuz", torch.float8_e5m2fnuz, 1, 2)
 
-ALL: tuple[DType, ...] = (float16, bfloat16, float32, float64, int8, uint8, int16, int32, int64, bool_)
+# The types PyTorch's kernels cover; for the others (WIDE_UNSIGNED, FLOAT8) reference implementations
+# compute in a wider type and convert back (stitchml/ops/widen.py).
+CORE: tuple[DType, ...] = (float16, bfloat16, float32, float64, int8, uint8, int16, int32, int64, bool_)
+WIDE_UNSIGNED: tuple[DType, ...] = (uint16, uint32, uint64)
+FLOAT8: tuple[DType, ...] = (float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz)
+ALL: tuple[DType, ...] = CORE + WIDE_UNSIGNED + FLOAT8
 _BY_NAME = {d.name: d for d in ALL}
 _BY_TORCH = {d.torch: d for d in ALL}
 
@@ -101,6 +129,17 @@ def as_dtype(value) -> DType:
 
 def promote(a: DType, b: DType) -> DType:
     """The common type of two tensor operands (see the module docstring)."""
+    if a == b:
+        return a
+    if a.is_float8 or b.is_float8:
+        if a.is_float8 and b.is_float8:
+            return float16
+        wide, other = (b, a) if a.is_float8 else (a, b)
+        return wide if wide.is_floating else other
+    if a in WIDE_UNSIGNED or b in WIDE_UNSIGNED:
+        if a.is_floating or b.is_floating:
+            return as_dtype(torch.promote_types(a.torch, b.torch))
+        return as_dtype(np.promote_types(np.dtype(a.name), np.dtype(b.name)).name)
     return as_dtype(torch.promote_types(a.torch, b.torch))
 
 

@@ -80,6 +80,23 @@ class Primitive:
     # `out` and returns it, or returns the library's own memory (then `out` is unused)
     vendor: Callable[..., Any] | None = None
     doc: str = ""
+    # How the reference computes on uint64, which PyTorch lacks most kernels for: "ring", "order" or "value"
+    # (ops/widen.py says what each means; empty: widen.default_class picks by name and kind)
+    unsigned: str = ""
+
+    def __post_init__(self):
+        if not self.unsigned:
+            from .ops.widen import default_class
+
+            self.unsigned = default_class(self.name, self.kind)
+
+    def __setattr__(self, key, value):
+        # Every implementation computes on uint16/32/64 and float8 operands, widened where torch cannot.
+        if key == "impl" and value is not None:
+            from .ops.widen import widening
+
+            value = widening(self, value)
+        object.__setattr__(self, key, value)
 
     def def_infer(self, fn):
         self.infer = fn

@@ -77,6 +77,8 @@ def _from_numpy(array: np.ndarray) -> torch.Tensor:
         array = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("="), copy=False)
     if array.dtype.name == "bfloat16":  # ml_dtypes
         return torch.from_numpy(array.view(np.uint16).copy()).view(torch.bfloat16)
+    if array.dtype.name.startswith("float8_") and hasattr(torch, array.dtype.name):  # ml_dtypes, as torch names it
+        return torch.from_numpy(array.view(np.uint8).copy()).view(getattr(torch, array.dtype.name))
     with warnings.catch_warnings():  # read-only arrays: we never write into a caller's input
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(array)
@@ -312,6 +314,12 @@ class TensorData:
             except ImportError:
                 raise TypeError("NumPy has no bfloat16; install ml_dtypes, or use .torch() or cast first") from None
             return t.contiguous().view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+        if dtypes.as_dtype(t.dtype).is_float8:
+            try:
+                import ml_dtypes
+            except ImportError:
+                raise TypeError(f"NumPy has no {t.dtype}; install ml_dtypes, or use .torch() or cast first") from None
+            return t.contiguous().view(torch.uint8).numpy().view(getattr(ml_dtypes, str(t.dtype)[6:]))
         return t.numpy()
 
     def __array__(self, dtype=None, copy=None):

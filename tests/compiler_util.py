@@ -196,7 +196,8 @@ def assert_reference(actual: torch.Tensor, reference: torch.Tensor, what: str, f
 
 # -- kernels compiled for CUDA ---------------------------------------------------------------
 _POINTERS = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64", "int8": "*i8",
-             "uint8": "*u8", "int16": "*i16", "int32": "*i32", "int64": "*i64", "bool": "*i1"}
+             "uint8": "*u8", "int16": "*i16", "int32": "*i32", "int64": "*i64", "bool": "*i1",
+             "uint16": "*u16", "uint32": "*u32", "uint64": "*u64"}
 
 
 def compile_for_cuda(jobs: list[str], workdir: pathlib.Path) -> dict[str, str]:

@@ -268,6 +268,7 @@ def _onnx_models() -> dict:
     global _MODELS
     if _MODELS is not None:
         return _MODELS
+    import ml_dtypes
     import numpy as np
     from onnx import TensorProto as T
     from onnx import helper
@@ -359,6 +360,16 @@ def _onnx_models() -> dict:
                           opset=20),
         "runtime_shape": model([n("Reshape", ["x", "shape"], ["y"])], [vi("x", [2, 3]), vi("shape", [2], T.INT64)],
                                [vi("y", ["a", "b"])]),
+        "unsigned_float8": model([n("BitShift", ["x", "s"], ["a"], direction="LEFT"), n("Add", ["a", "x"], ["b"]),
+                                  n("Mod", ["b", "m"], ["c"]), n("Cast", ["c"], ["f"], to=T.FLOAT),
+                                  n("Cast", ["f"], ["e"], to=T.FLOAT8E4M3FN, saturate=0),
+                                  n("Cast", ["e"], ["g"], to=T.FLOAT),
+                                  n("QuantizeLinear", ["g", "sc", "zp"], ["q"]),
+                                  n("DequantizeLinear", ["q", "sc", "zp"], ["y"])],
+                                 [vi("x", [3], T.UINT32)], [vi("y", [3])],
+                                 {"s": np.array([1, 2, 31], np.uint32), "m": np.array([3, 5, 2 ** 32 - 1], np.uint32),
+                                  "sc": np.array(0.5, f32),
+                                  "zp": np.zeros((), ml_dtypes.float8_e5m2)}, opset=21),
     }
     return _MODELS
 
@@ -411,7 +422,8 @@ def _mutate_onnx(rng: random.Random) -> tuple[bytes, str]:
             new = np.full_like(arr, min(2 ** 40, np.iinfo(arr.dtype).max) if arr.dtype.kind in "iu" else 1e30) \
                 if arr.dtype != bool else arr
         elif how == "random":
-            new = (rng.randint(-50, 50) * np.ones_like(arr)) if arr.dtype != bool else arr
+            # as int64, then in the array's type (wrapping for unsigned types, as a model's writer would)
+            new = (rng.randint(-50, 50) * np.ones(arr.shape, np.int64)).astype(arr.dtype) if arr.dtype != bool else arr
         elif how == "nan":
             new = np.full_like(arr, np.nan) if arr.dtype.kind == "f" else arr
         elif how == "empty":
@@ -424,7 +436,7 @@ def _mutate_onnx(rng: random.Random) -> tuple[bytes, str]:
         elif how == "dims_huge":
             proto.dims[:] = [2 ** 40] + list(proto.dims[1:])
         elif how == "dtype":
-            proto.data_type = rng.choice([2, 4, 8, 12, 13, 14, 17, 99])
+            proto.data_type = rng.choice([2, 4, 8, 12, 13, 14, 17, 18, 19, 20, 21, 23, 99])
         init.CopyFrom(proto)
         desc += f" {init.name} {how}"
     elif kind == "shape":
@@ -501,10 +513,13 @@ def _reason(message: str) -> str:
 def _feeds(fn):
     import numpy as np
 
+    import torch
+
     feeds = {}
     for port in fn.inputs:
         shape = tuple(2 if d == -1 else d for d in (port.type.shape or (2,)))
-        feeds[port.name] = np.ones(shape, port.type.dtype.numpy)
+        dt = port.type.dtype
+        feeds[port.name] = np.ones(shape, dt.numpy) if dt.numpy is not None else torch.ones(shape, dtype=dt.torch)
     return feeds
 
 

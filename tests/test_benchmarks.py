@@ -38,3 +38,14 @@ def test_package_benchmark_on_the_cpu(tmp_path, capsys):
         assert t["wall_us"] > 0
         assert r["torch_compile"]["skipped"].startswith("not asked for")
     assert "cnn" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_dtype_check_on_the_cpu(tmp_path, capsys):
+    out = tmp_path / "dtypes.json"
+    assert _load("check_dtypes").main(["--device", "cpu", "--quick", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert {(r["dtype"], r["mode"]) for r in doc["unsigned"]} == {
+        (d, m) for d in ("uint16", "uint32", "uint64") for m in ("eager", "interpret", "native")}
+    assert len(doc["float8"]) == 12 and doc["timing"]["ok"] and doc["timing"]["kernels"] == 1
+    assert "uint32 hash chain" in capsys.readouterr().out

@@ -46,7 +46,8 @@ from ..registry import lookup
 from .common import Layout, checks_divisor, compute_dtype, index_expr, triton_template
 
 CTYPE = {"float16": "_Float16", "bfloat16": "uint16_t", "float32": "float", "float64": "double", "int8": "int8_t",
-         "uint8": "uint8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
+         "uint8": "uint8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t", "bool": "bool",
+         "uint16": "uint16_t", "uint32": "uint32_t", "uint64": "uint64_t"}
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 # Rows whose scratch values would not fit this many elements per thread run through the reference instead.
 MAX_SCRATCH = 1 << 22
@@ -55,7 +56,7 @@ PRELUDE = r'''
 // No headers: the compiler's builtins only, so that a kernel compiles in a fraction of the time <cmath> takes.
 typedef __INT8_TYPE__ int8_t; typedef __UINT8_TYPE__ uint8_t; typedef __INT16_TYPE__ int16_t;
 typedef __UINT16_TYPE__ uint16_t; typedef __INT32_TYPE__ int32_t; typedef __UINT32_TYPE__ uint32_t;
-typedef __INT64_TYPE__ int64_t;
+typedef __INT64_TYPE__ int64_t; typedef __UINT64_TYPE__ uint64_t;
 #define INF_F __builtin_inff()
 #define INF_D __builtin_inf()
 
@@ -220,7 +221,8 @@ def literal(value: torch.Tensor, dt: DType) -> str:
         if v in (float("inf"), float("-inf")):
             return f"{'' if v > 0 else '-'}({t})INF_D"
         return f"({t}){float(v)!r}"
-    return f"(({ctype(cd)}){int(v)}{'LL' if abs(int(v)) >= 2**31 else ''})"
+    suffix = "" if abs(int(v)) < 2**31 else "ULL" if not cd.is_signed else "LL"
+    return f"(({ctype(cd)}){int(v)}{suffix})"
 
 
 _TRITON_TO_CPP = [(re.compile(r"tl\.PropagateNan\.ALL"), "1"), (re.compile(r"\btl\."), "tl::"),

@@ -48,7 +48,9 @@ MAX_HEADER_BYTES = 64 << 20
 REFERENCE = "reference/"  # key prefix of reference values in a capture file
 _DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
-           "uint8": torch.uint8, "bool": torch.bool}
+           "uint8": torch.uint8, "bool": torch.bool, "uint16": torch.uint16, "uint32": torch.uint32,
+           "uint64": torch.uint64, "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
+           "float8_e4m3fnuz": torch.float8_e4m3fnuz, "float8_e5m2fnuz": torch.float8_e5m2fnuz}
 
 
 class CaptureError(SerializationError):

@@ -44,7 +44,9 @@ def _elem(dtype) -> int:
     from onnx import TensorProto as T
 
     table = {"float32": T.FLOAT, "float64": T.DOUBLE, "float16": T.FLOAT16, "bfloat16": T.BFLOAT16,
-             "int64": T.INT64, "int32": T.INT32, "int16": T.INT16, "int8": T.INT8, "uint8": T.UINT8, "bool": T.BOOL}
+             "int64": T.INT64, "int32": T.INT32, "int16": T.INT16, "int8": T.INT8, "uint8": T.UINT8, "bool": T.BOOL,
+             "uint16": T.UINT16, "uint32": T.UINT32, "uint64": T.UINT64, "float8_e4m3fn": T.FLOAT8E4M3FN,
+             "float8_e5m2": T.FLOAT8E5M2, "float8_e4m3fnuz": T.FLOAT8E4M3FNUZ, "float8_e5m2fnuz": T.FLOAT8E5M2FNUZ}
     return table[str(dtype)]
 
 

@@ -3,13 +3,15 @@
 Handlers as in onnx_ops.py. The registry has no bit primitives, so:
 
 * ``BitShift``: a right shift is a floor division by 2^b (arithmetic for
-  signed types), a left shift a product by 2^b wrapped to the type's width;
+  signed types), a left shift a product by 2^b wrapped to the type's width
+  (uint64 shifts in uint64, the others in int64);
   shifts below 0 or of the width or more give 0 (-1 for negative values
   shifted right), as ONNX's definition says.
 * ``BitwiseAnd``/``Or``/``Xor``/``Not``: the bits of each operand (floor
   division by powers of two, modulo 2: two's complement for negative
   values), combined arithmetically and summed back with their weights, the
-  sign bit weighing -2^(width-1) in signed types.
+  sign bit weighing -2^(width-1) in signed types (and in uint64, which is
+  computed as int64 of the same bits).
 """
 from __future__ import annotations
 
@@ -35,6 +37,14 @@ def _bit_shift(cx, node, args, attrs):
     g = cx.g
     a, b = _t(cx, args[0]), _t(cx, args[1])
     width, signed = _width(cx, a)
+    if a.dtype == dtypes.uint64:  # no wider type: shift in uint64 itself, by products and quotients of 2^b
+        b64 = _int64(cx, b)
+        powers = g.constant(np.array([1 << k for k in range(64)], np.uint64))
+        p = g.gather(powers, g.clamp(b64, g.constant(0, dtypes.int64), g.constant(63, dtypes.int64)), 0)
+        y = g.floor_division(a, p) if attrs.get("direction") == "RIGHT" else a * p
+        if attrs.get("direction") not in ("LEFT", "RIGHT"):
+            raise cx.fail(f"direction must be LEFT or RIGHT, got {attrs.get('direction')!r}")
+        return [g.select(g.logical_or(b64 < 0, b64 >= 64), g.constant(0, dtypes.uint64), y)]
     a64, b64 = _int64(cx, a), _int64(cx, b)
     powers = g.constant(np.array([1 << k for k in range(min(width, 63))], np.int64))
     p = g.gather(powers, g.clamp(b64, g.constant(0, dtypes.int64), g.constant(min(width, 63) - 1, dtypes.int64)), 0)
@@ -67,6 +77,7 @@ def _bitwise(cx, node, args, attrs):
     g = cx.g
     xs = [_t(cx, a) for a in args]
     width, signed = _width(cx, xs[0])
+    signed = signed or width == 64  # uint64 computes as int64: the same bits, and the cast back keeps them
     low = width - 1 if signed else width  # the bits summed with positive weights
     x64 = [_int64(cx, x) for x in xs]
     op = node.op_type

@@ -142,7 +142,8 @@ class Importer:
             raise self.symbolic(value)
         elif isinstance(value, Tensor) and value.op.op == "constant":
             v = value.op.attrs["value"]
-            return (v.float() if v.dtype == torch.bfloat16 else v).numpy()  # NumPy has no bfloat16
+            # NumPy has no bfloat16 or float8 types: their values as float32 (exact)
+            return (v.float() if v.dtype == torch.bfloat16 or dtypes.as_dtype(v.dtype).is_float8 else v).numpy()
         elif isinstance(value, np.ndarray):
             return value
         raise ImportTimeValueError(f"{self.where()}: {what} must be known when the model is imported "

@@ -13,6 +13,7 @@ import math
 from typing import Callable
 
 import numpy as np
+import torch
 
 from .. import dtypes
 from ..ir import UNKNOWN, Tensor
@@ -89,9 +90,17 @@ def _nonzero_divisor(cx, b: Tensor) -> None:
 def _div(cx, node, args, attrs):
     a, b = _t(cx, args[0]), _t(cx, args[1])
     _nonzero_divisor(cx, b)
-    q = cx.g.division(a, b)
-    # Integer division truncates toward zero, as C does.
-    return [q if a.dtype.is_floating else cx.g.cast(cx.g.truncate(q), a.dtype)]
+    g = cx.g
+    if a.dtype.is_floating:
+        return [g.division(a, b)]
+    # Integer division truncates toward zero, as C does: the floor quotient (exact in the integer type, where
+    # a float quotient would round above 2^24), plus one where an inexact quotient is negative.
+    q = g.floor_division(a, b)
+    if not a.dtype.is_signed:
+        return [q]
+    inexact = g.not_equal(g.modulo(a, b), g.constant(0, a.dtype))
+    negative = g.not_equal(a < g.constant(0, a.dtype), b < g.constant(0, a.dtype))
+    return [g.select(g.logical_and(inexact, negative), q + g.constant(1, a.dtype), q)]
 
 
 @handles("Mod")
@@ -212,6 +221,33 @@ def _clip(cx, node, args, attrs):
     return [y if y is not x else g.identity(x)]
 
 
+# Per float8 type: the magnitude from which a value rounds past the largest finite one, and whether a
+# value just at it does (ties go to even: 448 in float8_e4m3fn has an even mantissa, the others' odd).
+_FLOAT8_OVERFLOW = {"float8_e4m3fn": (464.0, False), "float8_e5m2": (61440.0, True),
+                    "float8_e4m3fnuz": (248.0, True), "float8_e5m2fnuz": (61440.0, True)}
+
+
+def to_float8(g, x, dt: dtypes.DType, saturate: bool):
+    """`x` cast to the float8 type `dt` as ONNX's Cast does: rounding half to even, and beyond the
+    type's range (infinities included) the largest finite value with `saturate`, else NaN (infinity
+    of the same sign for float8_e5m2). PyTorch's cast saturates float8_e4m3fn and overflows the
+    others, so both cases are made explicit before it."""
+    if x.dtype.is_floating:
+        if saturate:
+            top = float(torch.finfo(dt.torch).max)
+            x = g.clamp(x, -top, top)
+        else:
+            limit, at = _FLOAT8_OVERFLOW[dt.name]
+            size = g.absolute(x)
+            over = size >= limit if at else size > limit
+            if dt == dtypes.float8_e5m2:
+                beyond = g.select(x > 0, math.inf, -math.inf)
+            else:
+                beyond = g.cast(g.constant(math.nan, dtypes.float32), x.dtype)
+            x = g.select(over, beyond, x)
+    return g.cast(x, dt)
+
+
 @handles("Cast", "CastLike")
 def _cast(cx, node, args, attrs):
     if node.op_type == "Cast":
@@ -220,6 +256,8 @@ def _cast(cx, node, args, attrs):
         dt = _t(cx, args[1]).dtype
     if isinstance(args[0], Dims) and dt in (dtypes.int64, dtypes.int32):
         return [args[0]]
+    if dt.is_float8:
+        return [to_float8(cx.g, _t(cx, args[0]), dt, bool(attrs.get("saturate", 1)))]
     return [cx.g.cast(_t(cx, args[0]), dt)]
 
 

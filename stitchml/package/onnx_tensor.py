@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import dtypes
 from ..ir import UNKNOWN
-from .onnx_ops import _rank, _t, handles
+from .onnx_ops import _rank, _t, handles, to_float8
 from .onnx_values import onnx_dtype
 
 
@@ -336,9 +336,14 @@ def _quantize(cx, node, args, attrs):
         out = onnx_dtype(attrs["output_dtype"], "output_dtype")
     else:
         out = zp.dtype if zp is not None else dtypes.uint8
-    if not out.is_integer:
-        raise cx.fail(f"quantizing to {out} is not supported (integer types are)")
-    y = g.round(g.cast(x, dtypes.float32) / g.cast(_per_axis(cx, scale, x, attrs), dtypes.float32))
+    if not (out.is_integer or out.is_float8):
+        raise cx.fail(f"quantizing to {out} is not supported (integer and float8 types are)")
+    y = g.cast(x, dtypes.float32) / g.cast(_per_axis(cx, scale, x, attrs), dtypes.float32)
+    if out.is_float8:  # no rounding to integers: the cast rounds, saturating unless told not to
+        if zp is not None:
+            y = y + g.cast(_per_axis(cx, zp, x, attrs), dtypes.float32)
+        return [to_float8(g, y, out, bool(attrs.get("saturate", 1)))]
+    y = g.round(y)
     if zp is not None:
         y = y + g.cast(_per_axis(cx, zp, x, attrs), dtypes.float32)
     info = np.iinfo(out.numpy)

@@ -16,7 +16,9 @@ from ..errors import PackageError
 
 # ONNX TensorProto element types we have a dtype for.
 _ONNX_DTYPES = {1: dtypes.float32, 2: dtypes.uint8, 3: dtypes.int8, 5: dtypes.int16, 6: dtypes.int32,
-                7: dtypes.int64, 9: dtypes.bool_, 10: dtypes.float16, 11: dtypes.float64, 16: dtypes.bfloat16}
+                7: dtypes.int64, 9: dtypes.bool_, 10: dtypes.float16, 11: dtypes.float64, 16: dtypes.bfloat16,
+                4: dtypes.uint16, 12: dtypes.uint32, 13: dtypes.uint64, 17: dtypes.float8_e4m3fn,
+                18: dtypes.float8_e4m3fnuz, 19: dtypes.float8_e5m2, 20: dtypes.float8_e5m2fnuz}
 
 
 def onnx_dtype(code: int, where: str) -> dtypes.DType:

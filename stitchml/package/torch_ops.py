@@ -323,6 +323,51 @@ def _gather(imp, node, x, dim, index, sparse_grad=False):
     return imp.g.gather_along_axis(x, index, _axis(x, dim))
 
 
+@aten("index.Tensor")
+def _index(imp, node, x, indices):
+    # NumPy advanced indexing with index tensors at adjacent axes (None keeps an axis whole): the indexed
+    # axes merge into one, read at the row-major linear index of the broadcast index tensors.
+    g = imp.g
+    used = [i for i, t in enumerate(indices) if t is not None]
+    if not used or used != list(range(used[0], used[-1] + 1)) or x.shape is None:
+        raise imp.fail("index: index tensors at adjacent axes of a tensor of known rank are supported, "
+                       f"got them at axes {used}")
+    first, last = used[0], used[-1] + 1
+    extents = x.shape[first:last]
+    if len(used) > 1 and UNKNOWN in extents:
+        raise imp.fail(f"index: several index tensors need the indexed extents known, got {x.type}")
+    linear = None
+    for axis, n in zip(used, extents):
+        idx = g.cast(indices[axis], dtypes.int64) if indices[axis].dtype != dtypes.int64 else indices[axis]
+        idx = g.select(idx < 0, idx + n, idx) if len(used) > 1 else idx
+        linear = idx if linear is None else linear * n + idx
+    if len(used) > 1:
+        x = g.reshape(x, (*[-1 if d == UNKNOWN else d for d in x.shape[:first]], -1,
+                          *[-1 if d == UNKNOWN else d for d in x.shape[last:]]))
+    return g.gather(x, linear, first)
+
+
+@aten("linalg_vector_norm.default")
+def _vector_norm(imp, node, x, ord=2, dim=None, keepdim=False, dtype=None):
+    g = imp.g
+    if dtype is not None:
+        x = g.cast(x, dtype)
+    if isinstance(dim, int):
+        dim = [dim]
+    axes, size = _dims(x, dim), g.absolute(x)
+    if ord == float("inf"):
+        return g.reduction_maximum(size, axes, keepdim)
+    if ord == -float("inf"):
+        return g.reduction_minimum(size, axes, keepdim)
+    if ord == 2:
+        return g.square_root(g.reduction_sum(size * size, axes, keepdim))
+    if ord == 1:
+        return g.reduction_sum(size, axes, keepdim)
+    if ord == 0:
+        return g.reduction_sum(g.cast(g.not_equal(x, 0), x.dtype), axes, keepdim)
+    return g.power(g.reduction_sum(g.power(size, float(ord)), axes, keepdim), 1.0 / ord)
+
+
 @aten("cumsum.default")
 def _cumsum(imp, node, x, dim, dtype=None):
     y = imp.g.cumulative_sum(x, _axis(x, dim))

@@ -1,5 +1,6 @@
 """Small reference networks with random weights: a CNN, a UNet, an LSTM, a transformer block, a ResNet-18, and
-models of the transformers library (BERT, GPT-2, Llama, ViT, ConvNeXt, ResNet) from small configs.
+models of the transformers library (BERT, GPT-2, Llama, ViT, ConvNeXt, ResNet, T5, Wav2Vec2, Swin, MobileNetV2)
+from small configs.
 
 Public: the networks to try packages and pipelines on without a model file
 (docs/packages.md starts from `zoo.build("cnn")`). The importers are checked
@@ -152,6 +153,18 @@ class FirstOutput(nn.Module):
         return self.model(x, return_dict=False)[0]
 
 
+class EncoderDecoder(nn.Module):
+    """An encoder-decoder model of the transformers library (T5) on one token tensor: the encoder reads all
+    of it, the decoder its first five tokens; the decoder's last hidden state."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(input_ids=x, decoder_input_ids=x[:, :5], return_dict=False)[0]
+
+
 def _transformers(family: str) -> tuple[nn.Module, tuple]:
     """A model of the transformers library from a small config (random weights; nothing is downloaded)."""
     import transformers as tf
@@ -174,14 +187,34 @@ def _transformers(family: str) -> tuple[nn.Module, tuple]:
                                                                 image_size=32)), images(32)),
         "resnet": lambda: (tf.ResNetModel(tf.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
                                                           layer_type="basic")), images(32)),
+        # Encoder-decoder with relative position buckets, RMS norms without bias, cross-attention.
+        "t5": lambda: (tf.T5Model(tf.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                              num_decoder_layers=2, num_heads=4, relative_attention_num_buckets=8,
+                                              relative_attention_max_distance=16, decoder_start_token_id=0)),
+                       tokens()),
+        # Audio: a strided 1-D convolution stack over raw samples, a weight-normed grouped positional
+        # convolution, then a transformer encoder.
+        "wav2vec2": lambda: (tf.Wav2Vec2Model(tf.Wav2Vec2Config(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, conv_dim=(16, 16, 16),
+            conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4)), (torch.randn(2, 400),)),
+        # Shifted-window attention: rolls, window partitions and a relative position bias table read by index.
+        "swin": lambda: (tf.SwinModel(tf.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
+                                                    num_heads=[2, 4], window_size=4)), images(32)),
+        # Inverted residuals: depthwise (grouped) convolutions, ReLU6, TensorFlow-style "same" padding.
+        "mobilenetv2": lambda: (tf.MobileNetV2Model(tf.MobileNetV2Config(image_size=32, depth_multiplier=0.25)),
+                                images(32)),
     }
     if family not in families:
         raise KeyError(f"no transformers family {family!r}; there are {sorted(families)}")
     model, inputs = families[family]()
-    return FirstOutput(model.eval()).eval(), inputs
+    with torch.no_grad():
+        _randomize_norms(model)
+    return (EncoderDecoder if family == "t5" else FirstOutput)(model.eval()).eval(), inputs
 
 
-TRANSFORMERS = ("bert", "gpt2", "llama", "vit", "convnext", "resnet")  # built as "hf:<family>"
+# Built as "hf:<family>".
+TRANSFORMERS = ("bert", "gpt2", "llama", "vit", "convnext", "resnet", "t5", "wav2vec2", "swin", "mobilenetv2")
 
 
 def build(name: str, seed: int = 0) -> tuple[nn.Module, tuple]:

@@ -10,9 +10,9 @@ Kernels come in templates (see codegen/):
 * matmul      a matrix product and elementwise ops on its output (epilogue);
 * convolution a 2-D convolution and elementwise ops on its output.
 
-Anything else runs alone: opaque ops (gather, pooling, random...) and
-elementwise ops with no Triton expression for their dtype through their
-reference implementation, views (reshape, transpose, broadcast_to,
+Anything else runs alone: opaque ops (gather, pooling, random...),
+elementwise ops with no Triton expression for their dtype and ops on float8
+types through their reference implementation, views (reshape, transpose, broadcast_to,
 slice) as zero-copy strided views that the next kernel loads through.
 Correctness lives here; preferences live in policy.py.
 """
@@ -33,6 +33,8 @@ def numel(t: Tensor) -> int:
 
 def template_of(op: Operation) -> str | None:
     """The template an op starts a kernel of, or None when it never joins one (views among them)."""
+    if any(t.dtype.is_float8 for t in (*op.inputs, *op.outputs)):
+        return None  # float8 types are for storage: their ops run through the (widening) reference
     prim = lookup(op.op)
     if prim.kind == ELEMENTWISE:
         return "pointwise" if triton_template(op) is not None else None

@@ -29,7 +29,9 @@ Every builder method of `Graph`, one row each, generated from the op registry
   movement, contraction, opaque, random, state); *composite* ops are Python
   functions of primitives; *builder* ops emit other primitives.
 * **dtypes**: the input types the tests cover. Integer and bool inputs of
-  float-only ops are promoted to float32 (docs/semantics.md).
+  float-only ops are promoted to float32 (docs/semantics.md). Every op that
+  takes uint8 takes uint16, uint32 and uint64 too, eager and compiled
+  (tests/test_dtypes_unsigned.py).
 * **gradient**: *yes* when `graph.gradients` flows through the op, *no* when
   the op stops it on purpose (`differentiable=False`).
 """
