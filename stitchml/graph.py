@@ -318,7 +318,7 @@ class Graph(GraphMethods):
 
     # -- running ---------------------------------------------------------------
     def run(self, feeds=None, targets=(), target_ops=(), device=None, compiled: bool | None = None,
-            buckets: dict | None = None):
+            buckets: dict | None = None, options: dict | None = None):
         """Run what `targets` and `target_ops` need; returns {target: TensorData}.
 
         Feeds map placeholders to TensorData (or arrays). On CUDA the graph is
@@ -334,10 +334,13 @@ class Graph(GraphMethods):
         `buckets` ({placeholder: {axis: rule}}, default `self.buckets`) rounds those extents up
         (runtime/buckets.py: "pow2", multiples of N, or edges) so that one executable serves every size
         of a bucket, with results equal to an unpadded run; runs with buckets are compiled, on the CPU too.
+
+        `options` are compile options, as for `compile` (`{"allow_tf32": True}`), part of the compiled
+        executable's signature; op-by-op runs do not use them.
         """
         from .runtime.compiled import run_graph
 
-        return run_graph(self, feeds, targets, target_ops, device, compiled, buckets)
+        return run_graph(self, feeds, targets, target_ops, device, compiled, buckets, options)
 
     @property
     def compile_log(self) -> list[str]:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from . import loader
+from . import direct as direct_launch, loader
 from ..ir import Operation
 from .steps import Step
 
@@ -57,10 +57,12 @@ class KernelLaunch:
     """Launch a generated kernel (`source`: a codegen KernelSource) on its pre-bound slots.
 
     The first launch goes through Triton's JIT entry (it compiles, or loads
-    from Triton's disk cache). Later launches on CUDA call the compiled
-    kernel's launcher directly, which skips Triton's per-call argument
-    binding; they fall back to the JIT entry when the pointers' 16-byte
-    alignment differs from what the kernel was specialised for.
+    from Triton's disk cache). Later launches on CUDA write the buffers'
+    addresses into a parameter block prepared once and call the driver
+    (runtime/direct.py); where that launch is not known to be exact, they call
+    the compiled kernel's own launcher, which still skips Triton's per-call
+    argument binding. Both fall back to the JIT entry when the pointers'
+    16-byte alignment differs from what the kernel was specialised for.
     """
 
     def __init__(self, source, ins: list[int], outs: list[int]):
@@ -72,11 +74,16 @@ class KernelLaunch:
         self.sizes = getattr(source, "sizes", ())  # extents the kernel takes as arguments, after its buffers
         self.slots = ins + outs
         self.compiled = None
+        self.direct = None  # a direct.DirectLaunch, once the first launch has compiled the kernel
+        self.device_index = 0
         self.alignment = None
         self.interpret = loader.interpreting()
 
     def __call__(self, env: list) -> None:
         args = [env[s] for s in self.slots]
+        direct = self.direct
+        if direct is not None and direct(args, _raw_stream(self.device_index)):
+            return
         if self.compiled is not None:
             if tuple(a.data_ptr() % 16 == 0 for a in args) == self.alignment:
                 k = self.compiled
@@ -93,6 +100,10 @@ class KernelLaunch:
         if self.compiled is None and all(hasattr(k, a) for a in ("run", "function", "packed_metadata")):
             self.compiled = k
             self.alignment = tuple(a.data_ptr() % 16 == 0 for a in args)
+            if _raw_stream is not None and args and args[0].is_cuda:
+                self.device_index = args[0].device.index
+                self.direct = direct_launch.bind(k, self.grid, len(args), tuple(self.sizes), self.alignment,
+                                                 self.device_index)
 
 
 class Chain:
@@ -175,3 +186,43 @@ class ReferenceCall:
             else:
                 shares = r.untyped_storage().data_ptr() in shared
                 env[s] = r.clone(memory_format=torch.contiguous_format) if shares else r.contiguous()
+
+
+_C = torch._C  # the flags' own accessors: torch.backends' properties cost a few microseconds more per call
+
+
+def _tf32_flags() -> tuple[bool, bool] | None:
+    """torch's (cuBLAS, cuDNN) TF32 flags; None when torch refuses to say (the process has set them through
+    both its legacy and its newer precision API, which torch reports as an error)."""
+    try:
+        return _C._get_cublas_allow_tf32(), _C._get_cudnn_allow_tf32()
+    except RuntimeError:
+        return None
+
+
+def _set_tf32(matmul: bool, conv: bool) -> None:
+    _C._set_cublas_allow_tf32(matmul)
+    _C._set_cudnn_allow_tf32(conv)
+
+
+class TF32:
+    """Run a library call (cuBLAS, cuDNN) with TF32 tensor cores allowed or not, whatever torch's global
+    flags say, and put the flags back afterwards: an executable's float32 products and convolutions
+    follow its own `allow_tf32` option (runtime/compiled.py), not the state another part of the process
+    left. The flags are read when the library picks its kernel, so a CUDA-graph capture of the call
+    records the executable's choice too. Where torch refuses to report its flags (its two precision APIs
+    mixed), the call runs under them as they are."""
+
+    def __init__(self, fn: Callable[[list], None], allow: bool):
+        self.fn, self.allow = fn, allow
+
+    def __call__(self, env: list) -> None:
+        saved = _tf32_flags()
+        if saved is None:
+            self.fn(env)
+            return
+        _set_tf32(self.allow, self.allow)
+        try:
+            self.fn(env)
+        finally:
+            _set_tf32(*saved)
