@@ -105,7 +105,19 @@ def _vendor(contraction: Operation, placeholders, ins: list[int], out_slot: int,
     """The contraction's library call (registry: Primitive.vendor), writing or binding `out_slot`, under the
     executable's TF32 choice."""
     slots = [ins[placeholders.index(t)] for t in contraction.inputs]
-    return _precision(VendorCall(lookup(contraction.op).vendor, slots, out_slot, contraction.attrs), options)
+    return _precision(VendorCall(lookup(contraction.op).vendor, slots, out_slot, _library_attrs(contraction, options)),
+                      options)
+
+
+_CONVOLUTIONS = ("convolution2d", "convolution_transpose2d", "convolution2d_weights_gradient")
+
+
+def _library_attrs(op: Operation, options: dict) -> dict:
+    """The op's attributes for its library call: with compile option `conv_channels_last`, convolutions hand
+    cuDNN channels-last operands (ops/contraction.py)."""
+    if options.get("conv_channels_last") and op.op in _CONVOLUTIONS:
+        return {**op.attrs, "channels_last": True}
+    return op.attrs
 
 
 def _precision(run, options: dict) -> TF32:
@@ -176,7 +188,8 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         return Step(op.name, "view", ViewOf(lookup(op.op).impl, ins[0], outs[0], op.attrs))
     if op.op != "fusion":
         prim = lookup(op.op)
-        run = ReferenceCall(prim.impl, ins, outs, op.attrs, context=run_context if prim.needs_context else None)
+        run = ReferenceCall(prim.impl, ins, outs, _library_attrs(op, options),
+                            context=run_context if prim.needs_context else None)
         return Step(op.name, "vendor", _precision(run, options) if prim.kind == CONTRACTION else run)
     body, template = op.attrs["body"], op.attrs["template"]
     if backend == "reference":
