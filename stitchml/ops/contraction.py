@@ -488,6 +488,12 @@ def _pool_geometry(x, attrs):
     return (pad[2], pad[3], pad[0], pad[1]), out
 
 
+def _padded(x, spec, value=0.0):
+    """F.pad, except that no padding is no copy (F.pad copies even then: a pool over a whole
+    activation would read and write it once more for nothing)."""
+    return F.pad(x, spec, value=value) if any(spec) else x
+
+
 def _pooled(fn, xp, attrs, out):
     """`fn` over windows of the padded input, cut to the shape rule's extents.
 
@@ -509,9 +515,9 @@ def _pool_impl(kind):
         spec, out = _pool_geometry(x, attrs)
         if kind == "max":
             fill = float("-inf") if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
-            y = _pooled(F.max_pool2d, F.pad(x, spec, value=fill), attrs, out)
+            y = _pooled(F.max_pool2d, _padded(x, spec, fill), attrs, out)
         else:
-            sums = _pooled(_window_sum, F.pad(x, spec), attrs, out)
+            sums = _pooled(_window_sum, _padded(x, spec), attrs, out)
             ones = F.pad(torch.ones_like(x[:1, :1]), spec, value=1.0 if attrs["include_zero_padding"] else 0.0)
             y = sums / _pooled(_window_sum, ones, attrs, out)
         return _from_nchw(y, layout)
@@ -542,7 +548,7 @@ def _max_pool_gradient_impl(dy, x, **attrs):
     xv, dyv = _to_nchw(x, layout), _to_nchw(dy, layout)
     spec, out = _pool_geometry(xv, attrs)
     fill = float("-inf") if xv.dtype.is_floating_point else torch.iinfo(xv.dtype).min
-    xp = F.pad(xv, spec, value=fill)
+    xp = _padded(xv, spec, fill)
     window = (attrs["kernel_size"], attrs["stride"], [0, 0], attrs["dilation"], attrs["ceil_mode"])
     full, indices = torch.ops.aten.max_pool2d_with_indices(xp, *window)
     if tuple(full.shape[2:]) != tuple(out):  # a last window the shape rule drops gets no cotangent
@@ -591,8 +597,8 @@ def _max_pool_select_impl(values, x, **attrs):
     def argmax(xp, kernel, stride, padding, dilation, ceil_mode):
         return F.max_pool2d(xp, kernel, stride, padding, dilation, ceil_mode, return_indices=True)[1]
 
-    idx = _pooled(argmax, F.pad(xv, spec, value=float("-inf")), attrs, out)
-    picked = F.pad(vv, spec).flatten(2).gather(2, idx.flatten(2)).reshape(idx.shape)
+    idx = _pooled(argmax, _padded(xv, spec, float("-inf")), attrs, out)
+    picked = _padded(vv, spec).flatten(2).gather(2, idx.flatten(2)).reshape(idx.shape)
     return _from_nchw(picked, layout)
 
 
