@@ -167,28 +167,31 @@ class DirectLaunch:
 
 
 def bind(compiled, grid: tuple, n_buffers: int, sizes: tuple, alignment: tuple[bool, ...],
-         device_index: int) -> DirectLaunch | None:
-    """A DirectLaunch of `compiled` (a Triton CompiledKernel that has launched once), or None where a direct
-    launch is not known to be exact (module docstring)."""
-    if not enabled() or refusal(compiled) is not None or 0 in grid:
-        return None
-    drv = driver()
-    if drv is None:
-        return None
-    types = parameter_types(compiled, n_buffers, sizes)
-    if types is None:
-        return None
+         device_index: int) -> tuple[DirectLaunch | None, str]:
+    """A DirectLaunch of `compiled` (a Triton CompiledKernel that has launched once) and "direct", or None
+    and why a direct launch is not known to be exact (module docstring)."""
+    if not enabled():
+        return None, "STITCHML_DIRECT_LAUNCH=0"
+    why = refusal(compiled) or ("an empty grid" if 0 in grid else None)
+    drv = driver() if why is None else None
+    if why is None and drv is None:
+        why = "no CUDA driver library with cuFuncGetParamInfo"
+    types = parameter_types(compiled, n_buffers, sizes) if why is None else None
+    if why is None and types is None:
+        why = "a parameter of a kind other than buffers and integers"
+    if why is not None:
+        return None, why
     try:
         reported = [size for _, size in drv.params(compiled.function)]
-    except OSError:
-        return None
+    except OSError as e:
+        return None, str(e)
     hidden = hidden_parameters(types, reported)
     if hidden is None or hidden != hidden_parameters(types, ptx_parameters(compiled)):
-        return None
+        return None, f"parameter sizes {reported} (PTX {ptx_parameters(compiled)}) do not match {types}"
     meta = compiled.metadata
     threads = meta.num_warps * getattr(meta, "warp_size", 32)
     return DirectLaunch(drv, compiled.function, grid, threads, meta.shared, types, hidden, alignment,
-                        device_index)
+                        device_index), "direct"
 
 
 def hidden_parameters(types: list, sizes: list[int] | None) -> int | None:

@@ -75,6 +75,7 @@ class KernelLaunch:
         self.slots = ins + outs
         self.compiled = None
         self.direct = None  # a direct.DirectLaunch, once the first launch has compiled the kernel
+        self.launcher = "triton"  # how later launches go: "direct", or why not (reports, benchmarks)
         self.device_index = 0
         self.alignment = None
         self.interpret = loader.interpreting()
@@ -102,8 +103,11 @@ class KernelLaunch:
             self.alignment = tuple(a.data_ptr() % 16 == 0 for a in args)
             if _raw_stream is not None and args and args[0].is_cuda:
                 self.device_index = args[0].device.index
-                self.direct = direct_launch.bind(k, self.grid, len(args), tuple(self.sizes), self.alignment,
-                                                 self.device_index)
+                try:
+                    self.direct, self.launcher = direct_launch.bind(k, self.grid, len(args), tuple(self.sizes),
+                                                                    self.alignment, self.device_index)
+                except Exception as e:  # noqa: BLE001  (a Triton of another shape: its own launcher still works)
+                    self.launcher = f"{type(e).__name__}: {e}"
 
 
 class Chain:
