@@ -28,13 +28,17 @@ class _Driver:
     def params(self, function):
         return [(8 * i, s) for i, s in enumerate(self.sizes)]
 
-    def launch(self, function, gx, gy, gz, bx, by, bz, shared, stream, block, extra):
+    def launch(self, *args):
+        assert all(isinstance(a, (ctypes.c_void_p, ctypes.c_uint, ctypes.Array)) for a in args[:-1]) and \
+            args[-1] is None  # no argtypes: every argument must arrive as a C object of its width
+        function, gx, gy, gz, bx, by, bz, shared, stream, block, extra = \
+            [a.value if isinstance(a, (ctypes.c_void_p, ctypes.c_uint)) else a for a in args]
         values = []
         for kind in ("ptr", "ptr", "i32", "ptr", "ptr"):
             addr = block[len(values)]
             ctype = ctypes.c_int32 if kind == "i32" else ctypes.c_uint64
             values.append(ctype.from_address(addr).value)
-        self.launches.append(((gx, gy, gz), (bx, by, bz), shared, stream, values))
+        self.launches.append(((gx, gy, gz), (bx, by, bz), shared, stream, values, function))
         return 0
 
 
@@ -57,8 +61,9 @@ def test_the_parameter_block_holds_addresses_extents_and_null_scratch(monkeypatc
     assert how == "direct"
     a, b = torch.zeros(64), torch.zeros(64)
     assert launch([a, b], 77)
-    grid, block, shared, stream, values = drv.launches[-1]
+    grid, block, shared, stream, values, _ = drv.launches[-1]
     assert (grid, block, shared, stream) == ((3, 1, 1), (128, 1, 1), 128, 77)
+    assert drv.launches[-1][5] == 1234  # the compiled kernel's CUfunction
     assert values == [a.data_ptr(), b.data_ptr(), 4096, 0, 0]  # Triton's two scratch pointers: null
     c = torch.zeros(64)
     assert launch([c, a], 78) and drv.launches[-1][4][:2] == [c.data_ptr(), a.data_ptr()]

@@ -39,8 +39,10 @@ class _Driver:
     """The three libcuda entry points a launch needs, with their C signatures."""
 
     def __init__(self, lib: ctypes.CDLL):
+        # cuLaunchKernel(CUfunction, grid x/y/z, block x/y/z, shared bytes, CUstream, void **params, void **extra):
+        # no argtypes, so every call passes ready ctypes objects (converting eleven Python ints per call
+        # through argtypes costs as much again as the call)
         self.launch = lib.cuLaunchKernel
-        self.launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
         self.launch.restype = ctypes.c_int
         self.param_info = lib.cuFuncGetParamInfo  # CUDA 12.4 and later; AttributeError before
         self.param_info.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
@@ -132,8 +134,9 @@ class DirectLaunch:
 
     def __init__(self, drv: _Driver, function: int, grid: tuple, threads: int, shared: int, types: list,
                  hidden: int, alignment: tuple[bool, ...], device_index: int):
-        self.drv, self.function = drv, function
-        self.grid, self.threads, self.shared = grid, threads, shared
+        self.drv = drv
+        self.shape = [ctypes.c_void_p(function), *(ctypes.c_uint(v) for v in (*grid, threads, 1, 1, shared))]
+        self.stream, self.stream_handle = None, ctypes.c_void_p(0)
         n = sum(1 for t in types if t == "ptr")
         self.addresses = (ctypes.c_uint64 * max(n, 1))()
         self._null = ctypes.c_uint64(0)
@@ -161,9 +164,10 @@ class DirectLaunch:
             if ptrs[i] & 15:
                 return False
         self.addresses[:len(ptrs)] = ptrs
-        gx, gy, gz = self.grid
-        return self.drv.launch(self.function, gx, gy, gz, self.threads, 1, 1, self.shared, stream,
-                               self.block, None) == 0
+        if stream != self.stream:
+            self.stream, self.stream_handle = stream, ctypes.c_void_p(stream)
+        f, gx, gy, gz, bx, by, bz, shared = self.shape
+        return self.drv.launch(f, gx, gy, gz, bx, by, bz, shared, self.stream_handle, self.block, None) == 0
 
 
 def bind(compiled, grid: tuple, n_buffers: int, sizes: tuple, alignment: tuple[bool, ...],
