@@ -36,11 +36,14 @@ import stitchml as sm  # noqa: E402
 from bench_distributed import TorchCNN, cnn_graph, cnn_weights  # noqa: E402
 
 ROWS: list[dict] = []
+OUTPUT: dict = {}  # "path", "device", "failures": where and what `write` puts after every row
 
 
 def record(section: str, case: str, contender: str, value: float, unit: str, **extra) -> None:
     row = {"section": section, "case": case, "contender": contender, "value": value, "unit": unit, **extra}
     ROWS.append(row)
+    if OUTPUT.get("path"):  # after every row: a run stopped by a time limit keeps what it measured
+        write(OUTPUT["path"], OUTPUT["device"], OUTPUT["failures"])
     note = " ".join(f"{k}={v}" for k, v in extra.items())
     print(f"{section:8} {case:28} {contender:44} {value:10.4g} {unit:3} {note}", flush=True)
 
@@ -124,6 +127,9 @@ def latency(dev: torch.device, quick: bool) -> None:
     assert exe.run({x: a}, outputs={y: out})[y].torch().data_ptr() == out.data_ptr()
     err = max(err, rel_err(out, want), rel_err(g.run({x: a}, [y], device=str(dev))[y].torch(), want))
     launch = exe.steps[0].run
+    big = torch.randn(4097, device=dev)
+    shifted = big[1:]  # contiguous, 4 bytes off the 16-byte alignment the kernel was compiled for
+    err = max(err, rel_err(exe.run({x: shifted})[y].torch(), torch.nn.functional.gelu(shifted.double())))
     assert err < 1e-6, err
     case = "4K GeLU, one kernel"
     o2 = torch.empty_like(a)
@@ -144,9 +150,15 @@ def latency(dev: torch.device, quick: bool) -> None:
             torch.erf(a, out=o2)
         contenders.insert(3, ("CUDA graph replay (one kernel)", graph.replay))
     for name, fn in contenders:
-        record("latency", case, name, wall_us(fn, dev, n), "us", kind="wall", launcher=launch.launcher)
+        record("latency", case, name, wall_us(fn, dev, n), "us", kind="wall",
+               launcher=getattr(launch, "launcher", type(launch).__name__))
         record("latency", case, name, per_call_us(fn, dev, n // 2), "us", kind="per call")
-    direct = launch.direct
+    step = exe.steps[0]
+    step.run = lambda env: None
+    record("latency", case, "exe.run without its launch", per_call_us(lambda: exe.run({x: a}), dev, n // 2), "us",
+           kind="per call")
+    step.run = launch
+    direct = getattr(launch, "direct", None)
     if direct is not None:  # the same run through Triton's own launcher of the compiled kernel
         launch.direct = None
         record("latency", case, "exe.run, Triton's launcher", wall_us(lambda: exe.run({x: a}), dev, n), "us",
@@ -305,7 +317,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
     p.add_argument("--explore", action="store_true", help="also the trials: channels-last, Triton persistent GEMM")
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
-    p.add_argument("--sections", nargs="+", default=["latency", "cnn", "matmul"])
+    p.add_argument("--sections", nargs="+", default=["latency", "matmul", "cnn"])
     p.add_argument("--json")
     args = p.parse_args(argv)
     dev = torch.device(args.device)
@@ -313,6 +325,7 @@ def main(argv=None) -> int:
         torch.cuda.init()
     started = time.perf_counter()
     failures = {}
+    OUTPUT.update(path=args.json, device=dev, failures=failures)
     for section in args.sections:
         t0 = time.perf_counter()
         try:

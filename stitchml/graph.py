@@ -32,6 +32,7 @@ from .graph_methods import GraphMethods
 from .registry import RANDOM, STATE, lookup
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_entries: dict = {}  # the runtime's entry points Graph methods call, imported on first use
 
 
 def _user_location() -> str:
@@ -338,8 +339,11 @@ class Graph(GraphMethods):
         `options` are compile options, as for `compile` (`{"allow_tf32": True}`), part of the compiled
         executable's signature; op-by-op runs do not use them.
         """
-        from .runtime.compiled import run_graph
+        run_graph = _entries.get("run_graph")
+        if run_graph is None:  # imported on the first run (the runtime sits above the builder); then kept
+            from .runtime.compiled import run_graph
 
+            _entries["run_graph"] = run_graph
         return run_graph(self, feeds, targets, target_ops, device, compiled, buckets, options)
 
     @property

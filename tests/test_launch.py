@@ -57,7 +57,7 @@ def _compiled(ptx_sizes=(8, 8, 4, 8, 8), **meta):
 def test_the_parameter_block_holds_addresses_extents_and_null_scratch(monkeypatch):
     drv = _Driver([8, 8, 4, 8, 8])
     monkeypatch.setattr(direct, "driver", lambda: drv)
-    launch, how = direct.bind(_compiled(), (3, 1, 1), 2, (4096,), (True, True), 0)
+    launch, how = direct.bind(_compiled(), (3, 1, 1), [0, 1], (4096,), (True, True))
     assert how == "direct"
     a, b = torch.zeros(64), torch.zeros(64)
     assert launch([a, b], 77)
@@ -66,13 +66,13 @@ def test_the_parameter_block_holds_addresses_extents_and_null_scratch(monkeypatc
     assert drv.launches[-1][5] == 1234  # the compiled kernel's CUfunction
     assert values == [a.data_ptr(), b.data_ptr(), 4096, 0, 0]  # Triton's two scratch pointers: null
     c = torch.zeros(64)
-    assert launch([c, a], 78) and drv.launches[-1][4][:2] == [c.data_ptr(), a.data_ptr()]
+    assert launch([c, a], 78) and drv.launches[-1][4][:2] == [c.data_ptr(), a.data_ptr()]  # the slots' buffers now
 
 
 def test_a_buffer_off_the_compiled_alignment_is_not_launched(monkeypatch):
     drv = _Driver([8, 8, 4, 8, 8])
     monkeypatch.setattr(direct, "driver", lambda: drv)
-    launch, _ = direct.bind(_compiled(), (1, 1, 1), 2, (4096,), (True, False), 0)
+    launch, _ = direct.bind(_compiled(), (1, 1, 1), [0, 1], (4096,), (True, False))
     base = torch.zeros(64)
     assert not launch([base[1:], base], 0) and not drv.launches  # buffer 0 was specialised as aligned
     assert launch([base, base[1:]], 0) and len(drv.launches) == 1  # buffer 1 was not: any address serves
@@ -89,14 +89,14 @@ def test_a_buffer_off_the_compiled_alignment_is_not_launched(monkeypatch):
 def test_a_kernel_not_known_to_launch_exactly_keeps_tritons_launcher(monkeypatch, case, reason):
     monkeypatch.setattr(direct, "driver", lambda: _Driver(case.get("sizes", [8, 8, 4, 8, 8])))
     compiled = _compiled(case.get("ptx", (8, 8, 4, 8, 8)), **case.get("meta", {}))
-    launch, why = direct.bind(compiled, case.get("grid", (1, 1, 1)), 2, (4096,), (True, True), 0)
+    launch, why = direct.bind(compiled, case.get("grid", (1, 1, 1)), [0, 1], (4096,), (True, True))
     assert launch is None and reason in why
 
 
 def test_the_direct_launcher_can_be_turned_off(monkeypatch):
     monkeypatch.setattr(direct, "driver", lambda: _Driver([8, 8, 4, 8, 8]))
     monkeypatch.setenv("STITCHML_DIRECT_LAUNCH", "0")
-    assert direct.bind(_compiled(), (1, 1, 1), 2, (4096,), (True, True), 0) == (None, "STITCHML_DIRECT_LAUNCH=0")
+    assert direct.bind(_compiled(), (1, 1, 1), [0, 1], (4096,), (True, True)) == (None, "STITCHML_DIRECT_LAUNCH=0")
 
 
 def test_the_layout_of_a_real_kernel_compiled_for_sm90(tmp_path):

@@ -188,36 +188,38 @@ def compile_bucketed(graph, feeds: dict, targets, target_ops, device, options: d
 _current_device = getattr(torch._C, "_cuda_getDevice", None)  # torch.cuda.current_device without its checks
 
 
-def _fast_key(feeds, targets, target_ops, device, compiled, options=None) -> tuple[tuple, tuple] | None:
-    """(key, objects) for a run request whose feeds are all tensors. The key: the feed keys', targets'
-    and target ops' identities, each feed's shape and dtype, the device as asked for (with the current
-    CUDA device, which `None` and "cuda" resolve to) and `compiled`; the objects whose identities it
-    takes (not the fed values), and the compile options. None when a feed is anything else (arrays, lists)."""
-    feeds = {} if feeds is None else feeds
+def _fast_key(feeds, targets, target_ops, device, compiled, options=None) -> tuple | None:
+    """The key of a run request whose feeds are all tensors: the feed keys', targets' and target ops'
+    identities, each feed's shape and dtype, the device as asked for (with the current CUDA device,
+    which `None` and "cuda" resolve to), `compiled` and the compile options. None when a feed is anything
+    else (arrays, lists). Built flat, in one tuple: `Graph.run` builds one per call."""
+    if feeds is None:
+        feeds = {}
+    elif type(feeds) is not dict:
+        return None
     if type(targets) is not list and type(targets) is not tuple:
-        targets = (targets,) if isinstance(targets, Tensor) else targets
-        if not isinstance(targets, (list, tuple)):
+        if isinstance(targets, Tensor):
+            targets = (targets,)
+        elif not isinstance(targets, (list, tuple)):
             return None
     if type(target_ops) is not tuple and type(target_ops) is not list:
-        target_ops = (target_ops,) if isinstance(target_ops, Operation) else target_ops
-        if not isinstance(target_ops, (list, tuple)):
+        if isinstance(target_ops, Operation):
+            target_ops = (target_ops,)
+        elif not isinstance(target_ops, (list, tuple)):
             return None
-    if type(feeds) is not dict:
-        return None
-    shapes = []
-    for value in feeds.values():
+    if device is not None and type(device) is not str and type(device) is not torch.device:
+        return None  # the full lookup says what is wrong with it
+    current = _current_device() if _current_device is not None and torch.cuda.is_initialized() else None
+    key = [device, current, compiled, options_key(options) if options else (), len(feeds), len(targets)]
+    for k, value in feeds.items():
         kind = type(value)
         t = value if kind is torch.Tensor else value._t if kind is TensorData else None
         if t is None:
             return None
-        shapes.append((t.shape, t.dtype))
-    if device is not None and type(device) is not str and type(device) is not torch.device:
-        return None  # the full lookup says what is wrong with it
-    current = _current_device() if _current_device is not None and torch.cuda.is_initialized() else None
-    keys, targets, target_ops = tuple(feeds), tuple(targets), tuple(target_ops)
-    key = (tuple(map(id, keys)), tuple(shapes), tuple(map(id, targets)), tuple(map(id, target_ops)), device,
-           current, compiled, options_key(options) if options else ())
-    return key, (keys, targets, target_ops, device)
+        key += (id(k), t.shape, t.dtype)
+    key += map(id, targets)
+    key += map(id, target_ops)
+    return tuple(key)
 
 
 def run_graph(graph, feeds, targets, target_ops, device, compiled: bool | None, buckets=None,
@@ -273,11 +275,10 @@ class ExecutableCache:
 
     def fast(self, feeds, targets, target_ops, device, compiled, options=None) -> Executable | None:
         """The executable `get` returned for this same request (`Graph.run`'s arguments) before, or None."""
-        found = _fast_key(feeds, targets, target_ops, device, compiled, options)
-        hit = self._fast.get(found[0]) if found is not None else None
+        key = _fast_key(feeds, targets, target_ops, device, compiled, options)
+        hit = self._fast.get(key) if key is not None else None
         if hit is None:
             return None
-        key = found[0]
         exe = self.entries.get(hit[0])
         if exe is None:  # evicted since
             del self._fast[key]
@@ -287,15 +288,18 @@ class ExecutableCache:
         return exe
 
     def remember(self, exe: Executable, feeds, targets, target_ops, device, compiled, options=None) -> None:
-        """Let `fast` find `exe` for this request (after `get` checked it and returned `exe`)."""
-        found = _fast_key(feeds, targets, target_ops, device, compiled, options)
+        """Let `fast` find `exe` for this request (after `get` checked it and returned `exe`). The entry
+        holds the objects whose identities its key takes (not the fed values), so that no other object
+        can take those identities while it lives."""
+        key = _fast_key(feeds, targets, target_ops, device, compiled, options)
         # the entry's own key: `exe.signature` can name the device more exactly ("cuda:0" for "cuda")
         sig = next((s for s, e in self.entries.items() if e is exe), None)
-        if found is None or sig is None:
+        if key is None or sig is None:
             return
         if len(self._fast) >= self.FAST_SIZE:
             self._fast.clear()
-        self._fast[found[0]] = (sig, found[1])
+        held = [tuple(x) if isinstance(x, (list, tuple)) else (x,) for x in (targets, target_ops)]
+        self._fast[key] = (sig, (tuple(feeds or {}), *held))
 
     def warm(self, graph, feeds: dict, targets, target_ops, device) -> bool:
         """Whether a CPU run of this signature should compile: it has an executable already, or this is

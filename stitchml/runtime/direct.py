@@ -133,7 +133,7 @@ class DirectLaunch:
     """One kernel's prepared launch: its grid, block, shared memory and parameter block (module docstring)."""
 
     def __init__(self, drv: _Driver, function: int, grid: tuple, threads: int, shared: int, types: list,
-                 hidden: int, alignment: tuple[bool, ...], device_index: int):
+                 hidden: int, slots: list[int], alignment: tuple[bool, ...]):
         self.drv = drv
         self.shape = [ctypes.c_void_p(function), *(ctypes.c_uint(v) for v in (*grid, threads, 1, 1, shared))]
         self.stream, self.stream_handle = None, ctypes.c_void_p(0)
@@ -141,25 +141,25 @@ class DirectLaunch:
         self.addresses = (ctypes.c_uint64 * max(n, 1))()
         self._null = ctypes.c_uint64(0)
         self._keep = [t for t in types if t != "ptr"] + [self._null]  # the block points into these
-        slots, k = [], 0
+        params, k = [], 0
         base = ctypes.addressof(self.addresses)
         for t in types:
             if t == "ptr":
-                slots.append(base + 8 * k)
+                params.append(base + 8 * k)
                 k += 1
             else:
-                slots.append(ctypes.addressof(t))
-        slots += [ctypes.addressof(self._null)] * hidden
-        self.block = (ctypes.c_void_p * max(len(slots), 1))(*slots)
+                params.append(ctypes.addressof(t))
+        params += [ctypes.addressof(self._null)] * hidden
+        self.block = (ctypes.c_void_p * max(len(params), 1))(*params)
         # the buffers Triton specialised as 16-byte aligned at the first launch: a later launch with one of
         # them unaligned goes back through Triton (which compiles the variant)
         self.aligned = tuple(i for i, a in enumerate(alignment) if a)
-        self.device_index = device_index
+        self.slots = slots
 
-    def __call__(self, args: list, stream: int) -> bool:
-        """Launch on `args` (the buffers, in order) on `stream`; False (nothing launched) when a buffer breaks
+    def __call__(self, env: list, stream: int) -> bool:
+        """Launch on the buffers at `slots` of `env` on `stream`; False (nothing launched) when a buffer breaks
         the alignment the kernel was compiled for or the driver refuses the launch."""
-        ptrs = [a.data_ptr() for a in args]
+        ptrs = [env[s].data_ptr() for s in self.slots]
         for i in self.aligned:
             if ptrs[i] & 15:
                 return False
@@ -170,10 +170,12 @@ class DirectLaunch:
         return self.drv.launch(f, gx, gy, gz, bx, by, bz, shared, self.stream_handle, self.block, None) == 0
 
 
-def bind(compiled, grid: tuple, n_buffers: int, sizes: tuple, alignment: tuple[bool, ...],
-         device_index: int) -> tuple[DirectLaunch | None, str]:
-    """A DirectLaunch of `compiled` (a Triton CompiledKernel that has launched once) and "direct", or None
-    and why a direct launch is not known to be exact (module docstring)."""
+def bind(compiled, grid: tuple, slots: list[int], sizes: tuple, alignment: tuple[bool, ...]
+         ) -> tuple[DirectLaunch | None, str]:
+    """A DirectLaunch of `compiled` (a Triton CompiledKernel that has launched once, its buffers at `slots`
+    of a run's environment, then the extents `sizes`) and "direct", or None and why a direct launch is not
+    known to be exact (module docstring)."""
+    n_buffers = len(slots)
     if not enabled():
         return None, "STITCHML_DIRECT_LAUNCH=0"
     why = refusal(compiled) or ("an empty grid" if 0 in grid else None)
@@ -194,8 +196,8 @@ def bind(compiled, grid: tuple, n_buffers: int, sizes: tuple, alignment: tuple[b
         return None, f"parameter sizes {reported} (PTX {ptx_parameters(compiled)}) do not match {types}"
     meta = compiled.metadata
     threads = meta.num_warps * getattr(meta, "warp_size", 32)
-    return DirectLaunch(drv, compiled.function, grid, threads, meta.shared, types, hidden, alignment,
-                        device_index), "direct"
+    return DirectLaunch(drv, compiled.function, grid, threads, meta.shared, types, hidden, slots, alignment), \
+        "direct"
 
 
 def hidden_parameters(types: list, sizes: list[int] | None) -> int | None:

@@ -175,6 +175,8 @@ class Executable:
         self._capture_ok = None
         self._template = None  # slots of constants and arena buffers, bound once
         self._fresh_outputs = None  # {target: (slot, shape, dtype)} of targets a run allocates (caller outputs)
+        # the device as `Tensor.get_device` numbers it (-1: the CPU), for the feeds' cheap check; None: unknown
+        self._device_index = -1 if self.device.type == "cpu" else self.device.index
         self.runs = 0
         self.last_profile: list[tuple[str, str, float]] = []
         self.capture_error: str | None = None
@@ -409,7 +411,8 @@ class Executable:
                 self._bind_arena(env, self._arena_for(None))
                 self._template = env
             env = env.copy()
-            self._feed_env(env, feeds)
+            if not self._feed_fast(env, feeds):
+                self._feed_env(env, feeds)
             if self._variables or self._in_place:
                 self._variable_env(env)
             if outputs and not self._bind_outputs(env, outputs):
@@ -422,16 +425,36 @@ class Executable:
             if outputs:
                 return self._finish(env, None, self._arena_for(None))
             result = {}  # _collect without caller buffers
+            wrap = TensorData._wrap
             for user, slot, held in self._results:
                 v = env[slot]
-                result[user] = TensorData._wrap(v.clone() if held else v)
+                result[user] = wrap(v.clone() if held else v)
             if self._assigns:
                 self._assign(env)
             self.runs += 1
             self.graph.run_count += 1
-            if self._graph_state is None and self._capturable:
+            if self._graph_state is None and self._capture_ok is not False and self._capturable:
                 self._graph_state = _CapturedRun.capture(self, self._arena_for(None))
             return result
+
+    def _feed_fast(self, env: list, feeds: dict | None) -> bool:
+        """Bind feeds that are contiguous tensors of the compiled shape and dtype already on this device, as
+        most are (checked with `get_device`'s int rather than a device object per feed); False, with `env`
+        partly bound, for anything else, which `_feed_env` then binds or reports."""
+        index = self._device_index
+        if type(feeds) is not dict or len(feeds) != len(self._feed_keys) or index is None:
+            return False
+        for key, slot, shape, dtype, _ in self._feed_keys:
+            t = feeds.get(key)
+            kind = type(t)
+            if kind is TensorData:
+                t = t._t
+            elif kind is not torch.Tensor:
+                return False
+            if t.dtype != dtype or t.shape != shape or t.get_device() != index or not t.is_contiguous():
+                return False
+            env[slot] = t
+        return True
 
     def _bind_outputs(self, env: list, outputs: dict) -> bool:
         """Bind caller buffers as the output buffers of their targets; False when one cannot be (a target

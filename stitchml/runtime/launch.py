@@ -81,10 +81,10 @@ class KernelLaunch:
         self.interpret = loader.interpreting()
 
     def __call__(self, env: list) -> None:
-        args = [env[s] for s in self.slots]
         direct = self.direct
-        if direct is not None and direct(args, _raw_stream(self.device_index)):
+        if direct is not None and direct(env, _raw_stream(self.device_index)):
             return
+        args = [env[s] for s in self.slots]
         if self.compiled is not None:
             if tuple(a.data_ptr() % 16 == 0 for a in args) == self.alignment:
                 k = self.compiled
@@ -104,8 +104,8 @@ class KernelLaunch:
             if _raw_stream is not None and args and args[0].is_cuda:
                 self.device_index = args[0].device.index
                 try:
-                    self.direct, self.launcher = direct_launch.bind(k, self.grid, len(args), tuple(self.sizes),
-                                                                    self.alignment, self.device_index)
+                    self.direct, self.launcher = direct_launch.bind(k, self.grid, self.slots, tuple(self.sizes),
+                                                                    self.alignment)
                 except Exception as e:  # noqa: BLE001  (a Triton of another shape: its own launcher still works)
                     self.launcher = f"{type(e).__name__}: {e}"
 
