@@ -292,11 +292,20 @@ def _cublaslt_epilogue(body: Program, contraction: Operation, placeholders, ins:
     if bias.op.op != "placeholder" or bias.shape not in ((product.shape[1],), (1, product.shape[1])):
         return None
     tail = rest[1:]
+    gelu_input = first.outputs[0]
+    if len(tail) > 2 and tail[0].op == "cast" and tail[0].inputs[0] is gelu_input and \
+            tail[0].attrs["dtype"].name == "float32" and tail[-1].op == "cast" and \
+            tail[-1].attrs["dtype"].name == product.dtype.name:
+        # a half-type GeLU computes in float32 between two casts (composites.gelu); cuBLASLt's epilogue
+        # computes in float32 too and rounds once to the product's type
+        gelu_input, gelu = tail[0].outputs[0], tail[1:-1]
+    else:
+        gelu = tail
     if not tail:
         kind = "bias"
     elif len(tail) == 1 and tail[0].op == "relu" and tail[0].inputs[0] is first.outputs[0]:
         kind = "bias_relu"
-    elif _dataflow(tail, first.outputs[0]) == _gelu_tanh():
+    elif _dataflow(gelu, gelu_input) == _gelu_tanh():
         kind = "bias_gelu"
     else:
         return None
