@@ -101,7 +101,8 @@ def test_the_direct_launcher_can_be_turned_off(monkeypatch):
 
 def test_the_layout_of_a_real_kernel_compiled_for_sm90(tmp_path):
     """Triton compiles a generated kernel down to PTX without a GPU: the parameters derived from its
-    signature, and Triton's trailing scratch pointers, are those of its PTX entry."""
+    signature, and Triton's trailing scratch pointers, are those of its PTX entry. The max-pool gradient
+    kernel (codegen/pooling.py), which the interpreter runs in the other tests, compiles too."""
     code = """
 import json, triton
 from triton.backends.compiler import GPUTarget
@@ -115,7 +116,16 @@ sig = {"in0": "*fp32", "out0": "*fp32", "n": "i32", **{n: "constexpr" for n in k
 c = triton.compile(ASTSource(k.fn, sig, constexprs=k.meta), target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": k.warps})
 kinds = [t if t == "ptr" else [type(t).__name__, t.value] for t in direct.parameter_types(c, 2, k.sizes)]
+from stitchml.codegen import pooling
+from stitchml.runtime import loader
+pool = pooling.max_pool_gradient("pool_grad", (2, 3, 8, 6), (2, 2), sm.bfloat16, False)
+fn = loader.load(pool.name, pool.source)
+psig = {"dy": "*bf16", "x": "*bf16", "dx": "*bf16", "windows": "i32", "ho": "i32", "wo": "i32", "w": "i32",
+        "BLOCK": "constexpr"}
+pc = triton.compile(ASTSource(fn, psig, constexprs=pool.constexprs), target=GPUTarget("cuda", 90, 32),
+                    options={"num_warps": pool.num_warps})
 print(json.dumps({"sizes": list(k.sizes), "kinds": kinds, "ptx": direct.ptx_parameters(c),
+                  "pool": direct.ptx_parameters(pc),
                   "hidden": direct.hidden_parameters(direct.parameter_types(c, 2, k.sizes), direct.ptx_parameters(c)),
                   "refusal": direct.refusal(type("Loaded", (), {"metadata": c.metadata, "function": 1})())}))
 """
@@ -127,6 +137,7 @@ print(json.dumps({"sizes": list(k.sizes), "kinds": kinds, "ptx": direct.ptx_para
     assert got["sizes"] == [4096]
     assert got["kinds"] == ["ptr", "ptr", ["c_int", 4096]]
     assert got["ptx"][:3] == [8, 8, 4] and got["hidden"] == len(got["ptx"]) - 3 and got["refusal"] is None
+    assert got["pool"][:7] == [8, 8, 8, 4, 4, 4, 4]  # the max-pool gradient kernel compiles for sm_90 too
 
 
 def _gelu_graph():
@@ -166,3 +177,24 @@ def test_caller_outputs_are_written_in_place(triton_interpreter):
     assert got[y].torch().data_ptr() == strided.data_ptr()
     with pytest.raises(GraphError, match=r"output buffer for .*expected \(100,\)"):
         exe.run({x: a}, outputs={y: torch.empty(99)})
+
+
+@pytest.mark.parametrize("dtype", [sm.float32, sm.bfloat16])
+def test_a_tiling_max_pool_gradient_is_one_kernel_equal_to_the_op_by_op_run(triton_interpreter, dtype):
+    """Ties (the ReLU's zeros), NaN and -inf windows route the gradient where torch routes it."""
+    g = sm.Graph("pool")
+    x = g.placeholder((2, 3, 8, 6), dtype, name="x")
+    tiled = g.max_pooling2d(x, sm.Pooling2DDescriptor(kernel_size=2))
+    overlapping = g.max_pooling2d(x, sm.Pooling2DDescriptor(kernel_size=3, stride=2))
+    dx = g.gradients(g.reduction_sum(tiled * tiled) + g.reduction_sum(overlapping), [x])[x]
+    a = torch.randn(2, 3, 8, 6, generator=torch.Generator().manual_seed(0)).to(dtype.torch)
+    a[0, 0, :2, :2] = 0.0
+    a[0, 1, 2, 2] = a[0, 1, 3, 3] = float("nan")
+    a[1, 2, :2, :2] = float("-inf")
+    exe = g.compile({x: a}, [dx], device="cpu")
+    kinds = [s.kind for s in exe.steps if "pooling2d_gradient" in s.name]
+    assert kinds == ["pooling", "vendor"] or kinds == ["vendor", "pooling"], kinds  # 3x3 stride 2: torch's
+    got = exe.run({x: a})[dx].torch().float()
+    want = g.run({x: a}, [dx], device="cpu", compiled=False)[dx].torch().float()
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())

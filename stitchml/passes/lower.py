@@ -34,7 +34,7 @@ import logging
 
 import torch
 
-from ..codegen import attention, attention_backward, cpu, pointwise, reduction
+from ..codegen import attention, attention_backward, cpu, pointwise, pooling, reduction
 from ..runtime import choices
 from ..codegen.common import Layout
 from ..dtypes import float32
@@ -43,7 +43,8 @@ from ..graph import Graph
 from ..ir import Operation, built_at
 from ..registry import lookup
 from ..registry import CONTRACTION
-from ..runtime.launch import Chain, CublasLtCall, KernelLaunch, LaunchPlan, ReferenceCall, TF32, VendorCall, ViewOf
+from ..runtime.launch import (Chain, CublasLtCall, FreshOutputs, KernelLaunch, LaunchPlan, ReferenceCall, TF32,
+                              VendorCall, ViewOf)
 from ..runtime.steps import Step
 from .control import CONTROL_FLOW, control_step
 from .memory import _is_view
@@ -190,6 +191,14 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         prim = lookup(op.op)
         run = ReferenceCall(prim.impl, ins, outs, _library_attrs(op, options),
                             context=run_context if prim.needs_context else None)
+        x = op.inputs[-1]
+        if op.op == "max_pooling2d_gradient" and backend in ("triton", "interpret") and x.dtype.is_floating and \
+                pooling.fits(op.attrs, x.shape):
+            src = pooling.max_pool_gradient(f"{op.name}_kernel", x.shape, op.attrs["kernel_size"], x.dtype,
+                                            backend == "interpret")
+            out = op.outputs[0]
+            launch = FreshOutputs(KernelLaunch(src, ins, outs), ins, [(outs[0], out.shape, out.dtype.torch)], run)
+            return Step(op.name, "pooling", launch, src.source)
         return Step(op.name, "vendor", _precision(run, options) if prim.kind == CONTRACTION else run)
     body, template = op.attrs["body"], op.attrs["template"]
     if backend == "reference":

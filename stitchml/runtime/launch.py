@@ -10,6 +10,8 @@ callable `fn(env)` over the environment list of value slots:
 * `ViewOf`: a zero-copy torch view of a slot;
 * `ReferenceCall`: an op's reference implementation (opaque ops; kernels on
   the reference backend, which run their bodies op by op);
+* `FreshOutputs`: a generated kernel in place of an op's library call (the
+  gradient of a max pooling whose windows tile its input);
 * `Chain`: several of these in order (a vendor call, then its epilogue).
 
 They hold the callables and attributes they need, not the ops, so the
@@ -108,6 +110,26 @@ class KernelLaunch:
                                                                     self.alignment)
                 except Exception as e:  # noqa: BLE001  (a Triton of another shape: its own launcher still works)
                     self.launcher = f"{type(e).__name__}: {e}"
+
+
+class FreshOutputs:
+    """A generated kernel (`launch`) for an op that is otherwise a library call: its outputs are allocated
+    per run, as a library call's are (memory of its own, not the arena), and where an input is not
+    contiguous (the kernel reads row-major memory) the op's reference call (`otherwise`) runs instead."""
+
+    def __init__(self, launch: KernelLaunch, ins: list[int], outs: list[tuple[int, tuple, torch.dtype]],
+                 otherwise: Callable[[list], None]):
+        self.launch, self.ins, self.outs, self.otherwise = launch, ins, outs, otherwise
+
+    def __call__(self, env: list) -> None:
+        for s in self.ins:
+            if not env[s].is_contiguous():
+                self.otherwise(env)
+                return
+        device = env[self.ins[0]].device
+        for slot, shape, dtype in self.outs:
+            env[slot] = torch.empty(shape, dtype=dtype, device=device)
+        self.launch(env)
 
 
 class Chain:
