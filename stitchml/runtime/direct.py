@@ -2,24 +2,25 @@
 
 Triton's own launcher, called with a compiled kernel's handles, still parses
 every argument of every call (a tuple of Python objects, each pointer read
-through `data_ptr`), allocates its scratch buffers and consults its hooks:
-about 6-10 microseconds of host time on an H200's host, more than the kernel
-of a small run takes. A `DirectLaunch` does that work once, when a kernel
-step has launched through Triton the first time: it lays out the kernel's
-parameter block (one 8-byte slot per buffer, the extents as their fixed
-integers, a null pointer for each parameter Triton adds after the visible
-ones), and a later launch writes the buffers' addresses into the block and
-makes one `cuLaunchKernel` call through ctypes.
+through `data_ptr`), allocates its scratch buffers and consults its hooks. A
+`DirectLaunch` does that work once, when a kernel step has launched through
+Triton the first time: it lays out the kernel's parameter block (one 8-byte
+slot per buffer, the extents as their fixed integers, a null pointer for
+each parameter Triton adds after the visible ones), and a later launch writes
+the buffers' addresses into the block and makes one `cuLaunchKernel` call
+through ctypes. On an H200's host that took a one-kernel `exe.run` from 22.5
+to 16.5 microseconds of host time per call (benchmarks/RESULTS.md).
 
 It is built only where that is known to be exact: the parameter list derived
 from the compiled kernel's signature (constexprs left out, in argument order)
 must match, parameter by parameter, both the sizes the driver reports for
 the loaded function (`cuFuncGetParamInfo`) and those of the PTX entry; the
-kernel needs no global or profiling
-scratch, one CTA per program, no cooperative or programmatic-dependent
-launch. `bind` returns None otherwise (Triton 3.9 here under the interpreter,
-an older driver, a kernel of another shape), and the step keeps launching
-through Triton. `STITCHML_DIRECT_LAUNCH=0` turns it off.
+kernel needs no global or profiling scratch, one CTA per program, no
+cooperative or programmatic-dependent launch. `bind` says why not otherwise
+(an older driver, a kernel of another shape...), and the step keeps
+launching through Triton, as it does under the interpreter.
+`STITCHML_DIRECT_LAUNCH=0` turns it off (for tools that watch Triton's
+launch hooks).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ _driver: Any = False  # not looked up yet
 
 
 class _Driver:
-    """The three libcuda entry points a launch needs, with their C signatures."""
+    """The libcuda entry points a launch needs: the launch itself and the parameter layout."""
 
     def __init__(self, lib: ctypes.CDLL):
         # cuLaunchKernel(CUfunction, grid x/y/z, block x/y/z, shared bytes, CUstream, void **params, void **extra):
@@ -48,9 +49,6 @@ class _Driver:
         self.param_info.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
                                     ctypes.POINTER(ctypes.c_size_t)]
         self.param_info.restype = ctypes.c_int
-        self.error_string = lib.cuGetErrorString
-        self.error_string.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-        self.error_string.restype = ctypes.c_int
 
     def params(self, function: int) -> list[tuple[int, int]]:
         """(offset, size) of every parameter of `function`, as the driver lays them out."""
@@ -61,11 +59,6 @@ class _Driver:
             if len(out) > 4096:  # no kernel of ours has that many; a driver answering forever is not one to trust
                 raise OSError("cuFuncGetParamInfo did not end")
         return out
-
-    def describe(self, code: int) -> str:
-        text = ctypes.c_char_p()
-        self.error_string(code, ctypes.byref(text))
-        return f"CUDA error {code} ({(text.value or b'unknown error').decode(errors='replace')})"
 
 
 def driver() -> _Driver | None:
