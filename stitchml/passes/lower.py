@@ -191,8 +191,8 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         prim = lookup(op.op)
         run = ReferenceCall(prim.impl, ins, outs, _library_attrs(op, options),
                             context=run_context if prim.needs_context else None)
-        x = op.inputs[-1]
-        if op.op == "max_pooling2d_gradient" and backend in ("triton", "interpret") and x.dtype.is_floating and \
+        x = op.inputs[-1] if op.op == "max_pooling2d_gradient" else None  # (dy, source)
+        if x is not None and backend in ("triton", "interpret") and x.dtype.is_floating and \
                 pooling.fits(op.attrs, x.shape):
             src = pooling.max_pool_gradient(f"{op.name}_kernel", x.shape, op.attrs["kernel_size"], x.dtype,
                                             backend == "interpret")

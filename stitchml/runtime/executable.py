@@ -512,7 +512,8 @@ class Executable:
     def _replay(self, feeds: dict | None, outputs: dict | None) -> dict[Tensor, TensorData]:
         state = self._graph_state
         fed = [None] * self._nslots
-        self._feed_env(fed, feeds)
+        if not self._feed_fast(fed, feeds):
+            self._feed_env(fed, feeds)
         for _, slot, *_ in self._feeds:
             state.env[slot].copy_(fed[slot])
         try:
