@@ -32,6 +32,7 @@ from .graph_methods import GraphMethods
 from .registry import RANDOM, STATE, lookup
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_entries: dict = {}  # the runtime's entry points Graph methods call, imported on first use
 
 
 def _user_location() -> str:
@@ -318,7 +319,7 @@ class Graph(GraphMethods):
 
     # -- running ---------------------------------------------------------------
     def run(self, feeds=None, targets=(), target_ops=(), device=None, compiled: bool | None = None,
-            buckets: dict | None = None):
+            buckets: dict | None = None, options: dict | None = None):
         """Run what `targets` and `target_ops` need; returns {target: TensorData}.
 
         Feeds map placeholders to TensorData (or arrays). On CUDA the graph is
@@ -334,10 +335,16 @@ class Graph(GraphMethods):
         `buckets` ({placeholder: {axis: rule}}, default `self.buckets`) rounds those extents up
         (runtime/buckets.py: "pow2", multiples of N, or edges) so that one executable serves every size
         of a bucket, with results equal to an unpadded run; runs with buckets are compiled, on the CPU too.
-        """
-        from .runtime.compiled import run_graph
 
-        return run_graph(self, feeds, targets, target_ops, device, compiled, buckets)
+        `options` are compile options, as for `compile` (`{"allow_tf32": True}`), part of the compiled
+        executable's signature; op-by-op runs do not use them.
+        """
+        run_graph = _entries.get("run_graph")
+        if run_graph is None:  # imported on the first run (the runtime sits above the builder); then kept
+            from .runtime.compiled import run_graph
+
+            _entries["run_graph"] = run_graph
+        return run_graph(self, feeds, targets, target_ops, device, compiled, buckets, options)
 
     @property
     def compile_log(self) -> list[str]:

@@ -53,7 +53,11 @@ def _hand_gelu(cubic):
     (_hand_gelu(0.04), sm.float32, None),  # the same wiring with another constant is another function
     (lambda g, x: g.gelu(x), sm.float32, None),  # erf GeLU: cuBLASLt has no such epilogue
     (lambda g, x: g.gelu(x, approximate="tanh") * 2.0, sm.float32, None),
-    (lambda g, x: g.gelu(x, approximate="tanh"), sm.float16, None),  # computed through casts to float32
-], ids=["bias", "relu", "gelu_tanh", "hand_gelu_tanh", "other_constant", "gelu_erf", "scaled", "gelu_tanh_f16"])
+    # a half GeLU computes in float32 between casts, as cuBLASLt's epilogue does
+    (lambda g, x: g.gelu(x, approximate="tanh"), sm.float16, "bias_gelu"),
+    (lambda g, x: g.gelu(x, approximate="tanh"), sm.bfloat16, "bias_gelu"),
+    (lambda g, x: g.cast(g.gelu(g.cast(x, sm.float32), approximate="tanh"), sm.float32), sm.float16, None),
+], ids=["bias", "relu", "gelu_tanh", "hand_gelu_tanh", "other_constant", "gelu_erf", "scaled", "gelu_tanh_f16",
+        "gelu_tanh_bf16", "f16_product_float32_result"])
 def test_cublaslt_epilogue_is_matched_on_the_fused_ops(monkeypatch, activation, dtype, kind):
     assert _epilogue_kind(monkeypatch, activation, dtype) == kind

@@ -274,9 +274,20 @@ def _conv_infer(types, **attrs):
     return _conv_out_type(types[0], types[1], attrs)
 
 
+def _library_layout(attrs):
+    """The memory format convolution operands reach the library in: channels-last when the compile asked for
+    it (attribute `channels_last`, which the lowering sets for compile option `conv_channels_last`), else
+    row-major. Results are made row-major again where they leave the library call."""
+    return torch.channels_last if attrs.get("channels_last") else torch.contiguous_format
+
+
 def _conv_padded_input(x, w_oihw, attrs):
+    """(input, (pad_h, pad_w)) for the library call: symmetric padding goes to the library (no padded copy),
+    anything else is padded here and the library pads nothing."""
     pad = _resolve_padding(attrs["padding"], x.shape[2:], w_oihw.shape[2:], attrs["stride"], attrs["dilation"])
-    return F.pad(x, (pad[2], pad[3], pad[0], pad[1])) if any(pad) else x
+    if pad[0] == pad[1] and pad[2] == pad[3]:
+        return x, (pad[0], pad[2])
+    return F.pad(x, (pad[2], pad[3], pad[0], pad[1])), (0, 0)
 
 
 @convolution2d.def_impl
@@ -284,8 +295,11 @@ def _conv_padded_input(x, w_oihw, attrs):
 def _conv_impl(x, w, **attrs):
     x = _to_nchw(x, attrs["data_layout"])
     w = _oihw(w, attrs["weights_layout"])
-    y = F.conv2d(_conv_padded_input(x, w, attrs), w, stride=attrs["stride"], dilation=attrs["dilation"],
-                 groups=attrs["groups"])
+    if attrs.get("channels_last"):
+        fmt = _library_layout(attrs)
+        x, w = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
+    xp, padding = _conv_padded_input(x, w, attrs)
+    y = F.conv2d(xp, w, stride=attrs["stride"], padding=padding, dilation=attrs["dilation"], groups=attrs["groups"])
     return _from_nchw(y, attrs["data_layout"])
 
 
@@ -359,12 +373,24 @@ def _conv_transpose_infer(types, output_padding=(0, 0), **attrs):
 def _conv_transpose_impl(x, w, like=None, output_padding=(0, 0), **attrs):
     layout = attrs["data_layout"]
     x, w = _to_nchw(x, layout), _oihw(w, attrs["weights_layout"])
+    if attrs.get("channels_last"):
+        fmt = _library_layout(attrs)
+        x, w = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
     kernel = w.shape[2:]
     if like is not None:
         target = _nchw_shape(tuple(like.shape), layout)[2:]
     else:
         target = _transpose_out_hw(x.shape[2], x.shape[3], kernel, attrs, output_padding)
     pad = _resolve_padding(attrs["padding"], target, kernel, attrs["stride"], attrs["dilation"])
+    (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
+    if pad[0] == pad[1] and pad[2] == pad[3]:  # the library crops symmetric padding itself: no strided slice
+        extra = [t - ((n - 1) * s - 2 * p + d * (k - 1) + 1)
+                 for t, n, s, p, d, k in ((target[0], x.shape[2], sh, pad[0], dh, kernel[0]),
+                                          (target[1], x.shape[3], sw, pad[2], dw, kernel[1]))]
+        if 0 <= extra[0] < max(sh, dh) and 0 <= extra[1] < max(sw, dw):
+            y = F.conv_transpose2d(x, w, stride=attrs["stride"], padding=(pad[0], pad[2]), output_padding=extra,
+                                   dilation=attrs["dilation"], groups=attrs["groups"])
+            return _from_nchw(y, layout)
     full = F.conv_transpose2d(x, w, stride=attrs["stride"], dilation=attrs["dilation"], groups=attrs["groups"])
     need_h, need_w = pad[0] + target[0], pad[2] + target[1]
     extra_h, extra_w = max(need_h - full.shape[2], 0), max(need_w - full.shape[3], 0)
@@ -418,9 +444,10 @@ def _conv_wgrad_infer(types, **attrs):
 def _conv_wgrad_impl(dy, x, w, **attrs):
     layout = attrs["data_layout"]
     dy, x, w_oihw = _to_nchw(dy, layout), _to_nchw(x, layout), _oihw(w, attrs["weights_layout"])
-    xp = _conv_padded_input(x, w_oihw, attrs)
+    xp, padding = _conv_padded_input(x, w_oihw, attrs)
+    fmt = _library_layout(attrs)
     _, dw, _ = torch.ops.aten.convolution_backward(
-        dy.contiguous(), xp.contiguous(), w_oihw.contiguous(), None, list(attrs["stride"]), [0, 0],
+        dy.contiguous(memory_format=fmt), xp.contiguous(memory_format=fmt), w_oihw.contiguous(memory_format=fmt), None, list(attrs["stride"]), list(padding),
         list(attrs["dilation"]), False, [0, 0], attrs["groups"], [False, True, False])
     return dw if attrs["weights_layout"] == "OIHW" else dw.permute(2, 3, 1, 0)
 
@@ -461,6 +488,12 @@ def _pool_geometry(x, attrs):
     return (pad[2], pad[3], pad[0], pad[1]), out
 
 
+def _padded(x, spec, value=0.0):
+    """F.pad, except that no padding is no copy (F.pad copies even then: a pool over a whole
+    activation would read and write it once more for nothing)."""
+    return F.pad(x, spec, value=value) if any(spec) else x
+
+
 def _pooled(fn, xp, attrs, out):
     """`fn` over windows of the padded input, cut to the shape rule's extents.
 
@@ -482,9 +515,9 @@ def _pool_impl(kind):
         spec, out = _pool_geometry(x, attrs)
         if kind == "max":
             fill = float("-inf") if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
-            y = _pooled(F.max_pool2d, F.pad(x, spec, value=fill), attrs, out)
+            y = _pooled(F.max_pool2d, _padded(x, spec, fill), attrs, out)
         else:
-            sums = _pooled(_window_sum, F.pad(x, spec), attrs, out)
+            sums = _pooled(_window_sum, _padded(x, spec), attrs, out)
             ones = F.pad(torch.ones_like(x[:1, :1]), spec, value=1.0 if attrs["include_zero_padding"] else 0.0)
             y = sums / _pooled(_window_sum, ones, attrs, out)
         return _from_nchw(y, layout)
@@ -515,7 +548,7 @@ def _max_pool_gradient_impl(dy, x, **attrs):
     xv, dyv = _to_nchw(x, layout), _to_nchw(dy, layout)
     spec, out = _pool_geometry(xv, attrs)
     fill = float("-inf") if xv.dtype.is_floating_point else torch.iinfo(xv.dtype).min
-    xp = F.pad(xv, spec, value=fill)
+    xp = _padded(xv, spec, fill)
     window = (attrs["kernel_size"], attrs["stride"], [0, 0], attrs["dilation"], attrs["ceil_mode"])
     full, indices = torch.ops.aten.max_pool2d_with_indices(xp, *window)
     if tuple(full.shape[2:]) != tuple(out):  # a last window the shape rule drops gets no cotangent
@@ -564,8 +597,8 @@ def _max_pool_select_impl(values, x, **attrs):
     def argmax(xp, kernel, stride, padding, dilation, ceil_mode):
         return F.max_pool2d(xp, kernel, stride, padding, dilation, ceil_mode, return_indices=True)[1]
 
-    idx = _pooled(argmax, F.pad(xv, spec, value=float("-inf")), attrs, out)
-    picked = F.pad(vv, spec).flatten(2).gather(2, idx.flatten(2)).reshape(idx.shape)
+    idx = _pooled(argmax, _padded(xv, spec, float("-inf")), attrs, out)
+    picked = _padded(vv, spec).flatten(2).gather(2, idx.flatten(2)).reshape(idx.shape)
     return _from_nchw(picked, layout)
 
 

@@ -34,7 +34,7 @@ import logging
 
 import torch
 
-from ..codegen import attention, attention_backward, cpu, lstm, pointwise, product_argmax, reduction
+from ..codegen import attention, attention_backward, cpu, lstm, pointwise, pooling, product_argmax, reduction
 from ..runtime import choices
 from ..codegen.common import Layout
 from ..dtypes import float32
@@ -42,7 +42,9 @@ from ..errors import StitchError
 from ..graph import Graph
 from ..ir import Operation, built_at
 from ..registry import lookup
-from ..runtime.launch import Chain, CublasLtCall, KernelLaunch, LaunchPlan, ReferenceCall, VendorCall, ViewOf
+from ..registry import CONTRACTION
+from ..runtime.launch import (Chain, CublasLtCall, FreshOutputs, KernelLaunch, LaunchPlan, ReferenceCall, TF32,
+                              VendorCall, ViewOf)
 from ..runtime.steps import Step
 from .control import CONTROL_FLOW, control_step
 from .memory import _is_view
@@ -100,10 +102,29 @@ def _split_contraction(op: Operation, plan):
     return contraction, epi, used, placeholders, layouts
 
 
-def _vendor(contraction: Operation, placeholders, ins: list[int], out_slot: int) -> VendorCall:
-    """The contraction's library call (registry: Primitive.vendor), writing or binding `out_slot`."""
+def _vendor(contraction: Operation, placeholders, ins: list[int], out_slot: int, options: dict) -> TF32:
+    """The contraction's library call (registry: Primitive.vendor), writing or binding `out_slot`, under the
+    executable's TF32 choice."""
     slots = [ins[placeholders.index(t)] for t in contraction.inputs]
-    return VendorCall(lookup(contraction.op).vendor, slots, out_slot, contraction.attrs)
+    return _precision(VendorCall(lookup(contraction.op).vendor, slots, out_slot, _library_attrs(contraction, options)),
+                      options)
+
+
+_CONVOLUTIONS = ("convolution2d", "convolution_transpose2d", "convolution2d_weights_gradient")
+
+
+def _library_attrs(op: Operation, options: dict) -> dict:
+    """The op's attributes for its library call: with compile option `conv_channels_last`, convolutions hand
+    cuDNN channels-last operands (ops/contraction.py)."""
+    if options.get("conv_channels_last") and op.op in _CONVOLUTIONS:
+        return {**op.attrs, "channels_last": True}
+    return op.attrs
+
+
+def _precision(run, options: dict) -> TF32:
+    """`run`, a library call of float32 products or convolutions, with TF32 allowed exactly when the compile
+    options say so (`allow_tf32`, off by default), whatever torch's global flags are."""
+    return TF32(run, bool(options.get("allow_tf32", False)))
 
 
 def lower(program: Program, ctx) -> Program:
@@ -168,13 +189,23 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         return Step(op.name, "view", ViewOf(lookup(op.op).impl, ins[0], outs[0], op.attrs))
     if op.op != "fusion":
         prim = lookup(op.op)
-        return Step(op.name, "vendor", ReferenceCall(prim.impl, ins, outs, op.attrs,
-                                                     context=run_context if prim.needs_context else None))
+        run = ReferenceCall(prim.impl, ins, outs, _library_attrs(op, options),
+                            context=run_context if prim.needs_context else None)
+        x = op.inputs[-1] if op.op == "max_pooling2d_gradient" else None  # (dy, source)
+        if x is not None and backend in ("triton", "interpret") and x.dtype.is_floating and \
+                pooling.fits(op.attrs, x.shape):
+            src = pooling.max_pool_gradient(f"{op.name}_kernel", x.shape, op.attrs["kernel_size"], x.dtype,
+                                            backend == "interpret")
+            out = op.outputs[0]
+            launch = FreshOutputs(KernelLaunch(src, ins, outs), ins, [(outs[0], out.shape, out.dtype.torch)], run)
+            return Step(op.name, "pooling", launch, src.source)
+        return Step(op.name, "vendor", _precision(run, options) if prim.kind == CONTRACTION else run)
     body, template = op.attrs["body"], op.attrs["template"]
     if backend == "reference":
-        return Step(op.name, "reference", ReferenceCall(lookup(op.op).impl, ins, outs, op.attrs, into=True))
+        run = ReferenceCall(lookup(op.op).impl, ins, outs, op.attrs, into=True)
+        return Step(op.name, "reference", _precision(run, options) if template in ("matmul", "convolution") else run)
     if backend == "native":
-        return _native_step(op, plan, ins, outs, scratch_slots, flags, options["native_module"])
+        return _native_step(op, plan, ins, outs, scratch_slots, flags, options)
     interpret = backend == "interpret"
     checks, flag_slot = flags
     options = {**options, "first_check": len(checks)}
@@ -205,18 +236,19 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
                     dq.source + kv.source)
     contraction, epi, used, placeholders, layouts = _split_contraction(op, plan)
     if epi is None:
-        return Step(op.name, template, _vendor(contraction, placeholders, ins, outs[0]))
+        return Step(op.name, template, _vendor(contraction, placeholders, ins, outs[0], options))
     tmp = scratch_slots[op.id]
     src = _generate(op.name, "pointwise", epi, layouts, interpret, options)
     checks.extend(src.checks)
-    vendor = _vendor(contraction, placeholders, ins, tmp)
+    vendor = _vendor(contraction, placeholders, ins, tmp, options)
     launch = KernelLaunch(src, [tmp] + [ins[i] for i in used], outs + ([flag_slot] if src.checks else []))
     run = Chain(vendor, launch)
     fused = _cublaslt_epilogue(body, contraction, placeholders, ins, outs) if backend == "triton" else None
     if fused is not None:
-        kind, fused_run = fused
+        kind, fused_run = fused[0], _precision(fused[1], options)
         a, b = contraction.inputs
-        key = f"matmul:{a.shape}x{b.shape}:{a.dtype}:{kind}:{torch.cuda.get_device_name()}"
+        tf32 = ":tf32" if options.get("allow_tf32") and a.dtype.name == "float32" else ""
+        key = f"matmul:{a.shape}x{b.shape}:{a.dtype}:{kind}{tf32}:{torch.cuda.get_device_name()}"
         run = choices.Chooser(key, {"cublas+epilogue-kernel": run, f"cublaslt-{kind}": fused_run})
     return Step(op.name, template, run, src.source)
 
@@ -239,10 +271,11 @@ def _recurrent_step(op: Operation, template: str, plan, ins: list[int], outs: li
 
 
 def _native_step(op: Operation, plan, ins: list[int], outs: list[int], scratch_slots: dict, flags,
-                 module: cpu.Module) -> Step:
+                 options: dict) -> Step:
     """A fusion as a C++ loop nest (codegen/cpu.py) compiled with the executable's other kernels; its
     reference implementation when the C++ generator has no form for it or it does not compile (the
     reason is logged)."""
+    module = options["native_module"]
     body, template = op.attrs["body"], op.attrs["template"]
     checks, flag_slot = flags
     reference = ReferenceCall(lookup(op.op).impl, ins, outs, op.attrs, into=True)
@@ -258,14 +291,14 @@ def _native_step(op: Operation, plan, ins: list[int], outs: list[int], scratch_s
             raise NotImplementedError(f"its rows need more than {cpu.MAX_SCRATCH} scratch elements per thread")
         contraction, epi, used, placeholders, layouts = _split_contraction(op, plan)
         if epi is None:
-            return Step(op.name, template, _vendor(contraction, placeholders, ins, outs[0]))
+            return Step(op.name, template, _vendor(contraction, placeholders, ins, outs[0], options))
         tmp = scratch_slots[op.id]
         src = cpu.pointwise(op.name, epi, layouts, len(checks))
         module.add(src)
         launch = cpu.NativeLaunch(module, src, [tmp] + [ins[i] for i in used],
                                   outs + ([flag_slot] if src.checks else []), reference)
         checks.extend(src.checks)
-        return Step(op.name, template, Chain(_vendor(contraction, placeholders, ins, tmp), launch), src.source)
+        return Step(op.name, template, Chain(_vendor(contraction, placeholders, ins, tmp, options), launch), src.source)
     except NotImplementedError as e:
         log.info("kernel %s runs through its reference implementation on the CPU: %s", op.name, e)
         return Step(op.name, "reference", reference)
@@ -287,11 +320,20 @@ def _cublaslt_epilogue(body: Program, contraction: Operation, placeholders, ins:
     if bias.op.op != "placeholder" or bias.shape not in ((product.shape[1],), (1, product.shape[1])):
         return None
     tail = rest[1:]
+    gelu_input = first.outputs[0]
+    if len(tail) > 2 and tail[0].op == "cast" and tail[0].inputs[0] is gelu_input and \
+            tail[0].attrs["dtype"].name == "float32" and tail[-1].op == "cast" and \
+            tail[-1].attrs["dtype"].name == product.dtype.name:
+        # a half-type GeLU computes in float32 between two casts (composites.gelu); cuBLASLt's epilogue
+        # computes in float32 too and rounds once to the product's type
+        gelu_input, gelu = tail[0].outputs[0], tail[1:-1]
+    else:
+        gelu = tail
     if not tail:
         kind = "bias"
     elif len(tail) == 1 and tail[0].op == "relu" and tail[0].inputs[0] is first.outputs[0]:
         kind = "bias_relu"
-    elif _dataflow(tail, first.outputs[0]) == _gelu_tanh():
+    elif _dataflow(gelu, gelu_input) == _gelu_tanh():
         kind = "bias_gelu"
     else:
         return None

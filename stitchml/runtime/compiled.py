@@ -19,7 +19,7 @@ import torch
 
 from ..codegen import cpu
 from ..dtypes import as_dtype
-from ..errors import ExecutionError, FeedError, StitchError
+from ..errors import ExecutionError, FeedError, GraphError, StitchError
 from ..ir import Operation, Tensor, TensorType, built_at
 from ..tensor_data import TensorData, resolve_device
 from .asyncrun import submit  # noqa: F401  (Graph.run_async's entry)
@@ -85,9 +85,19 @@ def _feed_types(graph, feeds) -> dict[Tensor, TensorType]:
     return out
 
 
-def signature_of(graph, feed_types: dict[Tensor, TensorType], targets, target_ops, device) -> Signature:
+def signature_of(graph, feed_types: dict[Tensor, TensorType], targets, target_ops, device,
+                 options: dict | None = None) -> Signature:
     feeds = tuple(sorted((t.op.id, t.name, tuple(tt.shape), tt.dtype.name) for t, tt in feed_types.items()))
-    return Signature(feeds, tuple(t.id for t in targets), tuple(op.id for op in target_ops), str(device))
+    return Signature(feeds, tuple(t.id for t in targets), tuple(op.id for op in target_ops), str(device),
+                     options=options_key(options))
+
+
+def options_key(options: dict | None) -> tuple:
+    """Compile options as a signature holds them: sorted (name, repr(value)) pairs; `allow_tf32=False`, the
+    default, is left out, so that asking for the default finds the same executable."""
+    if not options:
+        return ()
+    return tuple(sorted((k, repr(v)) for k, v in options.items() if not (k == "allow_tf32" and v is False)))
 
 
 def _check_types(feed_types: dict[Tensor, TensorType]) -> None:
@@ -130,13 +140,16 @@ def compile_graph(graph, feeds: dict, targets, target_ops, device, options: dict
 
     program = extract(graph, feed_types, targets, target_ops)
     _check_reductions(program)
-    options = dict(options)
+    if not isinstance(options.get("allow_tf32", False), bool):
+        raise GraphError(f"compile: option allow_tf32 expects True or False, got {options['allow_tf32']!r}")
+    user_options, options = options, dict(options)
     if device.type == "cuda":
         options.setdefault("sm_count", torch.cuda.get_device_properties(device).multi_processor_count)
     ctx = CompileContext(device=device, backend=options.get("backend", _backend(device)), options=options,
                          run_context=lambda: RunContext(graph, device, {}, graph.run_count))
     program = run_pipeline(program, ctx)
-    return Executable(graph, program, ctx, signature_of(graph, feed_types, targets, target_ops, device), targets)
+    return Executable(graph, program, ctx, signature_of(graph, feed_types, targets, target_ops, device, user_options),
+                      targets)
 
 
 def _rules(spec) -> tuple:
@@ -172,40 +185,53 @@ def compile_bucketed(graph, feeds: dict, targets, target_ops, device, options: d
         raise CompileError(f"compile: cannot bucket graph {graph.name!r}: {e}") from None
 
 
-def _fast_key(feeds, targets, target_ops, device, compiled) -> tuple[tuple, tuple] | None:
-    """(key, objects) for a run request whose feeds are all tensors. The key: the feed keys', targets'
-    and target ops' identities, each feed's shape and dtype, the device as asked for (with the current
-    CUDA device, which `None` and "cuda" resolve to) and `compiled`; the objects whose identities it
-    takes (not the fed values). None when a feed is anything else (arrays, lists)."""
-    feeds = {} if feeds is None else feeds
-    targets = (targets,) if isinstance(targets, Tensor) else targets
-    target_ops = (target_ops,) if isinstance(target_ops, Operation) else target_ops
-    if not isinstance(feeds, dict) or not isinstance(targets, (list, tuple)) or \
-            not isinstance(target_ops, (list, tuple)):
+_current_device = getattr(torch._C, "_cuda_getDevice", None)  # torch.cuda.current_device without its checks
+
+
+def _fast_key(feeds, targets, target_ops, device, compiled, options=None) -> tuple | None:
+    """The key of a run request whose feeds are all tensors: the feed keys', targets' and target ops'
+    identities, each feed's shape and dtype, the device as asked for (with the current CUDA device,
+    which `None` and "cuda" resolve to), `compiled` and the compile options. None when a feed is anything
+    else (arrays, lists). Built flat, in one tuple: `Graph.run` builds one per call."""
+    if feeds is None:
+        feeds = {}
+    elif type(feeds) is not dict:
         return None
-    shapes = []
-    for value in feeds.values():
+    if type(targets) is not list and type(targets) is not tuple:
+        if isinstance(targets, Tensor):
+            targets = (targets,)
+        elif not isinstance(targets, (list, tuple)):
+            return None
+    if type(target_ops) is not tuple and type(target_ops) is not list:
+        if isinstance(target_ops, Operation):
+            target_ops = (target_ops,)
+        elif not isinstance(target_ops, (list, tuple)):
+            return None
+    if device is not None and type(device) is not str and type(device) is not torch.device:
+        return None  # the full lookup says what is wrong with it
+    current = _current_device() if _current_device is not None and torch.cuda.is_initialized() else None
+    key = [device, current, compiled, options_key(options) if options else (), len(feeds), len(targets)]
+    for k, value in feeds.items():
         kind = type(value)
         t = value if kind is torch.Tensor else value._t if kind is TensorData else None
         if t is None:
             return None
-        shapes.append((t.shape, t.dtype))
-    current = torch.cuda.current_device() if torch.cuda.is_initialized() else None
-    if device is not None and type(device) not in (str, torch.device):
-        return None  # the full lookup says what is wrong with it
-    key = (tuple(map(id, feeds)), tuple(shapes), tuple(map(id, targets)), tuple(map(id, target_ops)), device,
-           current, compiled)
-    return key, (tuple(feeds), tuple(targets), tuple(target_ops), device)
+        key += (id(k), t.shape, t.dtype)
+    key += map(id, targets)
+    key += map(id, target_ops)
+    return tuple(key)
 
 
-def run_graph(graph, feeds, targets, target_ops, device, compiled: bool | None, buckets=None) -> dict:
+def run_graph(graph, feeds, targets, target_ops, device, compiled: bool | None, buckets=None,
+              options: dict | None = None) -> dict:
     """`Graph.run`: a request seen before goes straight to its executable; otherwise op by op where the
     device does not compile by default (or with `compiled=False`), else through the graph's executable
     cache (made on first use, shared by every thread that runs the graph). A CPU signature compiles on
-    its run after CPU_COMPILE_AFTER op-by-op runs; runs with buckets compile at once."""
+    its run after CPU_COMPILE_AFTER op-by-op runs; runs with buckets compile at once. `options` are
+    compile options (`allow_tf32`), part of the executable's signature; op-by-op runs ignore them."""
     if compiled is not False and graph._executables is not None and not (buckets or graph.buckets):
         with graph._run_lock:  # a request seen before: its executable from identities, shapes and dtypes
-            exe = graph._executables.fast(feeds, targets, target_ops, device, compiled)
+            exe = graph._executables.fast(feeds, targets, target_ops, device, compiled, options)
         if exe is not None:
             return exe.run(feeds)
     dev = resolve_device(device)
@@ -219,9 +245,9 @@ def run_graph(graph, feeds, targets, target_ops, device, compiled: bool | None, 
             graph._executables = ExecutableCache()
         cold = compiled is None and dev.type != "cuda" and not buckets and not graph._executables.warm(
             graph, feeds or {}, targets, target_ops, dev)
-        exe = None if cold else graph._executables.get(graph, feeds or {}, targets, target_ops, dev, buckets)
+        exe = None if cold else graph._executables.get(graph, feeds or {}, targets, target_ops, dev, buckets, options)
         if exe is not None and not buckets:
-            graph._executables.remember(exe, feeds, *request, device, compiled)
+            graph._executables.remember(exe, feeds, *request, device, compiled, options)
     return run_eager(graph, feeds, targets, target_ops, dev) if cold else exe.run(feeds)
 
 
@@ -247,13 +273,12 @@ class ExecutableCache:
         self._fast: dict[tuple, tuple[Signature, tuple]] = {}
         self.fast_hits = 0  # requests `fast` answered (tests and benchmarks read it)
 
-    def fast(self, feeds, targets, target_ops, device, compiled) -> Executable | None:
+    def fast(self, feeds, targets, target_ops, device, compiled, options=None) -> Executable | None:
         """The executable `get` returned for this same request (`Graph.run`'s arguments) before, or None."""
-        found = _fast_key(feeds, targets, target_ops, device, compiled)
-        hit = self._fast.get(found[0]) if found is not None else None
+        key = _fast_key(feeds, targets, target_ops, device, compiled, options)
+        hit = self._fast.get(key) if key is not None else None
         if hit is None:
             return None
-        key = found[0]
         exe = self.entries.get(hit[0])
         if exe is None:  # evicted since
             del self._fast[key]
@@ -262,16 +287,19 @@ class ExecutableCache:
         self.fast_hits += 1
         return exe
 
-    def remember(self, exe: Executable, feeds, targets, target_ops, device, compiled) -> None:
-        """Let `fast` find `exe` for this request (after `get` checked it and returned `exe`)."""
-        found = _fast_key(feeds, targets, target_ops, device, compiled)
+    def remember(self, exe: Executable, feeds, targets, target_ops, device, compiled, options=None) -> None:
+        """Let `fast` find `exe` for this request (after `get` checked it and returned `exe`). The entry
+        holds the objects whose identities its key takes (not the fed values), so that no other object
+        can take those identities while it lives."""
+        key = _fast_key(feeds, targets, target_ops, device, compiled, options)
         # the entry's own key: `exe.signature` can name the device more exactly ("cuda:0" for "cuda")
         sig = next((s for s, e in self.entries.items() if e is exe), None)
-        if found is None or sig is None:
+        if key is None or sig is None:
             return
         if len(self._fast) >= self.FAST_SIZE:
             self._fast.clear()
-        self._fast[found[0]] = (sig, found[1])
+        held = [tuple(x) if isinstance(x, (list, tuple)) else (x,) for x in (targets, target_ops)]
+        self._fast[key] = (sig, (tuple(feeds or {}), *held))
 
     def warm(self, graph, feeds: dict, targets, target_ops, device) -> bool:
         """Whether a CPU run of this signature should compile: it has an executable already, or this is
@@ -289,7 +317,7 @@ class ExecutableCache:
             self.runs.pop(next(iter(self.runs)))
         return seen > CPU_COMPILE_AFTER
 
-    def get(self, graph, feeds: dict, targets, target_ops, device, buckets=None) -> Executable:
+    def get(self, graph, feeds: dict, targets, target_ops, device, buckets=None, options=None) -> Executable:
         """The executable for these feeds (compiled on a miss); with `buckets`, one of the padded twin
         that serves every size of the same buckets, unless the graph cannot be bucketed (then the
         exact one, the log saying why once)."""
@@ -300,34 +328,34 @@ class ExecutableCache:
             if target_ops:
                 self.refused.setdefault(key, "target operations are run by exact-shape executables")
             if key not in self.refused:
-                return self._get_bucketed(graph, spec, key, feed_types, targets, device)
-        sig = signature_of(graph, feed_types, targets, target_ops, device)
+                return self._get_bucketed(graph, spec, key, feed_types, targets, device, options or {})
+        sig = signature_of(graph, feed_types, targets, target_ops, device, options)
         exe = self.entries.get(sig)
         if exe is not None:
             self.entries.move_to_end(sig)
             return exe
         what = self._why(sig)
-        exe = compile_graph(graph, feed_types, targets, target_ops, device, {})
+        exe = compile_graph(graph, feed_types, targets, target_ops, device, options or {})
         self._add(graph, sig, exe, what)
         return exe
 
-    def _get_bucketed(self, graph, spec, key, feed_types, targets, device):
-        sig = signature_of(graph, bucket_types(spec, feed_types), targets, [], device)
-        sig = Signature(sig.feeds, sig.targets, sig.target_ops, sig.device, key[0])
+    def _get_bucketed(self, graph, spec, key, feed_types, targets, device, options: dict):
+        sig = signature_of(graph, bucket_types(spec, feed_types), targets, [], device, options)
+        sig = Signature(sig.feeds, sig.targets, sig.target_ops, sig.device, key[0], sig.options)
         exe = self.entries.get(sig)
         if exe is None:
             what = self._why(sig)
             try:
-                exe = _bucketed(graph, spec, feed_types, targets, device, {})
+                exe = _bucketed(graph, spec, feed_types, targets, device, options)
             except Refused as e:
                 self.refused[key] = str(e)
                 self.log.append(f"no buckets for {graph.name!r}: {e}; compiling for exact shapes")
-                return self.get(graph, feed_types, targets, [], device)
+                return self.get(graph, feed_types, targets, [], device, options=options)
             self._add(graph, sig, exe, what.replace("signature", "bucket", 1))
         else:
             self.entries.move_to_end(sig)
         if exe.sizes(feed_types) is None:  # padded extents that must agree do not: the exact compile says why
-            return self.get(graph, feed_types, targets, [], device)
+            return self.get(graph, feed_types, targets, [], device, options=options)
         self.served.append(f"bucket {exe.label} served " +
                            ", ".join(f"{t.name}: {list(tt.shape)}" for t, tt in feed_types.items()))
         return exe

@@ -42,10 +42,12 @@ class Signature:
     target_ops: tuple[int, ...]
     device: str
     buckets: tuple = ()  # bucketed runs: the rules ((placeholder op id, axis, rule), ...); feeds hold bucket sizes
+    options: tuple = ()  # the compile options, as sorted (name, repr(value)) pairs (`allow_tf32`...)
 
     def __post_init__(self) -> None:
         # hashed once: Graph.run's cache looks its executable up by signature on every run
-        object.__setattr__(self, "_hash", hash((self.feeds, self.targets, self.target_ops, self.device)))
+        object.__setattr__(self, "_hash", hash((self.feeds, self.targets, self.target_ops, self.device,
+                                                self.options)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -58,6 +60,8 @@ class Signature:
             return "targets or target operations changed"
         if self.buckets != other.buckets:
             return "bucket rules changed"
+        if self.options != other.options:
+            return f"options {dict(other.options)} -> {dict(self.options)}"
         mine = {f[0]: f for f in self.feeds}
         theirs = {f[0]: f for f in other.feeds}
         for key in sorted(set(mine) | set(theirs)):
@@ -170,6 +174,9 @@ class Executable:
         self._graph_state = None  # a _CapturedRun, made after the first run
         self._capture_ok = None
         self._template = None  # slots of constants and arena buffers, bound once
+        self._fresh_outputs = None  # {target: (slot, shape, dtype)} of targets a run allocates (caller outputs)
+        # the device as `Tensor.get_device` numbers it (-1: the CPU), for the feeds' cheap check; None: unknown
+        self._device_index = -1 if self.device.type == "cpu" else self.device.index
         self.runs = 0
         self.last_profile: list[tuple[str, str, float]] = []
         self.capture_error: str | None = None
@@ -347,13 +354,17 @@ class Executable:
 
     def run(self, feeds: dict | None = None, outputs: dict | None = None, heap: Any = None,
             stream: Any = None, profile: bool = False) -> dict[Tensor, TensorData]:
-        """Run once; returns {target: TensorData}. `outputs` maps targets to caller buffers to fill.
+        """Run once; returns {target: TensorData}. `outputs` maps targets to caller buffers to fill: a
+        contiguous buffer of the target's shape, dtype and device is written by the kernels themselves (no
+        copy, no allocation; it must not overlap a feed), anything else receives a copy.
 
         With `profile=True` the run executes step by step (no graph replay) and
         `last_profile` lists (step, kind, milliseconds).
         """
-        if stream is None and heap is None and outputs is None and not profile and not self._poison:
-            return self._run_plain(feeds)
+        if stream is None and heap is None and not profile and not self._poison:
+            result = self._run_plain(feeds, outputs)
+            if result is not None:
+                return result
         with self._lock, cudart.using(stream):
             arena = self._arena_for(heap)
             if not profile and self._graph_state is not None and self._graph_state.fits(self, arena):
@@ -384,26 +395,83 @@ class Executable:
                 self.last_profile = timer.results()
             return self._finish(env, outputs, arena)
 
-    def _run_plain(self, feeds: dict | None) -> dict[Tensor, TensorData]:
-        """The common case (own arena, current stream, fresh outputs), with as little host work as possible."""
+    def _run_plain(self, feeds: dict | None, outputs: dict | None = None) -> dict[Tensor, TensorData] | None:
+        """The common case (own arena, current stream), with as little host work as possible: the feeds'
+        checks, fresh outputs or the caller's bound in their place, the steps. None when `outputs` holds a
+        buffer the kernels cannot write directly (`run` then copies into it)."""
         with self._lock:
-            if self._graph_state is not None and self._graph_state.fits(self, self._arena_for(None)):
-                return self._replay(feeds, None)
-            if self._template is None:
+            state = self._graph_state
+            if state is not None and state.fits(self, self._arena_for(None)):
+                return self._replay(feeds, outputs)
+            env = self._template
+            if env is None:
                 env = [None] * self._nslots
                 for slot, value in self._constants:
                     env[slot] = value
                 self._bind_arena(env, self._arena_for(None))
                 self._template = env
-            env = self._template.copy()
-            self._feed_env(env, feeds)
+            env = env.copy()
+            if not self._feed_fast(env, feeds):
+                self._feed_env(env, feeds)
             if self._variables or self._in_place:
                 self._variable_env(env)
+            if outputs and not self._bind_outputs(env, outputs):
+                return None
             device = self.device
             for slot, shape, dtype in self._outputs:
-                env[slot] = torch.empty(shape, dtype=dtype, device=device)
+                if env[slot] is None:
+                    env[slot] = torch.empty(shape, dtype=dtype, device=device)
             run_steps(self.steps, env, self._checks, self._flag_slot)
-            return self._finish(env, None, self._arena_for(None))
+            if outputs:
+                return self._finish(env, None, self._arena_for(None))
+            result = {}  # _collect without caller buffers
+            wrap = TensorData._wrap
+            for user, slot, held in self._results:
+                v = env[slot]
+                result[user] = wrap(v.clone() if held else v)
+            if self._assigns:
+                self._assign(env)
+            self.runs += 1
+            self.graph.run_count += 1
+            if self._graph_state is None and self._capture_ok is not False and self._capturable:
+                self._graph_state = _CapturedRun.capture(self, self._arena_for(None))
+            return result
+
+    def _feed_fast(self, env: list, feeds: dict | None) -> bool:
+        """Bind feeds that are contiguous tensors of the compiled shape and dtype already on this device, as
+        most are (checked with `get_device`'s int rather than a device object per feed); False, with `env`
+        partly bound, for anything else, which `_feed_env` then binds or reports."""
+        index = self._device_index
+        if type(feeds) is not dict or len(feeds) != len(self._feed_keys) or index is None:
+            return False
+        for key, slot, shape, dtype, _ in self._feed_keys:
+            t = feeds.get(key)
+            kind = type(t)
+            if kind is TensorData:
+                t = t._t
+            elif kind is not torch.Tensor:
+                return False
+            if t.dtype != dtype or t.shape != shape or t.get_device() != index or not t.is_contiguous():
+                return False
+            env[slot] = t
+        return True
+
+    def _bind_outputs(self, env: list, outputs: dict) -> bool:
+        """Bind caller buffers as the output buffers of their targets; False when one cannot be (a target
+        that is not a fresh output, or a buffer of another shape, dtype or device, or strided)."""
+        fresh = self._fresh_outputs
+        if fresh is None:
+            planned = {slot: (shape, dtype) for slot, shape, dtype in self._outputs}
+            fresh = self._fresh_outputs = {user: (slot, *planned[slot]) for user, slot, held in self._results
+                                           if slot in planned and not held}
+        for user, dst in outputs.items():
+            found = fresh.get(user)
+            t = dst._t if type(dst) is TensorData else dst
+            if found is None or not isinstance(t, torch.Tensor) or t.shape != found[1] or t.dtype != found[2] or \
+                    t.device != self.device or not t.is_contiguous() or env[found[0]] is not None:
+                return False
+            env[found[0]] = t
+        return True
 
     def _finish(self, env: list, outputs: dict | None, arena: torch.Tensor) -> dict[Tensor, TensorData]:
         """Results, then the end-of-run assignments; after the first run, capture for replay."""
@@ -444,7 +512,8 @@ class Executable:
     def _replay(self, feeds: dict | None, outputs: dict | None) -> dict[Tensor, TensorData]:
         state = self._graph_state
         fed = [None] * self._nslots
-        self._feed_env(fed, feeds)
+        if not self._feed_fast(fed, feeds):
+            self._feed_env(fed, feeds)
         for _, slot, *_ in self._feeds:
             state.env[slot].copy_(fed[slot])
         try:

@@ -10,6 +10,8 @@ callable `fn(env)` over the environment list of value slots:
 * `ViewOf`: a zero-copy torch view of a slot;
 * `ReferenceCall`: an op's reference implementation (opaque ops; kernels on
   the reference backend, which run their bodies op by op);
+* `FreshOutputs`: a generated kernel in place of an op's library call (the
+  gradient of a max pooling whose windows tile its input);
 * `Chain`: several of these in order (a vendor call, then its epilogue).
 
 They hold the callables and attributes they need, not the ops, so the
@@ -24,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from . import loader
+from . import direct as direct_launch, loader
 from ..ir import Operation
 from .steps import Step
 
@@ -57,10 +59,12 @@ class KernelLaunch:
     """Launch a generated kernel (`source`: a codegen KernelSource) on its pre-bound slots.
 
     The first launch goes through Triton's JIT entry (it compiles, or loads
-    from Triton's disk cache). Later launches on CUDA call the compiled
-    kernel's launcher directly, which skips Triton's per-call argument
-    binding; they fall back to the JIT entry when the pointers' 16-byte
-    alignment differs from what the kernel was specialised for.
+    from Triton's disk cache). Later launches on CUDA write the buffers'
+    addresses into a parameter block prepared once and call the driver
+    (runtime/direct.py); where that launch is not known to be exact, they call
+    the compiled kernel's own launcher, which still skips Triton's per-call
+    argument binding. Both fall back to the JIT entry when the pointers'
+    16-byte alignment differs from what the kernel was specialised for.
     """
 
     def __init__(self, source, ins: list[int], outs: list[int]):
@@ -72,10 +76,16 @@ class KernelLaunch:
         self.sizes = getattr(source, "sizes", ())  # extents the kernel takes as arguments, after its buffers
         self.slots = ins + outs
         self.compiled = None
+        self.direct = None  # a direct.DirectLaunch, once the first launch has compiled the kernel
+        self.launcher = "triton"  # how later launches go: "direct", or why not (reports, benchmarks)
+        self.device_index = 0
         self.alignment = None
         self.interpret = loader.interpreting()
 
     def __call__(self, env: list) -> None:
+        direct = self.direct
+        if direct is not None and direct(env, _raw_stream(self.device_index)):
+            return
         args = [env[s] for s in self.slots]
         if self.compiled is not None:
             if tuple(a.data_ptr() % 16 == 0 for a in args) == self.alignment:
@@ -93,6 +103,33 @@ class KernelLaunch:
         if self.compiled is None and all(hasattr(k, a) for a in ("run", "function", "packed_metadata")):
             self.compiled = k
             self.alignment = tuple(a.data_ptr() % 16 == 0 for a in args)
+            if _raw_stream is not None and args and args[0].is_cuda:
+                self.device_index = args[0].device.index
+                try:
+                    self.direct, self.launcher = direct_launch.bind(k, self.grid, self.slots, tuple(self.sizes),
+                                                                    self.alignment)
+                except Exception as e:  # noqa: BLE001  (a Triton of another shape: its own launcher still works)
+                    self.launcher = f"{type(e).__name__}: {e}"
+
+
+class FreshOutputs:
+    """A generated kernel (`launch`) for an op that is otherwise a library call: its outputs are allocated
+    per run, as a library call's are (memory of its own, not the arena), and where an input is not
+    contiguous (the kernel reads row-major memory) the op's reference call (`otherwise`) runs instead."""
+
+    def __init__(self, launch: KernelLaunch, ins: list[int], outs: list[tuple[int, tuple, torch.dtype]],
+                 otherwise: Callable[[list], None]):
+        self.launch, self.ins, self.outs, self.otherwise = launch, ins, outs, otherwise
+
+    def __call__(self, env: list) -> None:
+        for s in self.ins:
+            if not env[s].is_contiguous():
+                self.otherwise(env)
+                return
+        device = env[self.ins[0]].device
+        for slot, shape, dtype in self.outs:
+            env[slot] = torch.empty(shape, dtype=dtype, device=device)
+        self.launch(env)
 
 
 class Chain:
@@ -175,3 +212,43 @@ class ReferenceCall:
             else:
                 shares = r.untyped_storage().data_ptr() in shared
                 env[s] = r.clone(memory_format=torch.contiguous_format) if shares else r.contiguous()
+
+
+_C = torch._C  # the flags' own accessors: torch.backends' properties cost a few microseconds more per call
+
+
+def _tf32_flags() -> tuple[bool, bool] | None:
+    """torch's (cuBLAS, cuDNN) TF32 flags; None when torch refuses to say (the process has set them through
+    both its legacy and its newer precision API, which torch reports as an error)."""
+    try:
+        return _C._get_cublas_allow_tf32(), _C._get_cudnn_allow_tf32()
+    except RuntimeError:
+        return None
+
+
+def _set_tf32(matmul: bool, conv: bool) -> None:
+    _C._set_cublas_allow_tf32(matmul)
+    _C._set_cudnn_allow_tf32(conv)
+
+
+class TF32:
+    """Run a library call (cuBLAS, cuDNN) with TF32 tensor cores allowed or not, whatever torch's global
+    flags say, and put the flags back afterwards: an executable's float32 products and convolutions
+    follow its own `allow_tf32` option (runtime/compiled.py), not the state another part of the process
+    left. The flags are read when the library picks its kernel, so a CUDA-graph capture of the call
+    records the executable's choice too. Where torch refuses to report its flags (its two precision APIs
+    mixed), the call runs under them as they are."""
+
+    def __init__(self, fn: Callable[[list], None], allow: bool):
+        self.fn, self.allow = fn, allow
+
+    def __call__(self, env: list) -> None:
+        saved = _tf32_flags()
+        if saved is None:
+            self.fn(env)
+            return
+        _set_tf32(self.allow, self.allow)
+        try:
+            self.fn(env)
+        finally:
+            _set_tf32(*saved)

@@ -1,0 +1,362 @@
+"""Launch latency, the CNN training step with and without TF32, and matmul + bias + GeLU(erf).
+
+    python benchmarks/bench_targets.py --json results.json            # the H200 figures (about 90 s)
+    python benchmarks/bench_targets.py --explore --json results.json  # plus channels-last and Triton GEMM trials
+    python benchmarks/bench_targets.py --device cpu --quick            # a smoke run
+
+Latency: a 4K-element GeLU executable of one kernel; per run, the median wall
+time of the call and a synchronisation (`wall`), and the host time per call
+when calls go back to back (`per call`), against one eager torch kernel, a
+synchronisation alone and the replay of a CUDA graph of one kernel.
+CNN step: 3x3 convolutions 1->32->64, dense 3136->256->10, SGD with momentum,
+batch 1024 (bench_distributed.py's model); StitchML with its default (IEEE
+float32 products and convolutions) and with `allow_tf32`, against PyTorch
+eager and torch.compile under the same TF32 settings. Matmul: 8192^3
+bfloat16 with bias and exact GeLU, against the bare cuBLAS product.
+Every contender's result is checked before it is timed; times are medians of
+CUDA-event timings after warm-up.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import stitchml as sm  # noqa: E402
+from bench_distributed import TorchCNN, cnn_graph, cnn_weights  # noqa: E402
+
+ROWS: list[dict] = []
+OUTPUT: dict = {}  # "path", "device", "failures": where and what `write` puts after every row
+
+
+def record(section: str, case: str, contender: str, value: float, unit: str, **extra) -> None:
+    row = {"section": section, "case": case, "contender": contender, "value": value, "unit": unit, **extra}
+    ROWS.append(row)
+    if OUTPUT.get("path"):  # after every row: a run stopped by a time limit keeps what it measured
+        write(OUTPUT["path"], OUTPUT["device"], OUTPUT["failures"])
+    note = " ".join(f"{k}={v}" for k, v in extra.items())
+    print(f"{section:8} {case:28} {contender:44} {value:10.4g} {unit:3} {note}", flush=True)
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def wall_us(fn, dev, n: int, warmup: int = 100) -> float:
+    """Median wall microseconds of fn() followed by a synchronisation."""
+    for _ in range(warmup):
+        fn()
+        sync(dev)
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        sync(dev)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6
+
+
+def per_call_us(fn, dev, n: int, rounds: int = 5) -> float:
+    """Host microseconds per call of back-to-back calls (median of a few rounds of n)."""
+    for _ in range(50):
+        fn()
+    sync(dev)
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync(dev)
+        times.append((time.perf_counter() - t) / n)
+    return statistics.median(times) * 1e6
+
+
+def device_ms(fn, dev, warmup: int = 5, reps: int = 30) -> float:
+    """Median milliseconds per call between CUDA events (host clock on the CPU)."""
+    for _ in range(warmup):
+        fn()
+    sync(dev)
+    times = []
+    for _ in range(reps):
+        if dev.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def set_tf32(matmul: bool, conv: bool) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = matmul
+    torch.backends.cudnn.allow_tf32 = conv
+
+
+# -- launch latency ------------------------------------------------------------------------------------
+def latency(dev: torch.device, quick: bool) -> None:
+    n = 200 if quick else 3000
+    g = sm.Graph("latency")
+    x = g.placeholder((-1,), sm.float32, name="x")
+    y = 0.5 * x * (1.0 + g.erf(x * (1.0 / math.sqrt(2.0))))
+    exe = g.compile({x: sm.TensorType((4096,), sm.float32)}, [y], device=str(dev))
+    a = torch.randn(4096, device=dev)
+    want = torch.nn.functional.gelu(a.double())
+    err = rel_err(exe.run({x: a})[y].torch(), want)
+    out = torch.empty_like(a)
+    assert exe.run({x: a}, outputs={y: out})[y].torch().data_ptr() == out.data_ptr()
+    err = max(err, rel_err(out, want), rel_err(g.run({x: a}, [y], device=str(dev))[y].torch(), want))
+    launch = exe.steps[0].run
+    big = torch.randn(4097, device=dev)
+    shifted = big[1:]  # contiguous, 4 bytes off the 16-byte alignment the kernel was compiled for
+    err = max(err, rel_err(exe.run({x: shifted})[y].torch(), torch.nn.functional.gelu(shifted.double())))
+    assert err < 1e-6, err
+    case = "4K GeLU, one kernel"
+    o2 = torch.empty_like(a)
+    contenders = [("synchronize alone", lambda: None),
+                  ("torch.erf (one eager kernel)", lambda: torch.erf(a)),
+                  ("torch.erf out= (no allocation)", lambda: torch.erf(a, out=o2)),
+                  ("exe.run", lambda: exe.run({x: a})),
+                  ("exe.run outputs= (caller buffer)", lambda: exe.run({x: a}, outputs={y: out})),
+                  ("g.run", lambda: g.run({x: a}, [y], device=str(dev)))]
+    if dev.type == "cuda":
+        graph = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            torch.erf(a, out=o2)
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(graph):
+            torch.erf(a, out=o2)
+        contenders.insert(3, ("CUDA graph replay (one kernel)", graph.replay))
+    for name, fn in contenders:
+        record("latency", case, name, wall_us(fn, dev, n), "us", kind="wall",
+               launcher=getattr(launch, "launcher", type(launch).__name__))
+        record("latency", case, name, per_call_us(fn, dev, n // 2), "us", kind="per call")
+    step = exe.steps[0]
+    step.run = lambda env: None
+    record("latency", case, "exe.run without its launch", per_call_us(lambda: exe.run({x: a}), dev, n // 2), "us",
+           kind="per call")
+    step.run = launch
+    direct = getattr(launch, "direct", None)
+    if direct is not None:  # the same run through Triton's own launcher of the compiled kernel
+        launch.direct = None
+        record("latency", case, "exe.run, Triton's launcher", wall_us(lambda: exe.run({x: a}), dev, n), "us",
+               kind="wall")
+        record("latency", case, "exe.run, Triton's launcher", per_call_us(lambda: exe.run({x: a}), dev, n // 2),
+               "us", kind="per call")
+        launch.direct = direct
+    if g._executables is None:  # the CPU runs the graph op by op: no executable to look up
+        return
+    gexe = next(iter(g._executables.entries.values()))
+    real = gexe.run
+    gexe.run = lambda feeds: None
+    record("latency", case, "g.run lookup alone (exe.run stubbed)",
+           per_call_us(lambda: g.run({x: a}, [y], device=str(dev)), dev, n // 2), "us", kind="per call")
+    gexe.run = real
+
+
+# -- CNN training step ---------------------------------------------------------------------------------
+def cnn(dev: torch.device, quick: bool, explore: bool, with_compile: bool) -> None:
+    batch = 8 if quick else 1024
+    weights = cnn_weights(np.random.default_rng(0))
+    gen = torch.Generator().manual_seed(0)
+    xs = torch.randn(batch, 1, 28, 28, generator=gen).to(dev)
+    ys = torch.randint(0, 10, (batch,), generator=gen).to(dev)
+    case = f"batch {batch}"
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    reference = None  # the first step's loss in float64 on the CPU
+    model = TorchCNN(weights).double()
+    reference = torch.nn.functional.cross_entropy(model(xs.cpu().double()), ys.cpu()).item()
+    reps = 5 if quick else 30
+
+    variants = [("stitchml", {}), ("stitchml allow_tf32", {"allow_tf32": True})]
+    if explore:
+        variants += [("stitchml allow_tf32 + conv_channels_last", {"allow_tf32": True, "conv_channels_last": True}),
+                     ("stitchml conv_channels_last", {"conv_channels_last": True})]
+    for name, options in variants:
+        g, x, y, loss, steps = cnn_graph(weights, batch, None)
+        t0 = time.perf_counter()
+        exe = g.compile({x: sm.TensorType(tuple(xs.shape), sm.float32), y: sm.TensorType(tuple(ys.shape), sm.int64)},
+                        [loss], steps, device=str(dev), options=options)
+        feeds = {x: xs, y: ys}
+        first = exe.run(feeds)[loss].item()
+        err = abs(first - reference) / abs(reference)
+        assert err < (1e-2 if options.get("allow_tf32") else 1e-4), (name, first, reference)
+        ms = device_ms(lambda: exe.run(feeds), dev, 3, reps)
+        launchers = sorted({getattr(s.run, "launcher", None) for s in exe.steps} - {None})
+        record("cnn", case, name, ms, "ms", loss_rel_err=f"{err:.1e}", kernels=exe.kernel_count,
+               replay=exe._graph_state is not None, compile_s=round(time.perf_counter() - t0, 1),
+               launchers="|".join(launchers))
+        if explore and dev.type == "cuda" and name in ("stitchml", "stitchml allow_tf32"):
+            report = exe.profile({x: xs, y: ys}, repeats=3)
+            top = sorted(report.rows, key=lambda r: -r["ms"])[:10]
+            print("   slowest steps (ms):", "; ".join(f"{r['step']} {r['ms']:.3f}" for r in top), flush=True)
+            ROWS.append({"section": "cnn-profile", "case": case, "contender": name,
+                         "steps": [{k: r[k] for k in ("step", "kind", "ms")} for r in report.rows]})
+
+    torch_variants = [("torch eager, IEEE float32", (False, False), "eager", False),
+                      ("torch eager, torch's default flags", (False, True), "eager", False),
+                      ("torch eager, TF32", (True, True), "eager", False)]
+    if explore:
+        torch_variants.append(("torch eager, TF32, channels-last", (True, True), "eager", True))
+    if with_compile:
+        torch_variants += [("torch.compile, IEEE float32", (False, False), "compile", False),
+                           ("torch.compile, TF32", (True, True), "compile", False)]
+    compiled_forward = None
+    for name, flags, mode, channels_last in torch_variants:
+        set_tf32(*flags)
+        try:
+            model = TorchCNN(weights).to(dev)
+            images = xs
+            if channels_last:
+                model = model.to(memory_format=torch.channels_last)
+                images = xs.contiguous(memory_format=torch.channels_last)
+            if mode == "compile":
+                compiled_forward = torch.compile(model)
+                forward = compiled_forward
+            else:
+                forward = model
+            opt = torch.optim.SGD(model.parameters(), 0.01, momentum=0.9)
+
+            def step():
+                opt.zero_grad(set_to_none=True)
+                lo = torch.nn.functional.cross_entropy(forward(images), ys)
+                lo.backward()
+                opt.step()
+                return lo
+
+            first = step().item()
+            err = abs(first - reference) / abs(reference)
+            t0 = time.perf_counter()
+            ms = device_ms(step, dev, 3, reps)
+            record("cnn", case, name, ms, "ms", loss_rel_err=f"{err:.1e}", time_s=round(time.perf_counter() - t0, 1))
+        finally:
+            set_tf32(*saved)
+
+
+# -- matmul + bias + GeLU ------------------------------------------------------------------------------
+def matmul(dev: torch.device, quick: bool, explore: bool) -> None:
+    n = 256 if quick else 8192
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(dev, dtype)
+    w = (torch.randn(n, n, generator=gen) / math.sqrt(n)).to(dev, dtype)
+    bias = torch.randn(n, generator=gen).to(dev, dtype)
+    case = f"{n}^3 {str(dtype).replace('torch.', '')}"
+    flops = 2 * n ** 3
+    reps = 5 if quick else 20
+    product = a.float() @ w.float() + bias.float()
+    bare = device_ms(lambda: a @ w, dev, 3, reps)
+    record("matmul", case, "cuBLAS bare product", bare, "ms", tflops=round(flops / bare / 1e9))
+    for approximate in ("none", "tanh"):
+        ref = torch.nn.functional.gelu(product, approximate=approximate)
+        g = sm.Graph("mlp")
+        x = g.placeholder((n, n), sm.as_dtype(str(dtype).replace("torch.", "")), name="x")
+        wt = g.placeholder((n, n), x.dtype, name="w")
+        b = g.placeholder((n,), x.dtype, name="b")
+        y = g.gelu(x @ wt + b, approximate=approximate)
+        feeds = {x: a, wt: w, b: bias}
+        exe = g.compile(feeds, [y], device=str(dev))
+        err = rel_err(exe.run(feeds)[y].torch(), ref)
+        chosen = [getattr(s.run, "chosen", None) for s in exe.steps if s.kind == "matmul"]
+        ms = device_ms(lambda: exe.run(feeds), dev, 3, reps)
+        record("matmul", case, f"stitchml gelu({approximate})", ms, "ms", vs_bare=round(ms / bare, 3),
+               rel_err=f"{err:.1e}", chose=chosen)
+    if dev.type != "cuda":
+        return
+    # cuBLASLt's GELU epilogue: which GeLU does it compute? (on a smaller product, against both forms)
+    m = 1024
+    p, q, r = a[:m, :m].contiguous(), w[:m, :m].contiguous(), bias[:m].contiguous()
+    lt = torch._addmm_activation(r, p, q, use_gelu=True).double()
+    pre = (p.double() @ q.double() + r.double())
+    e_erf = rel_err(lt, torch.nn.functional.gelu(pre))
+    e_tanh = rel_err(lt, torch.nn.functional.gelu(pre, approximate="tanh"))
+    dev_erf_tanh = rel_err(torch.nn.functional.gelu(pre, approximate="tanh"), torch.nn.functional.gelu(pre))
+    record("matmul", f"{m}^3 bf16", "cuBLASLt GELU epilogue vs erf / vs tanh", e_erf, "err", vs_tanh=f"{e_tanh:.2e}",
+           erf_vs_tanh=f"{dev_erf_tanh:.2e}")
+    if explore:
+        from gemm_trials import persistent_gelu
+
+        ref = torch.nn.functional.gelu(product)
+        for config in ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3)):
+            try:
+                out, fn = persistent_gelu(a, w, bias, *config)
+                err = rel_err(out, ref)
+                ms = device_ms(fn, dev, 3, reps) if err < 2e-2 else float("nan")
+                record("matmul", case, f"triton persistent TMA gelu(erf) {config}", ms, "ms",
+                       vs_bare=round(ms / bare, 3), rel_err=f"{err:.1e}")
+            except Exception as e:  # noqa: BLE001  (a trial that does not compile is a finding)
+                record("matmul", case, f"triton persistent TMA gelu(erf) {config}", float("nan"), "ms",
+                       failed=f"{type(e).__name__}: {' '.join(str(e).split())[:160]}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
+    p.add_argument("--explore", action="store_true", help="also the trials: channels-last, Triton persistent GEMM")
+    p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    p.add_argument("--sections", nargs="+", default=["latency", "matmul", "cnn"])
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    dev = torch.device(args.device)
+    if dev.type == "cuda":
+        torch.cuda.init()
+    started = time.perf_counter()
+    failures = {}
+    OUTPUT.update(path=args.json, device=dev, failures=failures)
+    for section in args.sections:
+        t0 = time.perf_counter()
+        try:
+            if section == "latency":
+                latency(dev, args.quick)
+            elif section == "cnn":
+                cnn(dev, args.quick, args.explore, not args.no_compile)
+            elif section == "matmul":
+                matmul(dev, args.quick, args.explore)
+        except Exception as e:  # noqa: BLE001  (one failing section must not lose the others' figures)
+            failures[section] = f"{type(e).__name__}: {e}"
+            print(f"section {section} failed: {failures[section]}", flush=True)
+        print(f"-- {section}: {time.perf_counter() - t0:.1f} s", flush=True)
+        if args.json:
+            write(args.json, dev, failures)
+    print(f"total {time.perf_counter() - started:.1f} s")
+    return 1 if failures else 0
+
+
+def write(path: str, dev: torch.device, failures: dict) -> None:
+    env = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
+           "date": time.strftime("%Y-%m-%d")}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    with open(path, "w") as f:
+        json.dump({"environment": env, "rows": ROWS, "failures": failures}, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
