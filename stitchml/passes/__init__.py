@@ -7,6 +7,7 @@
     prune         ops no output or assignment needs are dropped
     attention     softmax(Q Kᵀ · scale [+ mask]) V from primitives becomes one fused kernel
     stitch        adjacent ops grouped into kernels (legality, score, policy kept apart)
+    prologue      elementwise producers of a matrix product's operands move into its kernel's loads
     plan_memory   every intermediate gets an offset in one arena, by liveness
     lower         each kernel becomes a pre-bound launch: the LaunchPlan an Executable runs
 
@@ -30,6 +31,7 @@ from .cse import cse
 from .prune import prune
 from .attention import attention
 from .stitch import stitch
+from .prologue import prologue
 from .memory import plan_memory
 from .lower import lower
 
@@ -67,6 +69,7 @@ PIPELINE: list[tuple[str, Callable[[Program, CompileContext], Program]]] = [
     ("prune", prune),
     ("attention", attention),
     ("stitch", stitch),
+    ("prologue", prologue),
     ("plan_memory", plan_memory),
     ("lower", lower),
 ]

@@ -26,7 +26,9 @@ import torch
 
 from ..ir import Operation
 from ..registry import lookup
+from .. import dtypes
 from ..codegen.common import Layout
+from ..codegen.matmul import split
 from .program import Program
 
 ALIGN = 64  # bytes: keeps 16-byte vector loads aligned and buffers on separate cache lines
@@ -119,11 +121,41 @@ def lower_bound(buffers: list[Buffer]) -> int:
     return best
 
 
+def prologue_mode(backend: str, options: dict) -> str:
+    """How a matmul kernel with a prologue runs: "fused" (one Triton kernel), "separate" (the producers'
+    pointwise kernels, the vendor GEMM, the epilogue kernel) or "choose" (CUDA: the first run measures both)."""
+    mode = options.get("prologue", True)
+    if mode in ("fused", "separate"):
+        return mode
+    return "choose" if backend == "triton" else "fused"
+
+
+def separate_scratch(body: Program) -> tuple[list[tuple[int, int]], int]:
+    """Where the separate run of a matmul kernel with a prologue keeps its temporaries in its byte scratch:
+    (byte offset, bytes) per prologue value, then the product when an epilogue reads it; and the total."""
+    parts = split(body)
+    sizes = [p.value.type.numel() * p.value.dtype.itemsize for p in parts.prologues if p is not None]
+    if parts.epilogue:
+        product = parts.contraction.outputs[0]
+        sizes.append(product.type.numel() * product.dtype.itemsize)
+    spans, offset = [], 0
+    for n in sizes:
+        spans.append((offset, n))
+        offset += _aligned(n)  # each temporary aligned as the arena's buffers are
+    return spans, offset
+
+
 def _scratch(op: Operation, ctx):
     """(shape, DType) of the temporary a kernel needs besides its outputs, or None."""
     if op.op != "fusion":
         return None
     body, template = op.attrs["body"], op.attrs["template"]
+    if template == "matmul" and any(split(body).prologues):
+        # bytes for the producers' results and the product, when the kernel may run as separate steps
+        backend, options = (ctx.backend, ctx.options) if ctx is not None else ("interpret", {})
+        if prologue_mode(backend, options) == "fused":
+            return None
+        return (separate_scratch(body)[1],), dtypes.uint8
     if template == "matmul":  # cuBLAS writes the product here, the epilogue kernel reads it
         product = next(o for o in body.operations if lookup(o.op).vendor is not None).outputs[0]
         has_epilogue = len([o for o in body.operations if o.op not in ("placeholder", "constant")]) > 1

@@ -10,7 +10,8 @@ callable `fn(env)` over the environment list of value slots:
 * `ViewOf`: a zero-copy torch view of a slot;
 * `ReferenceCall`: an op's reference implementation (opaque ops; kernels on
   the reference backend, which run their bodies op by op);
-* `Chain`: several of these in order (a vendor call, then its epilogue).
+* `Chain`: several of these in order (a vendor call, then its epilogue);
+* `Carve`: temporaries cut from a kernel's scratch for the steps it runs.
 
 They hold the callables and attributes they need, not the ops, so the
 runtime knows nothing of how a program was made; the op names and the lines
@@ -46,10 +47,13 @@ class LaunchPlan:
     scratch_slots: dict[int, int] = field(default_factory=dict)
     checks: list[Operation] = field(default_factory=list)
     flag_slot: int | None = None
+    extra_slots: int = 0  # slots after the flag's, for temporaries carved from a kernel's scratch (`Carve`)
 
     @property
     def nslots(self) -> int:
         """The length of a run's environment list."""
+        if self.extra_slots:
+            return len(self.slots) + len(self.scratch_slots) + 1 + self.extra_slots
         return len(self.slots) + len(self.scratch_slots) + (self.flag_slot is not None)
 
 
@@ -69,6 +73,8 @@ class KernelLaunch:
         self.meta = source.constexprs
         self.meta_values = list(source.constexprs.values())
         self.warps = source.num_warps
+        stages = getattr(source, "num_stages", None)
+        self.launch_options = {"num_warps": source.num_warps} | ({"num_stages": stages} if stages else {})
         self.sizes = getattr(source, "sizes", ())  # extents the kernel takes as arguments, after its buffers
         self.slots = ins + outs
         self.compiled = None
@@ -87,9 +93,9 @@ class KernelLaunch:
         if self.interpret:
             # masked lanes may compute log(0) and the like; the interpreter runs one launch at a time
             with loader.interpreter_lock, np.errstate(all="ignore"):
-                self.fn[self.grid](*args, *self.sizes, num_warps=self.warps, **self.meta)
+                self.fn[self.grid](*args, *self.sizes, **self.launch_options, **self.meta)
             return
-        k = self.fn[self.grid](*args, *self.sizes, num_warps=self.warps, **self.meta)
+        k = self.fn[self.grid](*args, *self.sizes, **self.launch_options, **self.meta)
         if self.compiled is None and all(hasattr(k, a) for a in ("run", "function", "packed_metadata")):
             self.compiled = k
             self.alignment = tuple(a.data_ptr() % 16 == 0 for a in args)
@@ -104,6 +110,22 @@ class Chain:
     def __call__(self, env: list) -> None:
         for fn in self.fns:
             fn(env)
+
+
+class Carve:
+    """Bind typed views of a kernel's byte scratch buffer to slots of their own, then run `fn`: the
+    temporaries of a kernel that runs as several steps (producer kernels, a vendor call, an epilogue).
+    `parts` holds (slot, byte offset, bytes, torch dtype, shape) per temporary."""
+
+    def __init__(self, scratch: int, parts: list[tuple[int, int, int, torch.dtype, tuple]],
+                 fn: Callable[[list], None]):
+        self.scratch, self.parts, self.fn = scratch, parts, fn
+
+    def __call__(self, env: list) -> None:
+        buf = env[self.scratch]
+        for slot, start, nbytes, dtype, shape in self.parts:
+            env[slot] = buf[start:start + nbytes].view(dtype).view(shape)
+        self.fn(env)
 
 
 class VendorCall:
