@@ -197,6 +197,9 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
             value[o.id], moving[o.id] = var, moves
 
     dot_type = tl_type(dt)
+    # the interpreter holds bfloat16 as raw 16-bit integers, which its tl.dot multiplies as integers: there
+    # the rounded operands are widened to float32 (values unchanged, products exact)
+    widen = ".to(tl.float32)" if interpret and dt == dtypes.bfloat16 else ""
     operands = []
     for j, (t, pro) in enumerate(zip(product.inputs, parts.prologues)):
         row, col = ("m", "k") if j == 0 else ("k", "n")
@@ -207,7 +210,7 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
             lay = layout_of[t.id].broadcast_to(tile_shape)
             var = load(t, lay, row, col, convert=False)[0]
             if all(lay.strides[-2:]):
-                operands.append(var)
+                operands.append(var + widen)
                 continue
             src = var  # a broadcast operand: its load is a row or a column, the dot takes a whole tile
         else:
@@ -221,9 +224,9 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
         mask = f"{lanes[row][1]}[:, None] & {lanes[col][1]}[None, :]"
         src = f"tl.where({mask}, {src}, 0.0)"
         var = "a" if j == 0 else "b"
-        looped.append(f"        {var} = ({src}).to({dot_type})")
+        looped.append(f"        {var} = ({src}).to({dot_type}){widen}")
         operands.append(var)
-    precision = ', input_precision="ieee"' if dt == dtypes.float32 else ""
+    precision = ', input_precision="ieee"' if dt == dtypes.float32 or widen else ""
     looped.append(f"        acc = tl.dot({operands[0]}, {operands[1]}, acc{precision})")
 
     # The epilogue runs on the accumulator's tile, hoisted lines and all, after the loop.

@@ -217,7 +217,7 @@ def _emit_producer(g: Graph, op: Operation, plans: list[_Plan], mapping: dict, l
     body = op.attrs["body"]
     moved = {p.inner.id for p in plans}
     keep = [(old, inner) for old, inner in zip(op.outputs, body.outputs) if inner.id not in moved]
-    placeholders = {o.outputs[0].id: i for i, o in enumerate(body.operations) if o.op == "placeholder"}
+    placeholders = {t.id: i for i, t in enumerate(o.outputs[0] for o in body.operations if o.op == "placeholder")}
     rows = [x for p in plans for x in p.leaves if x.id not in placeholders]
     for p in plans:  # placeholders the prologues read are the producer's inputs
         for x in p.leaves:
