@@ -19,8 +19,9 @@ that built them travel on the `Step` (runtime/steps.py) for errors.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -57,6 +58,37 @@ class LaunchPlan:
         return len(self.slots) + len(self.scratch_slots) + (self.flag_slot is not None)
 
 
+def specialisation(sizes) -> tuple[str, ...]:
+    """How Triton specialises each integer argument of a launch, and so which binary it runs: "1" (the value
+    1, a constant), "16" (divisible by 16: vector loads and stores), "i64" (too large for 32 bits) or "any"."""
+    return tuple("1" if n == 1 else "i64" if n >= 2**31 else "16" if n % 16 == 0 else "any" for n in sizes)
+
+
+def variant_sizes(sizes) -> list[tuple[int, ...]]:
+    """Sizes near `sizes` for every combination of the classes "16" and "any" of its arguments: launching
+    (or warming up) a kernel with each compiles every binary that another batch size of the same blocks
+    needs. `sizes` itself is among them when it has no argument of class "1" or "i64"."""
+    choices = []
+    for n in sizes:
+        multiple = n if n % 16 == 0 and n > 1 else max(16, (n + 15) // 16 * 16)
+        other = n if n % 16 and n > 1 else n + 1
+        choices.append(tuple(v for v in (multiple, other) if v < 2**31))
+    return list(itertools.product(*choices))
+
+
+def launches(fn) -> Iterator["KernelLaunch"]:
+    """The kernel launches a step's run makes or may make: through chains, carved scratch and every
+    candidate of a measured choice."""
+    if isinstance(fn, KernelLaunch):
+        yield fn
+    for inner in getattr(fn, "fns", ()):  # Chain
+        yield from launches(inner)
+    if isinstance(fn, Carve):
+        yield from launches(fn.fn)
+    for inner in getattr(fn, "candidates", {}).values():  # choices.Chooser
+        yield from launches(inner)
+
+
 class KernelLaunch:
     """Launch a generated kernel (`source`: a codegen KernelSource) on its pre-bound slots.
 
@@ -65,6 +97,10 @@ class KernelLaunch:
     kernel's launcher directly, which skips Triton's per-call argument
     binding; they fall back to the JIT entry when the pointers' 16-byte
     alignment differs from what the kernel was specialised for.
+
+    With `variants` set (compiling a package's kernels), the first launch also
+    compiles the kernel for the other specialisations of its size arguments
+    (`variant_sizes`), so a bundle serves other batch sizes with its binaries.
     """
 
     def __init__(self, source, ins: list[int], outs: list[int]):
@@ -80,6 +116,14 @@ class KernelLaunch:
         self.compiled = None
         self.alignment = None
         self.interpret = loader.interpreting()
+        self.file = loader.file_name(source.source)
+        self.variants = False
+
+    def binary(self, sizes=None) -> list[str]:
+        """What picks the binary that a launch with `sizes` (default: its own) runs, besides the source:
+        the sizes' specialisation, then the constexprs and launch options as "name=value"."""
+        options = {**self.meta, **self.launch_options}
+        return list(specialisation(self.sizes if sizes is None else sizes)) + [f"{k}={v}" for k, v in options.items()]
 
     def __call__(self, env: list) -> None:
         args = [env[s] for s in self.slots]
@@ -96,6 +140,11 @@ class KernelLaunch:
                 self.fn[self.grid](*args, *self.sizes, **self.launch_options, **self.meta)
             return
         k = self.fn[self.grid](*args, *self.sizes, **self.launch_options, **self.meta)
+        if self.variants:
+            self.variants = False
+            for sizes in variant_sizes(self.sizes):
+                if sizes != tuple(self.sizes):
+                    self.fn.warmup(*args, *sizes, grid=self.grid, **self.launch_options, **self.meta)
         if self.compiled is None and all(hasattr(k, a) for a in ("run", "function", "packed_metadata")):
             self.compiled = k
             self.alignment = tuple(a.data_ptr() % 16 == 0 for a in args)
