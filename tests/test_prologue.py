@@ -153,3 +153,19 @@ def test_separate_run_keeps_its_temporaries_in_the_arena():
     a, b = 2 * 17 * 20 * 4, 20 * 18 * 4
     product = 2 * 17 * 18 * 4
     assert exe.intermediates_heap_size >= a + b + product > fused.intermediates_heap_size
+
+
+def test_variable_read_in_a_prologue_is_not_overwritten_while_other_tiles_load_it():
+    """w <- tanh(w) @ x * 0.5 + w in one kernel: each program loads whole rows of w for its product, so the
+    new value cannot be written into w in place (several programs at these sizes)."""
+    gen = torch.Generator().manual_seed(3)
+    w0, x0 = torch.randn(80, 80, generator=gen), torch.randn(80, 80, generator=gen) / 8
+    g = sm.Graph("in_place")
+    w = g.variable(w0.clone(), name="w")
+    x = g.placeholder((80, 80), sm.float32, name="x")
+    exe = g.compile({x: x0}, [], target_ops=[g.assign_variable(w, (g.tanh(w) @ x) * 0.5 + w)], device="cpu",
+                    options={"prologue": "fused"})
+    assert "prologue: " in exe.fusion_report() and exe.plan.in_place == {}
+    exe.run({x: x0})
+    want = (torch.tanh(w0.double()) @ x0.double()) * 0.5 + w0.double()
+    torch.testing.assert_close(g.variable_value(w).torch().double(), want, rtol=1e-5, atol=1e-5)

@@ -206,6 +206,8 @@ def _in_place_assignments(program: Program, buffers: dict[int, Buffer]) -> dict[
             continue
         if kernel in readers and not _reads_elementwise(kernel, var, value):
             continue
+        if kernel in readers and _loads_for_product(kernel, var):
+            continue  # one Triton kernel: other programs may still load the tiles a program writes
         result[value.id] = source
     return result
 
@@ -221,6 +223,20 @@ def _readers(var, users) -> list[Operation]:
             elif op.op != "assign_variable":
                 out.append(op)
     return out
+
+
+def _loads_for_product(kernel: Operation, var) -> bool:
+    """Whether a matmul kernel with a prologue (one Triton kernel) reads `var` for its product: every
+    program loads a whole row or column of tiles, not only the elements it writes."""
+    if kernel.attrs["template"] != "matmul":
+        return False
+    parts = split(kernel.attrs["body"])
+    if not any(parts.prologues):
+        return False  # the vendor GEMM reads its operands before the epilogue kernel writes
+    placeholders = [o.outputs[0] for o in kernel.attrs["body"].operations if o.op == "placeholder"]
+    inner = placeholders[list(kernel.inputs).index(var)]
+    before = [parts.contraction] + [o for p in parts.prologues if p is not None for o in p.ops]
+    return any(inner in o.inputs for o in before)
 
 
 def _reads_elementwise(kernel: Operation, var, value) -> bool:
