@@ -242,10 +242,11 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
     stores = []
     for i, t in enumerate(body.outputs):
         if t.shape != out.shape:
-            raise NotImplementedError(f"matmul kernel output {t.name} of shape {t.shape} is not the product's {out.shape}")
+            raise NotImplementedError(f"matmul kernel output {t.name} of shape {t.shape} is not the product's "
+                                      f"{out.shape}")
         v = value[t.id] if t.id in value else rounded
-        stores.append(f"    tl.store(out{i} + out_base + rm[:, None] * {n} + rn[None, :], ({v}).to({tl_type(t.dtype)}), "
-                      f"mask=m_ok[:, None] & n_ok[None, :])")
+        stores.append(f"    tl.store(out{i} + out_base + rm[:, None] * {n} + rn[None, :], "
+                      f"({v}).to({tl_type(t.dtype)}), mask=m_ok[:, None] & n_ok[None, :])")
     bm, bn, bk, warps, stages = blocks(m, n, k, dt.name, interpret, options)
     params = ", ".join([arg_of[t.id] for t in placeholders] + [f"out{i}" for i in range(len(body.outputs))])
     cast = ".to(tl.int64)" if wide else ""

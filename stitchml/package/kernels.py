@@ -156,7 +156,8 @@ def unpack(blob: bytes, where: str = "kernel bundle") -> Bundle:
         _check_entry(named, f"{where}: triton/{entry}")
     unknown = sorted(set(variants) - set(sources))
     need(not unknown, f"variants name sources the bundle does not carry: {unknown[:3]}")
-    return Bundle(dict(target), dict(built_with), sources, entries, {k: [list(c) for c in v] for k, v in variants.items()})
+    return Bundle(dict(target), dict(built_with), sources, entries,
+                  {k: [list(c) for c in v] for k, v in variants.items()})
 
 
 def _check_entry(files: dict[str, bytes], where: str) -> None:

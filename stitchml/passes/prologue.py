@@ -232,8 +232,9 @@ def _emit_producer(g: Graph, op: Operation, plans: list[_Plan], mapping: dict, l
     inputs = []
     for o in needed:
         if o.op == "placeholder":
-            inner_map[o.outputs[0].id] = sub.placeholder(o.outputs[0].shape, o.outputs[0].dtype, name=f"in{len(inputs)}")
-            inputs.append(mapping[op.inputs[placeholders[o.outputs[0].id]].id])
+            t = o.outputs[0]
+            inner_map[t.id] = sub.placeholder(t.shape, t.dtype, name=f"in{len(inputs)}")
+            inputs.append(mapping[op.inputs[placeholders[t.id]].id])
             continue
         for old, new in zip(o.outputs, copy_op(sub, o, [inner_map[t.id] for t in o.inputs])):
             inner_map[old.id] = new
@@ -313,7 +314,8 @@ def _fix_boundaries(ctx, plans: dict[int, _Plan], views: set[int], program: Prog
             continue
         targets = [b["consumer"]]
         if b["consumer"] in gone:
-            targets = sorted({m.name for p in plans.values() if p.producer.name == b["consumer"] for m, _, _ in p.readers})
+            targets = sorted({m.name for p in plans.values() if p.producer.name == b["consumer"]
+                              for m, _, _ in p.readers})
         for consumer in targets:
             key = (b["producer"], consumer, b["tensor"])
             if key not in seen:
