@@ -94,11 +94,29 @@ def _is_view(op: Operation) -> bool:
     return lookup(op.op).view is not None and len(op.inputs) == 1
 
 
+# Orders in which `_pack` places buffers; it keeps the smallest arena. Largest first is the classic
+# greedy; latest-ending first places what the last steps hold together (a training step's last
+# gradient product and its scratch) before the earlier temporaries can fragment the space.
+_ORDERS = (lambda b: (-b.nbytes, b.start), lambda b: (-b.end, -b.nbytes))
+
+
 def _pack(buffers: list[Buffer], guard: int) -> int:
-    """Greedy by size: each buffer takes the lowest offset clear of the live buffers placed so far."""
+    """Greedy: each buffer takes the lowest offset clear of the live buffers placed so far, in each of
+    `_ORDERS`; the offsets of the smallest arena are kept."""
+    best, offsets = None, {}
+    for order in _ORDERS:
+        size = _pack_in(sorted(buffers, key=order), guard)
+        if best is None or size < best:
+            best, offsets = size, {id(b): b.offset for b in buffers}
+    for b in buffers:
+        b.offset = offsets[id(b)]
+    return best or 0
+
+
+def _pack_in(buffers: list[Buffer], guard: int) -> int:
     placed: list[Buffer] = []
     size = 0
-    for b in sorted(buffers, key=lambda b: (-b.nbytes, b.start)):
+    for b in buffers:
         need = _aligned(b.nbytes) + guard
         busy = sorted((p.offset, p.offset + _aligned(p.nbytes) + guard) for p in placed
                       if p.start <= b.end and b.start <= p.end)
