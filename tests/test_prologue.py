@@ -138,6 +138,18 @@ def test_report_says_why_not(build, why):
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_a_convolution_says_why_its_producer_stays_apart():
+    g = sm.Graph("conv")
+    x = g.placeholder((2, 3, 6, 6), sm.float32, name="x")
+    w = g.placeholder((4, 3, 3, 3), sm.float32, name="w")
+    y = g.convolution2d(g.relu(x), w)
+    feeds = {x: torch.randn(2, 3, 6, 6), w: torch.randn(4, 3, 3, 3)}
+    exe = g.compile(feeds, [y], device="cpu")
+    assert "convolutions run in cuDNN, which reads its operands from memory" in exe.fusion_report()
+    want = torch.nn.functional.conv2d(torch.relu(feeds[x].double()), feeds[w].double())
+    torch.testing.assert_close(exe.run(feeds)[y].torch().double(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_pass_is_off_on_request_and_on_the_native_backend():
     case = CASES[2]
     exe = compile_case(case, {"prologue": False})[3]

@@ -16,8 +16,9 @@ loads the operand's tiles), so the operand never goes through memory:
 Only on the Triton backends (CUDA, the interpreter): the native CPU backend has no matmul template. On
 CUDA the kernel's first run measures it against the vendor GEMM after a separate producer kernel and
 keeps the faster (runtime/choices.py, as for cuBLASLt epilogues); `options={"prologue": False}` turns
-the pass off, `"fused"` or `"separate"` forces one side. Each matmul operand that another kernel
-computes gets a line in `fusion_report()`: fused, or why not.
+the pass off, `"fused"` or `"separate"` forces one side. Each matmul or convolution operand that
+another kernel computes gets a line in `fusion_report()`: fused, or why not (convolutions have no
+Triton template: cuDNN computes them).
 """
 from __future__ import annotations
 
@@ -151,6 +152,12 @@ def prologue(program: Program, ctx) -> Program:
     lines: list[str] = []
     seen: set[int] = set()
     for op in program.operations:
+        if op.op == "fusion" and op.attrs["template"] == "convolution":
+            for outer in op.inputs:
+                if outer.op.op == "fusion" and outer.id not in seen:
+                    seen.add(outer.id)
+                    lines.append(f"prologue not fused: {outer.op.name} -> {op.name} ({_user_name(outer)}): "
+                                 f"convolutions run in cuDNN, which reads its operands from memory")
         if not _is_matmul(op):
             continue
         for outer in op.inputs:
