@@ -121,6 +121,7 @@ def test_training_step_fuses_forward_and_weight_gradient():
     (lambda g, x, w: [g.tanh(x) @ w, g.reshape(g.tanh(x), [72]) * 3.0], "reads it too"),
     (lambda g, x, w: [g.tanh(x) @ w + g.tanh(x)[:, :1]], "reads it too"),
     (lambda g, x, w: [g.cast(g.tanh(x), sm.float64) @ g.cast(w, sm.float64)], "the Triton template takes"),
+    (lambda g, x, w: [g.reduction_sum(g.tanh(x), axes=[0], keep_dims=True) @ w], "a reduction's result"),
     (lambda g, x, w: [(g.tanh(g.reshape(x, [72])) + g.reshape(x, [1, 72])) @ g.reshape(w, [72, 1])],
      "not the operand's"),
 ])

@@ -160,21 +160,17 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
         nb = len(batch)
         base = index_expr("bid", flat_dims(lay, list(range(nb))))
         terms = [] if base == "0" else [f"({base})"]
-        mask = []
-        rs, cs = lay.strides[nb], lay.strides[nb + 1]
-        shape = []
-        for axis, stride, where in ((row, rs, "[:, None]"), (col, cs, "[None, :]")):
+        mask, moves = [], False
+        for axis, stride, where in ((row, lay.strides[nb], "[:, None]"), (col, lay.strides[nb + 1], "[None, :]")):
             lane, ok = lanes[axis]
-            if stride:
+            if stride:  # a broadcast axis (stride 0) leaves the load a row, a column or a scalar
                 terms.append(f"{lane}{where}" if stride == 1 else f"{lane}{where} * {stride}")
                 mask.append(f"{ok}{where}")
-            shape.append(axis if stride else None)
+                moves = moves or axis == "k"
         var = f"x{next(names)}"
         ptr = arg_of[t.id] + (f" + {lay.offset}" if lay.offset else "")
-        offset = " + ".join(terms) if terms else "0"
         masked = f", mask={' & '.join(mask)}, other=0" if mask else ""
-        text = f"tl.load({ptr} + {offset}{masked})" if terms else f"tl.load({ptr})"
-        moves = "k" in shape
+        text = f"tl.load({ptr} + {' + '.join(terms)}{masked})" if terms else f"tl.load({ptr})"
         text = f"{text}.to({tl_type(compute_dtype(t.dtype))})" if convert else text
         (looped if moves else hoisted).append(f"{'        ' if moves else '    '}{var} = {text}")
         return var, moves

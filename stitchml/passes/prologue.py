@@ -119,6 +119,8 @@ def _apply_ops(producer: Operation, t: Tensor) -> tuple[_Plan | None, str]:
             return None, why
         ops[v.op.id] = v.op
         stack.extend(v.op.inputs)
+    if not ops:
+        return None, "it is a reduction's result, which its kernel stores"
     if len(ops) > MAX_PROLOGUE_OPS:
         return None, f"it takes {len(ops)} ops; a prologue runs them once per tile, at most {MAX_PROLOGUE_OPS}"
     order = {o.id: i for i, o in enumerate(body.operations)}
