@@ -182,3 +182,13 @@ def test_variable_read_in_a_prologue_is_not_overwritten_while_other_tiles_load_i
     exe.run({x: x0})
     want = (torch.tanh(w0.double()) @ x0.double()) * 0.5 + w0.double()
     torch.testing.assert_close(g.variable_value(w).torch().double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[4], CASES[5]], ids=repr)
+def test_many_tiles_and_steps_along_k(case):
+    """Tiles of 16: several row and column blocks (grouped), several steps along K, ragged edges."""
+    out = check_case(case, {"prologue": "fused", "matmul_blocks": (16, 16, 16, 4, 1)})
+    src = next(s.source for s in out.exe.steps if s.kind == "matmul")
+    assert "for k0 in range(0, " in src and out.exe.steps[-1].run.meta["BLOCK_K"] == 16
+    grid = next(s.run.grid for s in out.exe.steps if s.kind == "matmul")
+    assert grid[0] >= 4, grid
