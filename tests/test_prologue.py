@@ -4,11 +4,13 @@ kernels, the vendor GEMM, the epilogue) that CUDA measures it against. Every res
 float64 reference and to the op-by-op run; the fusion report says what moved, or why not."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 import stitchml as sm
-from compiler_util import Case, check_case, compile_case
+from compiler_util import Case, check_case, compile_case, compile_for_cuda
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
@@ -192,3 +194,37 @@ def test_many_tiles_and_steps_along_k(case):
     assert "for k0 in range(0, " in src and out.exe.steps[-1].run.meta["BLOCK_K"] == 16
     grid = next(s.run.grid for s in out.exe.steps if s.kind == "matmul")
     assert grid[0] >= 4, grid
+
+
+def test_matmul_kernels_compile_for_cuda(monkeypatch, tmp_path):
+    """The interpreter accepts what the GPU compiler may not: every matmul kernel of the cases above and of a
+    training step, generated for CUDA with the GPU's tiles (128 x 128 x 64, 8 warps, 3 stages for half
+    types), must compile for sm_90."""
+    from stitchml.codegen import matmul
+
+    jobs = []
+    real = matmul.generate
+
+    def spy(name, body, layouts, interpret, options=None):
+        src = real(name, body, layouts, False, options)
+        pointers = [o.outputs[0].dtype.name for o in body.operations if o.op == "placeholder"]
+        jobs.append(json.dumps({"name": name, "source": src.source, "warps": src.num_warps, "stages": src.num_stages,
+                                "constexprs": src.constexprs, "sizes": list(src.sizes),
+                                "dtypes": pointers + [t.dtype.name for t in body.outputs]}, sort_keys=True))
+        return real(name, body, layouts, interpret, options)
+
+    monkeypatch.setattr(matmul, "generate", spy)
+    big = Case("prologue_layer_norm_gpu_tiles",
+               lambda g, feed: [g.layer_normalization(feed((256, 128), sm.bfloat16), -1, feed((128,), sm.bfloat16),
+                                                      feed((128,), sm.bfloat16)) @ feed((128, 256), sm.bfloat16)])
+    for case in CASES + [big]:
+        compile_case(case, {"prologue": "fused"})
+    g = sm.Graph("step")
+    x, w = g.placeholder((48, 32), sm.bfloat16, name="x"), g.placeholder((40, 32), sm.bfloat16, name="w")
+    loss = g.reduction_sum(g.cast(g.layer_normalization(x, -1) @ g.transpose(w, -1, -2), sm.float32))
+    grads = g.gradients(loss, [x, w])
+    g.compile({x: torch.zeros(48, 32).bfloat16(), w: torch.zeros(40, 32).bfloat16()}, [grads[x], grads[w]],
+              device="cpu", options={"prologue": "fused"})
+    assert len(jobs) == len(CASES) + 2  # and the weight gradient, its operand computed through a transpose
+    failed = compile_for_cuda(jobs, tmp_path)
+    assert not failed, failed
