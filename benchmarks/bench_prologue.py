@@ -10,8 +10,9 @@ Two transformer-layer patterns, y = f(x) @ w with x: (tokens, d_in), w: (d_in, d
   normalises its A tiles as it loads them);
 * scale_cast: f(x) = (x * s).to(dtype) for a float32 x and a per-column float32 scale s.
 
-Columns: StitchML as it runs by default (on CUDA the first run measures the fused Triton kernel against
-the producer kernel + cuBLAS and keeps the faster: `chosen`), the fused kernel forced
+Columns: StitchML as it runs by default (on CUDA the first run measures the fused Triton kernel, with
+128 x 128 and 128 x 256 tiles, against the producer kernel + cuBLAS and keeps the fastest: `chosen`, and
+each candidate's time in the JSON's `choice_ms`), the fused kernel forced (128 x 128 tiles)
 (`options={"prologue": "fused"}`), the separate kernels forced (`"separate"`: the producer's kernel,
 then the vendor GEMM), PyTorch eager, torch.compile and jax.jit of the same formula. Every StitchML
 result (and JAX's) is checked against PyTorch in float32 first; the script exits 1 when one is off.

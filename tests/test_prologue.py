@@ -199,18 +199,20 @@ def test_many_tiles_and_steps_along_k(case):
 def test_matmul_kernels_compile_for_cuda(monkeypatch, tmp_path):
     """The interpreter accepts what the GPU compiler may not: every matmul kernel of the cases above and of a
     training step, generated for CUDA with the GPU's tiles (128 x 128 x 64, 8 warps, 3 stages for half
-    types), must compile for sm_90."""
+    types, and the 128 x 256 tiles a measured choice also times), must compile for sm_90."""
     from stitchml.codegen import matmul
 
     jobs = []
     real = matmul.generate
 
     def spy(name, body, layouts, interpret, options=None):
-        src = real(name, body, layouts, False, options)
+        product = matmul.split(body).contraction.outputs[0]
         pointers = [o.outputs[0].dtype.name for o in body.operations if o.op == "placeholder"]
-        jobs.append(json.dumps({"name": name, "source": src.source, "warps": src.num_warps, "stages": src.num_stages,
-                                "constexprs": src.constexprs, "sizes": list(src.sizes),
-                                "dtypes": pointers + [t.dtype.name for t in body.outputs]}, sort_keys=True))
+        for tiles in [None] + matmul.more_blocks(256, 256, product.dtype.name):  # the wider tiles CUDA times too
+            src = real(name, body, layouts, False, {**(options or {}), **({"matmul_blocks": tiles} if tiles else {})})
+            jobs.append(json.dumps({"name": name, "source": src.source, "warps": src.num_warps,
+                                    "stages": src.num_stages, "constexprs": src.constexprs, "sizes": list(src.sizes),
+                                    "dtypes": pointers + [t.dtype.name for t in body.outputs]}, sort_keys=True))
         return real(name, body, layouts, interpret, options)
 
     monkeypatch.setattr(matmul, "generate", spy)
@@ -225,6 +227,7 @@ def test_matmul_kernels_compile_for_cuda(monkeypatch, tmp_path):
     grads = g.gradients(loss, [x, w])
     g.compile({x: torch.zeros(48, 32).bfloat16(), w: torch.zeros(40, 32).bfloat16()}, [grads[x], grads[w]],
               device="cpu", options={"prologue": "fused"})
-    assert len(jobs) == len(CASES) + 2  # and the weight gradient, its operand computed through a transpose
+    halves = 5  # of the 8 kernels (the cases, the GPU-sized one and a weight gradient through a transpose)
+    assert len(jobs) == len(CASES) + 2 + halves, len(jobs)
     failed = compile_for_cuda(jobs, tmp_path)
     assert not failed, failed

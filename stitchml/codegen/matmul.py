@@ -127,6 +127,14 @@ def blocks(m: int, n: int, k: int, dtype: str, interpret: bool, options: dict) -
     return max(16, min(64, _pow2(m))), max(16, min(128, _pow2(n))), 64 if k >= 64 else max(16, _pow2(k)), 4, 3
 
 
+def more_blocks(m: int, n: int, dtype: str) -> list[tuple[int, int, int, int, int]]:
+    """Other tiles worth timing against `blocks`' on a GPU (a measured choice runs each once): wider
+    tiles reuse each A tile, the prologue's work included, over more columns."""
+    if dtype == "float32" or m < 256 or n < 256:
+        return []
+    return [(128, 256, 64, 8, 3)]
+
+
 def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options: dict | None = None) -> KernelSource:
     """Triton source for a matmul kernel `body` (a Program) reading inputs of the given layouts."""
     options = options or {}

@@ -233,7 +233,7 @@ def _prologue_step(op: Operation, plan, ins: list[int], outs: list[int], scratch
                    options: dict, flags, new_slot) -> Step:
     """A matmul kernel whose body computes an operand (passes/prologue.py): the Triton kernel that
     computes it as it loads the tiles, or the producers' kernels, the vendor GEMM and the epilogue, or
-    (CUDA) the faster of the two, measured on the first run."""
+    (CUDA) the fastest of those and the Triton kernel with wider tiles, measured on the first run."""
     interpret = backend == "interpret"
     mode = prologue_mode(backend, options)
     body = op.attrs["body"]
@@ -246,11 +246,17 @@ def _prologue_step(op: Operation, plan, ins: list[int], outs: list[int], scratch
     separate, sources = _separate_run(op, plan, ins, outs, scratch, interpret, options, flags, new_slot)
     if fused is None:
         return Step(op.name, "matmul", separate, sources)
-    a, b = matmul.split(body).contraction.inputs
+    product = matmul.split(body).contraction
+    a, b = product.inputs
+    candidates = {"triton-prologue": fused}
+    m, n = product.outputs[0].shape[-2:]
+    for tiles in matmul.more_blocks(m, n, product.outputs[0].dtype.name):
+        wide = matmul.generate(op.name, body, _layouts(op, plan), interpret, {**options, "matmul_blocks": tiles})
+        candidates[f"triton-prologue-{tiles[0]}x{tiles[1]}"] = KernelLaunch(wide, ins, outs)
+    candidates["vendor+separate-prologue"] = separate
     digest = hashlib.sha256(src.source.encode()).hexdigest()[:16]
     key = f"matmul-prologue:{a.shape}x{b.shape}:{a.dtype}:{digest}:{torch.cuda.get_device_name()}"
-    run = choices.Chooser(key, {"triton-prologue": fused, "vendor+separate-prologue": separate})
-    return Step(op.name, "matmul", run, src.source + sources)
+    return Step(op.name, "matmul", choices.Chooser(key, candidates), src.source + sources)
 
 
 def _separate_run(op: Operation, plan, ins: list[int], outs: list[int], scratch: int, interpret: bool, options: dict,
