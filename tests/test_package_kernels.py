@@ -457,3 +457,19 @@ def test_a_bundle_carries_both_size_specialisations_so_another_batch_compiles_no
     # 160 elements and 40 rows launch other blocks: the same sources, binaries the bundle does not hold
     assert len(K.unserved(bundle, forty)) == 2
     assert K.unserved(K.Bundle(dict(TARGET), {}, sources, {}), nine) is None  # a bundle that does not say
+
+
+def test_a_step_of_several_kernels_lists_each_kernel_file(monkeypatch):
+    """A matmul whose operand a producer kernel computes, run as separate steps (the producer's kernel, the
+    vendor GEMM, the epilogue kernel): a bundle lists and ships each kernel's own source file, not the
+    step's joined text."""
+    from stitchml.runtime.launch import launches
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    g = sm.Graph()
+    x, w = g.placeholder((8, 4), sm.float32, name="x"), g.placeholder((4, 6), sm.float32, name="w")
+    exe = g.compile({x: sm.TensorType((8, 4), sm.float32), w: sm.TensorType((4, 6), sm.float32)},
+                    [g.relu(g.tanh(x) @ w + 1.0)], device="cpu", options={"prologue": "separate"})
+    (step,) = [s for s in exe.steps if s.kind == "matmul"]
+    kernels = list(launches(step.run))
+    assert len(kernels) == 2 and all(loader.file_name(k.source) == k.file for k in kernels)
+    assert sorted(K.variants_of(exe)) == sorted(k.file for k in kernels)

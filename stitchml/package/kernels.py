@@ -355,7 +355,8 @@ def build(function, input_dimensions: dict[str, Sequence[int]], device: Any = "c
             entries = collect(tmp)
     except PipelineError as e:
         raise PackageError(f"{where}: {e}") from None
-    sources = {loader.file_name(s): s.encode() for s in exe.kernel_sources().values()}
+    # every kernel a step may launch, one file each (a step's source joins those of its chained kernels)
+    sources = {k.file: k.source.encode() for step in exe.steps for k in launches(step.run)}
     target = current_target(dev.torch_device)
     built_with = {"stitchml": __version__, "torch": torch.__version__, "triton": triton.__version__,
                   "device": torch.cuda.get_device_name(dev.torch_device)}

@@ -116,6 +116,7 @@ class KernelLaunch:
         self.compiled = None
         self.alignment = None
         self.interpret = loader.interpreting()
+        self.source = source.source
         self.file = loader.file_name(source.source)
         self.variants = False
 
