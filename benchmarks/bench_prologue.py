@@ -196,6 +196,9 @@ def main(argv=None) -> int:
         shape = f"{r['tokens']}x{r['d_in']}x{r['d_out']}"
         tflops = r["flop"] / r["stitchml_fused_ms"] / 1e9
         print(f"{r['case']:>10} {shape:>18} {r['dtype']:>8} {cells}  {r['chosen']} ({tflops:.0f})")
+    late = [f"{r['case']} {r['tokens']}x{r['d_in']}x{r['d_out']} {r['dtype']}" for r in rows if "note" in r]
+    if late:
+        print("torch.compile and JAX left out (past the time budget): " + "; ".join(late))
     print("results " + ("agree" if ok else "DISAGREE") + " with PyTorch in float32 "
           f"(largest errors: {max(v for r in rows for k, v in r.items() if k.endswith('_error')):.2e})")
     if args.json:
