@@ -204,7 +204,7 @@ def compile_for_cuda(jobs: list[str], workdir: pathlib.Path) -> dict[str, str]:
     """Compile kernels for sm_90 in a fresh process; returns {job: error} for those that fail.
 
     A job is a JSON object: kernel name, source, dtypes of the pointer arguments, the extents passed after
-    them, constexprs, warps.
+    them, constexprs, warps and optionally stages.
     A process of its own, because Triton's interpreter leaves `triton.language` patched after a kernel
     calls another jitted function (tl.sigmoid, our _maximum...), which breaks later compiles.
     """
@@ -234,8 +234,9 @@ def _compile_jobs(workdir: str) -> None:
         signature.update({name: "i32" if abs(v) < 2**31 else "i64" for name, v in zip(extents, job.get("sizes", ()))})
         signature.update({name: "constexpr" for name in job["constexprs"]})
         try:
+            stages = {"num_stages": job["stages"]} if job.get("stages") else {}
             triton.compile(ASTSource(fn, signature, constexprs=job["constexprs"]), target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": job["warps"]})
+                           options={"num_warps": job["warps"], **stages})
         except Exception as e:  # noqa: BLE001  (any failure to compile is the finding)
             failed[text] = f"{job['name']}: {type(e).__name__}: " + " ".join(str(e).split())[-300:]
     pathlib.Path(workdir, "failed.json").write_text(json.dumps(failed))

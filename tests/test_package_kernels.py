@@ -223,6 +223,9 @@ HOSTILE = {
     "metadata not an object": (_blob(_files(META=b"[1]")), "metadata must be a JSON object"),
     "stray file": (_blob(_files(**{f"triton/{E}/kernel9.cubin": b"x"})), "['kernel9.cubin'] belong to no group"),
     "entry without group": (_blob(_files(GRP=None)), "no __grp__<kernel>.json lists"),
+    "variants of another kind": (_blob(_files(), variants={SOURCE_NAME: [["16", "$(rm -rf ~)"]]}),
+                                 "variants must map source names to lists of binaries"),
+    "variants of a missing source": (_blob(_files(), variants={OTHER: [["16"]]}), "sources the bundle does not carry"),
 }
 
 
@@ -418,3 +421,55 @@ def test_cli_kernels_for(tmp_path, capsys):
     assert main(["package", "build", str(model), "-o", str(out), "--kernels-for", "x=8,2", "--device", "cpu"]) == 2
     assert "kernels are compiled on a CUDA device" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_bundle_carries_both_size_specialisations_so_another_batch_compiles_nothing(monkeypatch):
+    """Triton specialises a kernel's size arguments on divisibility by 16 (vector loads and stores): a bundle
+    built at 12 rows (48 elements, 12 rows to reduce) records, and `build` compiles, each kernel for both
+    classes, so 9 rows (36 elements) and 16 rows (64 elements, 16 rows), which launch the same blocks, find
+    every binary; a bundle of the launched binaries alone would not."""
+    from stitchml.runtime.launch import specialisation
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    g = sm.Graph()
+    x = g.placeholder((-1, 4), sm.float32, name="x")
+    y = [g.tanh(x) * 2.0, g.softmax(g.exponent(x))]
+
+    def compiled(rows):
+        return g.compile({x: sm.TensorType((rows, 4), sm.float32)}, y, device="cpu")
+
+    built, nine, sixteen, forty = compiled(12), compiled(9), compiled(16), compiled(40)
+    variants = K.variants_of(built)
+    sources = {loader.file_name(s): s.encode() for s in built.kernel_sources().values()}
+    assert sorted(variants) == sorted(sources)
+    pointwise, rows = (next(s.run for s in built.steps if s.kind == kind) for kind in ("pointwise", "reduction"))
+    assert (pointwise.sizes, rows.sizes) == ((48,), (12,))
+    assert variants[pointwise.file] == [["16", "BLOCK=64", "num_warps=1"], ["any", "BLOCK=64", "num_warps=1"]]
+    assert [v[0] for v in variants[rows.file]] == ["16", "any"]
+    bundle = K.unpack(K.pack(K.Bundle(dict(TARGET), {}, sources, {}, variants)))
+    assert bundle.variants == variants
+    for exe in (nine, sixteen):
+        assert K.unserved(bundle, exe) == []
+    assert [specialisation(s.run.sizes) for s in nine.steps] == [("any",), ("any",)]
+    assert [specialisation(s.run.sizes) for s in sixteen.steps] == [("16",), ("16",)]
+    alone = K.Bundle(dict(TARGET), {}, sources, {}, {s.run.file: [s.run.binary()] for s in built.steps})
+    assert K.unserved(alone, nine) == [f"{pointwise.file} (any, BLOCK=64, num_warps=1)"]
+    assert K.unserved(alone, sixteen) == [f"{rows.file} (16, BLOCK_R=16, BLOCK_C=16, num_warps=4)"]
+    # 160 elements and 40 rows launch other blocks: the same sources, binaries the bundle does not hold
+    assert len(K.unserved(bundle, forty)) == 2
+    assert K.unserved(K.Bundle(dict(TARGET), {}, sources, {}), nine) is None  # a bundle that does not say
+
+
+def test_a_step_of_several_kernels_lists_each_kernel_file(monkeypatch):
+    """A matmul whose operand a producer kernel computes, run as separate steps (the producer's kernel, the
+    vendor GEMM, the epilogue kernel): a bundle lists and ships each kernel's own source file, not the
+    step's joined text."""
+    from stitchml.runtime.launch import launches
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    g = sm.Graph()
+    x, w = g.placeholder((8, 4), sm.float32, name="x"), g.placeholder((4, 6), sm.float32, name="w")
+    exe = g.compile({x: sm.TensorType((8, 4), sm.float32), w: sm.TensorType((4, 6), sm.float32)},
+                    [g.relu(g.tanh(x) @ w + 1.0)], device="cpu", options={"prologue": "separate"})
+    (step,) = [s for s in exe.steps if s.kind == "matmul"]
+    kernels = list(launches(step.run))
+    assert len(kernels) == 2 and all(loader.file_name(k.source) == k.file for k in kernels)
+    assert sorted(K.variants_of(exe)) == sorted(k.file for k in kernels)

@@ -28,6 +28,7 @@ class KernelSource:
     # Extents passed as arguments after the buffers (not written into the source), so that one source and
     # one Triton binary serve every size with the same launch blocks; Triton does not specialise on them.
     sizes: tuple = ()
+    num_stages: int | None = None  # software pipelining depth (matmul kernels); None: Triton's default
 
 
 def _block(n: int) -> tuple[int, int]:

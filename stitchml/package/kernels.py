@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from ..errors import PackageError, PipelineError
+from ..runtime.launch import launches, variant_sizes
 from ..version import __version__
 from . import container
 
@@ -48,6 +49,8 @@ MAX_HEADER_BYTES = 4 << 20
 MAX_FILES = 4096
 MAX_FILE_BYTES = 256 << 20
 GROUP = "__grp__"
+CLASSES = ("1", "16", "any", "i64")  # runtime/launch.py `specialisation`
+_VARIANT = re.compile(rf"{'|'.join(CLASSES)}|[A-Za-z_][A-Za-z0-9_]{{0,31}}=[0-9A-Za-z_.]{{1,32}}")
 _SOURCE = re.compile(r"k[0-9a-f]{32}\.py")
 _ENTRY = re.compile(r"[A-Z2-7]{52}|[0-9a-f]{64}")  # a SHA-256 in base32 (Triton 3.x) or hex (older)
 _STAGES = ("source", "ttir", "ttgir", "glir", "llir", "ptx", "cubin", "amdgcn", "hsaco", "json")
@@ -63,6 +66,9 @@ class Bundle:
     built_with: dict[str, str]
     sources: dict[str, bytes]  # file name -> Triton source
     entries: dict[str, dict[str, bytes]]  # Triton cache entry -> file name -> bytes
+    # source file name -> the binaries compiled from it, each as runtime/launch.py `KernelLaunch.binary`
+    # gives it (the size arguments' specialisations, constexprs, launch options); empty: not recorded
+    variants: dict[str, list[list[str]]] = field(default_factory=dict)
 
     @property
     def kernel_count(self) -> int:
@@ -75,7 +81,7 @@ def pack(bundle: Bundle) -> bytes:
     files = [(f"sources/{n}", d) for n, d in sorted(bundle.sources.items())]
     files += [(f"triton/{e}/{n}", d) for e, fs in sorted(bundle.entries.items()) for n, d in sorted(fs.items())]
     header = json.dumps({"format": FORMAT, "version": VERSION, "target": bundle.target,
-                         "built_with": bundle.built_with,
+                         "built_with": bundle.built_with, "variants": bundle.variants,
                          "files": [{"path": p, "size": len(d)} for p, d in files]}).encode()
     return b"".join([MAGIC, len(header).to_bytes(8, "little"), header, *(d for _, d in files)])
 
@@ -104,6 +110,14 @@ def unpack(blob: bytes, where: str = "kernel bundle") -> Bundle:
     need(_strings(target) and "arch" in target and "triton" in target,
          f"target must map strings to strings, with arch and triton; got {target!r}"[:300])
     need(_strings(built_with), f"built_with must map strings to strings; got {built_with!r}"[:300])
+    variants = header.get("variants", {})
+    need(isinstance(variants, dict) and len(variants) <= MAX_FILES and all(
+        isinstance(k, str) and isinstance(v, list) and len(v) <= 64 and all(
+            isinstance(c, list) and len(c) <= 16 and all(isinstance(x, str) and _VARIANT.fullmatch(x) for x in c)
+            for c in v)
+        for k, v in variants.items()),
+         f"variants must map source names to lists of binaries (lists of {', '.join(CLASSES)} or name=value); "
+         f"got {variants!r}"[:300])
     need(isinstance(files, list) and len(files) <= MAX_FILES, f"files must be a list of at most {MAX_FILES}")
     sources: dict[str, bytes] = {}
     entries: dict[str, dict[str, bytes]] = {}
@@ -140,7 +154,10 @@ def unpack(blob: bytes, where: str = "kernel bundle") -> Bundle:
     need(offset == len(blob), f"{len(blob) - offset} bytes follow the last file listed")
     for entry, named in entries.items():
         _check_entry(named, f"{where}: triton/{entry}")
-    return Bundle(dict(target), dict(built_with), sources, entries)
+    unknown = sorted(set(variants) - set(sources))
+    need(not unknown, f"variants name sources the bundle does not carry: {unknown[:3]}")
+    return Bundle(dict(target), dict(built_with), sources, entries,
+                  {k: [list(c) for c in v] for k, v in variants.items()})
 
 
 def _check_entry(files: dict[str, bytes], where: str) -> None:
@@ -330,14 +347,44 @@ def build(function, input_dimensions: dict[str, Sequence[int]], device: Any = "c
             for step in exe.steps:
                 if isinstance(step.run, choices.Chooser):
                     step.run.remeasure = True
+                for launch in launches(step.run):
+                    launch.variants = True
             exe.run({function.input_tensor(n): torch.zeros(t.shape, dtype=t.dtype.torch, device=dev.torch_device)
                      for n, t in pipeline.input_types.items()})
             torch.cuda.synchronize(dev.torch_device)
             entries = collect(tmp)
     except PipelineError as e:
         raise PackageError(f"{where}: {e}") from None
-    sources = {loader.file_name(s): s.encode() for s in exe.kernel_sources().values()}
+    # every kernel a step may launch, one file each (a step's source joins those of its chained kernels)
+    sources = {k.file: k.source.encode() for step in exe.steps for k in launches(step.run)}
     target = current_target(dev.torch_device)
     built_with = {"stitchml": __version__, "torch": torch.__version__, "triton": triton.__version__,
                   "device": torch.cuda.get_device_name(dev.torch_device)}
-    return pipeline.input_dimensions, target, pack(Bundle(target, built_with, sources, entries))
+    return pipeline.input_dimensions, target, pack(Bundle(target, built_with, sources, entries, variants_of(exe)))
+
+
+# -- which binaries a bundle serves ---------------------------------------------------------------------
+def variants_of(executable) -> dict[str, list[list[str]]]:
+    """What `build` compiles for `executable`: per kernel source, the specialisation of every launch's size
+    arguments and of their other classes (runtime/launch.py `variant_sizes`)."""
+    out: dict[str, set[tuple[str, ...]]] = {}
+    for step in executable.steps:
+        for launch in launches(step.run):
+            sizes = variant_sizes(launch.sizes) + [tuple(launch.sizes)]
+            out.setdefault(launch.file, set()).update(tuple(launch.binary(s)) for s in sizes)
+    return {name: [list(c) for c in sorted(binaries)] for name, binaries in sorted(out.items())}
+
+
+def unserved(bundle: Bundle, executable) -> list[str] | None:
+    """The kernel launches of `executable` whose binary the bundle does not carry, as "source (binary)": another
+    source, other blocks, or sizes of a specialisation not compiled. None when the bundle does not list its
+    variants (built before they were recorded)."""
+    if not bundle.variants:
+        return None
+    missing = []
+    for step in executable.steps:
+        for launch in launches(step.run):
+            binary = launch.binary()
+            if binary not in bundle.variants.get(launch.file, []):
+                missing.append(f"{launch.file} ({', '.join(binary)})")
+    return missing

@@ -308,6 +308,14 @@ class Package:
             return f"compiled here: the package's kernels ({why}) could not be installed: {e}", logging.WARNING
         return f"using the package's compiled kernels ({bundle.kernel_count} kernels, {why})", None
 
+    def unserved_kernels(self, function: str, input_dimensions: dict[str, Sequence[int]], device: Any,
+                         executable) -> list[str] | None:
+        """The kernels of `executable` (compiled for these dimensions) whose binaries the bundle that
+        `install_kernels` chose does not carry, so that Triton compiles them; None when no bundle serves
+        or it does not list the specialisations it holds (package/kernels.py `unserved`)."""
+        blob, _ = self.find_kernels(function, input_dimensions, bundles.current_target(device))
+        return None if blob is None else bundles.unserved(bundles.unpack(blob), executable)
+
     # -- saving -----------------------------------------------------------------------
     def manifest_and_parts(self) -> tuple[dict, dict[str, bytes]]:
         from safetensors.torch import save as save_tensors

@@ -8,6 +8,7 @@
     attention     softmax(Q Kᵀ · scale [+ mask]) V from primitives becomes one fused kernel
     recurrent     an LSTM cell, and the arg maximum of a product's epilogue, become one kernel each
     stitch        adjacent ops grouped into kernels (legality, score, policy kept apart)
+    prologue      elementwise producers of a matrix product's operands move into its kernel's loads
     plan_memory   every intermediate gets an offset in one arena, by liveness
     lower         each kernel becomes a pre-bound launch: the LaunchPlan an Executable runs
 
@@ -32,6 +33,7 @@ from .prune import prune
 from .attention import attention
 from .recurrent import recurrent
 from .stitch import stitch
+from .prologue import prologue
 from .memory import plan_memory
 from .lower import lower
 
@@ -71,6 +73,7 @@ PIPELINE: list[tuple[str, Callable[[Program, CompileContext], Program]]] = [
     ("attention", attention),
     ("recurrent", recurrent),
     ("stitch", stitch),
+    ("prologue", prologue),
     ("plan_memory", plan_memory),
     ("lower", lower),
 ]

@@ -30,11 +30,12 @@ reads once at its end (`raise_flagged`): a kernel cannot raise.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 
 import torch
 
-from ..codegen import attention, attention_backward, cpu, lstm, pointwise, pooling, product_argmax, reduction
+from ..codegen import attention, attention_backward, cpu, lstm, matmul, pointwise, pooling, product_argmax, reduction
 from ..runtime import choices
 from ..codegen.common import Layout
 from ..dtypes import float32
@@ -43,11 +44,11 @@ from ..graph import Graph
 from ..ir import Operation, built_at
 from ..registry import lookup
 from ..registry import CONTRACTION
-from ..runtime.launch import (Chain, CublasLtCall, FreshOutputs, KernelLaunch, LaunchPlan, ReferenceCall, TF32,
+from ..runtime.launch import (Carve, Chain, CublasLtCall, FreshOutputs, KernelLaunch, LaunchPlan, ReferenceCall, TF32,
                               VendorCall, ViewOf)
 from ..runtime.steps import Step
 from .control import CONTROL_FLOW, control_step
-from .memory import _is_view
+from .memory import _is_view, prologue_mode, separate_scratch
 from .program import CompileError, Program, copy_op
 
 log = logging.getLogger("stitchml.compile")
@@ -73,8 +74,8 @@ def _epilogue(body: Program) -> tuple[Operation, Program | None, list[int]]:
     each epilogue input after the contraction result, the index of the body
     placeholder it is.
     """
-    contraction = next(op for op in body.operations if lookup(op.op).vendor is not None)
-    rest = [op for op in body.operations if op.op != "placeholder" and op is not contraction]
+    parts = matmul.split(body)
+    contraction, rest = parts.contraction, parts.epilogue
     if not rest:
         return contraction, None, []
     g = Graph("epilogue")
@@ -146,6 +147,11 @@ def build_launch_plan(program: Program, plan, backend: str, options: dict, run_c
              (op.id in plan.scratch or op.attrs["template"] == "convolution")]
     scratch_slots = {op_id: len(slots) + i for i, op_id in enumerate(temps)}
     flag_slot = len(slots) + len(temps)  # used only when a kernel divides integers
+    extra = [flag_slot + 1]  # more slots for the temporaries of a kernel run as several steps
+
+    def new_slot() -> int:
+        extra[0] += 1
+        return extra[0] - 1
     checks: list[Operation] = []
     steps: list[Step] = []
     module = cpu.Module()  # the native CPU backend's kernels, compiled together below
@@ -158,7 +164,8 @@ def build_launch_plan(program: Program, plan, backend: str, options: dict, run_c
             if op.op in CONTROL_FLOW:
                 step = control_step(op, [slots[t.id] for t in op.inputs], [slots[t.id] for t in op.outputs], ctx)
             else:
-                step = _step(op, plan, slots, scratch_slots, backend, options, run_context, (checks, flag_slot))
+                step = _step(op, plan, slots, scratch_slots, backend, options, run_context, (checks, flag_slot),
+                             new_slot)
         except StitchError:
             raise
         except Exception as e:  # a kernel the code generator cannot make: name the user's ops and lines
@@ -171,7 +178,7 @@ def build_launch_plan(program: Program, plan, backend: str, options: dict, run_c
     module.build()
     for kernel, reason in module.errors.items():
         log.info("kernel %s runs through its reference implementation on the CPU: %s", kernel, reason)
-    return LaunchPlan(steps, slots, scratch_slots, checks, flag_slot if checks else None)
+    return LaunchPlan(steps, slots, scratch_slots, checks, flag_slot if checks else None, extra[0] - flag_slot - 1)
 
 
 def _computes(op: Operation) -> tuple[Operation, ...]:
@@ -182,7 +189,7 @@ def _computes(op: Operation) -> tuple[Operation, ...]:
 
 
 def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, options: dict, run_context,
-          flags: tuple[list[Operation], int]) -> Step:
+          flags: tuple[list[Operation], int], new_slot) -> Step:
     ins = [slots[t.id] for t in op.inputs]
     outs = [slots[t.id] for t in op.outputs]
     if _is_view(op) and plan.place[op.outputs[0].id][:2] != ("buffer", op.outputs[0].id):
@@ -234,6 +241,8 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         delta = [scratch_slots[op.id]]  # Δ per query row: the dQ kernel writes it, the dK/dV kernel reads it
         return Step(op.name, template, Chain(KernelLaunch(dq, ins, outs + delta), KernelLaunch(kv, ins, outs + delta)),
                     dq.source + kv.source)
+    if template == "matmul" and any(matmul.split(body).prologues):
+        return _prologue_step(op, plan, ins, outs, scratch_slots.get(op.id), backend, options, flags, new_slot)
     contraction, epi, used, placeholders, layouts = _split_contraction(op, plan)
     if epi is None:
         return Step(op.name, template, _vendor(contraction, placeholders, ins, outs[0], options))
@@ -268,6 +277,95 @@ def _recurrent_step(op: Operation, template: str, plan, ins: list[int], outs: li
         flagged = src.checks
     checks.extend(flagged)
     return Step(op.name, template, KernelLaunch(src, ins, outs + ([flag_slot] if flagged else [])), src.source)
+
+
+def _prologue_step(op: Operation, plan, ins: list[int], outs: list[int], scratch: int | None, backend: str,
+                   options: dict, flags, new_slot) -> Step:
+    """A matmul kernel whose body computes an operand (passes/prologue.py): the Triton kernel that
+    computes it as it loads the tiles, or the producers' kernels, the vendor GEMM and the epilogue, or
+    (CUDA) the fastest of those and the Triton kernel with wider tiles, measured on the first run."""
+    interpret = backend == "interpret"
+    mode = prologue_mode(backend, options)
+    body = op.attrs["body"]
+    fused = None
+    if mode != "separate":
+        src = matmul.generate(op.name, body, _layouts(op, plan), interpret, options)
+        fused = KernelLaunch(src, ins, outs)
+        if mode == "fused":
+            return Step(op.name, "matmul", fused, src.source)
+    separate, sources = _separate_run(op, plan, ins, outs, scratch, interpret, options, flags, new_slot)
+    if fused is None:
+        return Step(op.name, "matmul", separate, sources)
+    product = matmul.split(body).contraction
+    a, b = product.inputs
+    candidates = {"triton-prologue": fused}
+    m, n = product.outputs[0].shape[-2:]
+    for tiles in matmul.more_blocks(m, n, product.outputs[0].dtype.name):
+        wide = matmul.generate(op.name, body, _layouts(op, plan), interpret, {**options, "matmul_blocks": tiles})
+        candidates[f"triton-prologue-{tiles[0]}x{tiles[1]}"] = KernelLaunch(wide, ins, outs)
+    candidates["vendor+separate-prologue"] = separate
+    digest = hashlib.sha256(src.source.encode()).hexdigest()[:16]
+    key = f"matmul-prologue:{a.shape}x{b.shape}:{a.dtype}:{digest}:{torch.cuda.get_device_name()}"
+    return Step(op.name, "matmul", choices.Chooser(key, candidates), src.source + sources)
+
+
+def _separate_run(op: Operation, plan, ins: list[int], outs: list[int], scratch: int, interpret: bool, options: dict,
+                  flags, new_slot) -> tuple[Carve, str]:
+    """The producers' ops as pointwise kernels writing temporaries in the kernel's scratch, the vendor GEMM
+    on them (through the transpose the body reads them with), then the epilogue kernel."""
+    checks, flag_slot = flags
+    body = op.attrs["body"]
+    parts = matmul.split(body)
+    placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
+    layouts = _layouts(op, plan)
+    spans, _ = separate_scratch(body)
+    spans = iter(spans)
+    steps, carved, operands, sources = [], [], [], []
+    for j, (t, pro) in enumerate(zip(parts.contraction.inputs, parts.prologues)):
+        if pro is None:
+            operands.append(ins[placeholders.index(t)])
+            continue
+        program, leaves = _standalone(pro.ops, pro.value)
+        src = pointwise.generate(f"{op.name}_prologue{j}", program, [layouts[placeholders.index(x)] for x in leaves],
+                                 interpret, options)
+        part = new_slot()
+        carved.append((part, *next(spans), pro.value.dtype.torch, pro.value.shape))
+        steps.append(KernelLaunch(src, [ins[placeholders.index(x)] for x in leaves], [part]))
+        sources.append(src.source)
+        if pro.view is not None:
+            seen = new_slot()
+            steps.append(ViewOf(lookup(pro.view.op).impl, part, seen, pro.view.attrs))
+            part = seen
+        operands.append(part)
+    contraction, epi, used, _, epi_layouts = _split_contraction(op, plan)
+    if epi is None:
+        steps.append(_precision(VendorCall(lookup(contraction.op).vendor, operands, outs[0],
+                                           _library_attrs(contraction, options)), options))
+    else:
+        product = new_slot()
+        shape = contraction.outputs[0].shape
+        carved.append((product, *next(spans), contraction.outputs[0].dtype.torch, shape))
+        src = _generate(op.name, "pointwise", epi, epi_layouts, interpret, {**options, "first_check": len(checks)})
+        checks.extend(src.checks)
+        steps.append(_precision(VendorCall(lookup(contraction.op).vendor, operands, product,
+                                           _library_attrs(contraction, options)), options))
+        steps.append(KernelLaunch(src, [product] + [ins[i] for i in used], outs + ([flag_slot] if src.checks else [])))
+        sources.append(src.source)
+    return Carve(scratch, carved, Chain(*steps)), "".join(sources)
+
+
+def _standalone(ops: list[Operation], value) -> tuple[Program, list]:
+    """`ops` (computing `value`) as a program of their own, and the tensors its placeholders stand for."""
+    g = Graph("prologue")
+    mapping, leaves = {}, []
+    for o in ops:
+        for t in o.inputs:
+            if t.id not in mapping and t.op.op == "placeholder":
+                mapping[t.id] = g.placeholder(t.shape, t.dtype)
+                leaves.append(t)
+        for old, new in zip(o.outputs, copy_op(g, o, [mapping[t.id] for t in o.inputs])):
+            mapping[old.id] = new
+    return Program(g, [mapping[value.id]]), leaves
 
 
 def _native_step(op: Operation, plan, ins: list[int], outs: list[int], scratch_slots: dict, flags,

@@ -26,7 +26,9 @@ import torch
 
 from ..ir import Operation
 from ..registry import lookup
+from .. import dtypes
 from ..codegen.common import Layout
+from ..codegen.matmul import split
 from .program import Program
 
 ALIGN = 64  # bytes: keeps 16-byte vector loads aligned and buffers on separate cache lines
@@ -92,11 +94,29 @@ def _is_view(op: Operation) -> bool:
     return lookup(op.op).view is not None and len(op.inputs) == 1
 
 
+# Orders in which `_pack` places buffers; it keeps the smallest arena. Largest first is the classic
+# greedy; latest-ending first places what the last steps hold together (a training step's last
+# gradient product and its scratch) before the earlier temporaries can fragment the space.
+_ORDERS = (lambda b: (-b.nbytes, b.start), lambda b: (-b.end, -b.nbytes))
+
+
 def _pack(buffers: list[Buffer], guard: int) -> int:
-    """Greedy by size: each buffer takes the lowest offset clear of the live buffers placed so far."""
+    """Greedy: each buffer takes the lowest offset clear of the live buffers placed so far, in each of
+    `_ORDERS`; the offsets of the smallest arena are kept."""
+    best, offsets = None, {}
+    for order in _ORDERS:
+        size = _pack_in(sorted(buffers, key=order), guard)
+        if best is None or size < best:
+            best, offsets = size, {id(b): b.offset for b in buffers}
+    for b in buffers:
+        b.offset = offsets[id(b)]
+    return best or 0
+
+
+def _pack_in(buffers: list[Buffer], guard: int) -> int:
     placed: list[Buffer] = []
     size = 0
-    for b in sorted(buffers, key=lambda b: (-b.nbytes, b.start)):
+    for b in buffers:
         need = _aligned(b.nbytes) + guard
         busy = sorted((p.offset, p.offset + _aligned(p.nbytes) + guard) for p in placed
                       if p.start <= b.end and b.start <= p.end)
@@ -119,11 +139,41 @@ def lower_bound(buffers: list[Buffer]) -> int:
     return best
 
 
+def prologue_mode(backend: str, options: dict) -> str:
+    """How a matmul kernel with a prologue runs: "fused" (one Triton kernel), "separate" (the producers'
+    pointwise kernels, the vendor GEMM, the epilogue kernel) or "choose" (CUDA: the first run measures both)."""
+    mode = options.get("prologue", True)
+    if mode in ("fused", "separate"):
+        return mode
+    return "choose" if backend == "triton" else "fused"
+
+
+def separate_scratch(body: Program) -> tuple[list[tuple[int, int]], int]:
+    """Where the separate run of a matmul kernel with a prologue keeps its temporaries in its byte scratch:
+    (byte offset, bytes) per prologue value, then the product when an epilogue reads it; and the total."""
+    parts = split(body)
+    sizes = [p.value.type.numel() * p.value.dtype.itemsize for p in parts.prologues if p is not None]
+    if parts.epilogue:
+        product = parts.contraction.outputs[0]
+        sizes.append(product.type.numel() * product.dtype.itemsize)
+    spans, offset = [], 0
+    for n in sizes:
+        spans.append((offset, n))
+        offset += _aligned(n)  # each temporary aligned as the arena's buffers are
+    return spans, offset
+
+
 def _scratch(op: Operation, ctx):
     """(shape, DType) of the temporary a kernel needs besides its outputs, or None."""
     if op.op != "fusion":
         return None
     body, template = op.attrs["body"], op.attrs["template"]
+    if template == "matmul" and any(split(body).prologues):
+        # bytes for the producers' results and the product, when the kernel may run as separate steps
+        backend, options = (ctx.backend, ctx.options) if ctx is not None else ("interpret", {})
+        if prologue_mode(backend, options) == "fused":
+            return None
+        return (separate_scratch(body)[1],), dtypes.uint8
     if template == "matmul":  # cuBLAS writes the product here, the epilogue kernel reads it
         product = next(o for o in body.operations if lookup(o.op).vendor is not None).outputs[0]
         has_epilogue = len([o for o in body.operations if o.op not in ("placeholder", "constant")]) > 1
@@ -174,6 +224,8 @@ def _in_place_assignments(program: Program, buffers: dict[int, Buffer]) -> dict[
             continue
         if kernel in readers and not _reads_elementwise(kernel, var, value):
             continue
+        if kernel in readers and _loads_for_product(kernel, var):
+            continue  # one Triton kernel: other programs may still load the tiles a program writes
         result[value.id] = source
     return result
 
@@ -189,6 +241,20 @@ def _readers(var, users) -> list[Operation]:
             elif op.op != "assign_variable":
                 out.append(op)
     return out
+
+
+def _loads_for_product(kernel: Operation, var) -> bool:
+    """Whether a matmul kernel with a prologue (one Triton kernel) reads `var` for its product: every
+    program loads a whole row or column of tiles, not only the elements it writes."""
+    if kernel.attrs["template"] != "matmul":
+        return False
+    parts = split(kernel.attrs["body"])
+    if not any(parts.prologues):
+        return False  # the vendor GEMM reads its operands before the epilogue kernel writes
+    placeholders = [o.outputs[0] for o in kernel.attrs["body"].operations if o.op == "placeholder"]
+    inner = placeholders[list(kernel.inputs).index(var)]
+    before = [parts.contraction] + [o for p in parts.prologues if p is not None for o in p.ops]
+    return any(inner in o.inputs for o in before)
 
 
 def _reads_elementwise(kernel: Operation, var, value) -> bool:

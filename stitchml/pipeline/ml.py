@@ -80,6 +80,10 @@ class MLPipeline:
                                                targets, device=dev.torch_device)
         except ExecutionError as e:  # an op refuses these dimensions: the error names it and its line
             raise PipelineError(f"pipeline {self.label}: input dimensions {dims} do not fit: {e}") from None
+        if self.kernel_note.startswith("using"):
+            missing = fn.package.unserved_kernels(fn.name, dims, dev.torch_device, self.executable)
+            if missing:
+                self.kernel_note += f"; {len(missing)} not in it compile here: {', '.join(missing)}"
         self.output_types = {p.name: t.type for p, t in zip(fn.outputs, self.executable.program.outputs)}
         unknown = [f"{n}: {t}" for n, t in self.output_types.items() if not t.is_static]
         if unknown:

@@ -12,7 +12,8 @@ callable `fn(env)` over the environment list of value slots:
   the reference backend, which run their bodies op by op);
 * `FreshOutputs`: a generated kernel in place of an op's library call (the
   gradient of a max pooling whose windows tile its input);
-* `Chain`: several of these in order (a vendor call, then its epilogue).
+* `Chain`: several of these in order (a vendor call, then its epilogue);
+* `Carve`: temporaries cut from a kernel's scratch for the steps it runs.
 
 They hold the callables and attributes they need, not the ops, so the
 runtime knows nothing of how a program was made; the op names and the lines
@@ -20,8 +21,9 @@ that built them travel on the `Step` (runtime/steps.py) for errors.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -48,11 +50,45 @@ class LaunchPlan:
     scratch_slots: dict[int, int] = field(default_factory=dict)
     checks: list[Operation] = field(default_factory=list)
     flag_slot: int | None = None
+    extra_slots: int = 0  # slots after the flag's, for temporaries carved from a kernel's scratch (`Carve`)
 
     @property
     def nslots(self) -> int:
         """The length of a run's environment list."""
+        if self.extra_slots:
+            return len(self.slots) + len(self.scratch_slots) + 1 + self.extra_slots
         return len(self.slots) + len(self.scratch_slots) + (self.flag_slot is not None)
+
+
+def specialisation(sizes) -> tuple[str, ...]:
+    """How Triton specialises each integer argument of a launch, and so which binary it runs: "1" (the value
+    1, a constant), "16" (divisible by 16: vector loads and stores), "i64" (too large for 32 bits) or "any"."""
+    return tuple("1" if n == 1 else "i64" if n >= 2**31 else "16" if n % 16 == 0 else "any" for n in sizes)
+
+
+def variant_sizes(sizes) -> list[tuple[int, ...]]:
+    """Sizes near `sizes` for every combination of the classes "16" and "any" of its arguments: launching
+    (or warming up) a kernel with each compiles every binary that another batch size of the same blocks
+    needs. `sizes` itself is among them when it has no argument of class "1" or "i64"."""
+    choices = []
+    for n in sizes:
+        multiple = n if n % 16 == 0 and n > 1 else max(16, (n + 15) // 16 * 16)
+        other = n if n % 16 and n > 1 else n + 1
+        choices.append(tuple(v for v in (multiple, other) if v < 2**31))
+    return list(itertools.product(*choices))
+
+
+def launches(fn) -> Iterator["KernelLaunch"]:
+    """The kernel launches a step's run makes or may make: through chains, carved scratch and every
+    candidate of a measured choice."""
+    if isinstance(fn, KernelLaunch):
+        yield fn
+    for inner in getattr(fn, "fns", ()):  # Chain
+        yield from launches(inner)
+    if isinstance(fn, Carve):
+        yield from launches(fn.fn)
+    for inner in getattr(fn, "candidates", {}).values():  # choices.Chooser
+        yield from launches(inner)
 
 
 class KernelLaunch:
@@ -65,6 +101,10 @@ class KernelLaunch:
     the compiled kernel's own launcher, which still skips Triton's per-call
     argument binding. Both fall back to the JIT entry when the pointers'
     16-byte alignment differs from what the kernel was specialised for.
+
+    With `variants` set (compiling a package's kernels), the first launch also
+    compiles the kernel for the other specialisations of its size arguments
+    (`variant_sizes`), so a bundle serves other batch sizes with its binaries.
     """
 
     def __init__(self, source, ins: list[int], outs: list[int]):
@@ -73,6 +113,8 @@ class KernelLaunch:
         self.meta = source.constexprs
         self.meta_values = list(source.constexprs.values())
         self.warps = source.num_warps
+        stages = getattr(source, "num_stages", None)
+        self.launch_options = {"num_warps": source.num_warps} | ({"num_stages": stages} if stages else {})
         self.sizes = getattr(source, "sizes", ())  # extents the kernel takes as arguments, after its buffers
         self.slots = ins + outs
         self.compiled = None
@@ -81,6 +123,15 @@ class KernelLaunch:
         self.device_index = 0
         self.alignment = None
         self.interpret = loader.interpreting()
+        self.source = source.source
+        self.file = loader.file_name(source.source)
+        self.variants = False
+
+    def binary(self, sizes=None) -> list[str]:
+        """What picks the binary that a launch with `sizes` (default: its own) runs, besides the source:
+        the sizes' specialisation, then the constexprs and launch options as "name=value"."""
+        options = {**self.meta, **self.launch_options}
+        return list(specialisation(self.sizes if sizes is None else sizes)) + [f"{k}={v}" for k, v in options.items()]
 
     def __call__(self, env: list) -> None:
         direct = self.direct
@@ -97,9 +148,14 @@ class KernelLaunch:
         if self.interpret:
             # masked lanes may compute log(0) and the like; the interpreter runs one launch at a time
             with loader.interpreter_lock, np.errstate(all="ignore"):
-                self.fn[self.grid](*args, *self.sizes, num_warps=self.warps, **self.meta)
+                self.fn[self.grid](*args, *self.sizes, **self.launch_options, **self.meta)
             return
-        k = self.fn[self.grid](*args, *self.sizes, num_warps=self.warps, **self.meta)
+        k = self.fn[self.grid](*args, *self.sizes, **self.launch_options, **self.meta)
+        if self.variants:
+            self.variants = False
+            for sizes in variant_sizes(self.sizes):
+                if sizes != tuple(self.sizes):
+                    self.fn.warmup(*args, *sizes, grid=self.grid, **self.launch_options, **self.meta)
         if self.compiled is None and all(hasattr(k, a) for a in ("run", "function", "packed_metadata")):
             self.compiled = k
             self.alignment = tuple(a.data_ptr() % 16 == 0 for a in args)
@@ -141,6 +197,22 @@ class Chain:
     def __call__(self, env: list) -> None:
         for fn in self.fns:
             fn(env)
+
+
+class Carve:
+    """Bind typed views of a kernel's byte scratch buffer to slots of their own, then run `fn`: the
+    temporaries of a kernel that runs as several steps (producer kernels, a vendor call, an epilogue).
+    `parts` holds (slot, byte offset, bytes, torch dtype, shape) per temporary."""
+
+    def __init__(self, scratch: int, parts: list[tuple[int, int, int, torch.dtype, tuple]],
+                 fn: Callable[[list], None]):
+        self.scratch, self.parts, self.fn = scratch, parts, fn
+
+    def __call__(self, env: list) -> None:
+        buf = env[self.scratch]
+        for slot, start, nbytes, dtype, shape in self.parts:
+            env[slot] = buf[start:start + nbytes].view(dtype).view(shape)
+        self.fn(env)
 
 
 class VendorCall:
