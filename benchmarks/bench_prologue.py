@@ -14,7 +14,7 @@ Columns: StitchML as it runs by default (on CUDA the first run measures the fuse
 128 x 128 and 128 x 256 tiles, against the producer kernel + cuBLAS and keeps the fastest: `chosen`, and
 each candidate's time in the JSON's `choice_ms`), the fused kernel forced (128 x 128 tiles)
 (`options={"prologue": "fused"}`), the separate kernels forced (`"separate"`: the producer's kernel,
-then the vendor GEMM), PyTorch eager, torch.compile and jax.jit of the same formula. Every StitchML
+then the vendor GEMM), the pass turned off (`False`: the kernels as stitched without it), PyTorch eager, torch.compile and jax.jit of the same formula. Every StitchML
 result (and JAX's) is checked against PyTorch in float32 first; the script exits 1 when one is off.
 Medians of CUDA-event timings after warm-up (the wall clock on the CPU and for JAX, which waits with
 block_until_ready). About a minute on an H200; torch.compile and JAX are left out of the last
@@ -40,7 +40,7 @@ import stitchml as sm  # noqa: E402
 
 CONFIGS = [(8192, 1024, 4096, torch.bfloat16), (8192, 4096, 1024, torch.bfloat16), (8192, 1024, 4096, torch.float16)]
 QUICK = [(64, 32, 48, torch.bfloat16)]
-MODES = {"stitchml": None, "stitchml_fused": "fused", "stitchml_separate": "separate"}
+MODES = {"stitchml": None, "stitchml_fused": "fused", "stitchml_separate": "separate", "stitchml_off": False}
 EPS = 1e-5
 BUDGET_S = 60.0
 
@@ -188,7 +188,7 @@ def main(argv=None) -> int:
                 row["note"] = "torch.compile and JAX left out: past the time budget"
             rows.append(row)
     print(f"prologue fusion, {device}; median ms (TFLOP/s of the fused kernel)")
-    cols = ["stitchml_ms", "stitchml_fused_ms", "stitchml_separate_ms", "torch_eager_ms", "torch_compile_ms", "jax_ms"]
+    cols = ["stitchml_ms", "stitchml_fused_ms", "stitchml_separate_ms", "stitchml_off_ms", "torch_eager_ms", "torch_compile_ms", "jax_ms"]
     print(f"{'case':>10} {'shape':>18} {'dtype':>8} " + " ".join(f"{c[:-3][:17]:>17}" for c in cols)
           + "  chosen")
     for r in rows:
