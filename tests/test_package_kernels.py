@@ -426,8 +426,9 @@ def test_cli_kernels_for(tmp_path, capsys):
 def test_a_bundle_carries_both_size_specialisations_so_another_batch_compiles_nothing(monkeypatch):
     """Triton specialises a kernel's size arguments on divisibility by 16 (vector loads and stores): a bundle
     built at 12 rows (48 elements, 12 rows to reduce) records, and `build` compiles, each kernel for both
-    classes, so 9 rows (36 elements) and 16 rows (64 elements, 16 rows), which launch the same blocks, find
-    every binary; a bundle of the launched binaries alone would not."""
+    classes and for the blocks of an eighth to eight times its sizes, so 9 rows (36 elements), 16 rows
+    (64 elements) and 40 rows (160 elements, other blocks) find every binary; a bundle of the launched
+    binaries alone would not."""
     from stitchml.runtime.launch import specialisation
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     g = sm.Graph()
@@ -443,8 +444,10 @@ def test_a_bundle_carries_both_size_specialisations_so_another_batch_compiles_no
     assert sorted(variants) == sorted(sources)
     pointwise, rows = (next(s.run for s in built.steps if s.kind == kind) for kind in ("pointwise", "reduction"))
     assert (pointwise.sizes, rows.sizes) == ((48,), (12,))
-    assert variants[pointwise.file] == [["16", "BLOCK=64", "num_warps=1"], ["any", "BLOCK=64", "num_warps=1"]]
-    assert [v[0] for v in variants[rows.file]] == ["16", "any"]
+    # its own block (48 elements: 64) and those of 6 to 384 elements (32, 128, 256, 512), each for both classes
+    assert variants[pointwise.file] == sorted([c, f"BLOCK={b}", f"num_warps={w}"] for c in ("16", "any")
+                                              for b, w in ((32, 1), (64, 1), (128, 1), (256, 4), (512, 4)))
+    assert sorted({v[0] for v in variants[rows.file]}) == ["16", "any"]
     bundle = K.unpack(K.pack(K.Bundle(dict(TARGET), {}, sources, {}, variants)))
     assert bundle.variants == variants
     for exe in (nine, sixteen):
@@ -454,8 +457,13 @@ def test_a_bundle_carries_both_size_specialisations_so_another_batch_compiles_no
     alone = K.Bundle(dict(TARGET), {}, sources, {}, {s.run.file: [s.run.binary()] for s in built.steps})
     assert K.unserved(alone, nine) == [f"{pointwise.file} (any, BLOCK=64, num_warps=1)"]
     assert K.unserved(alone, sixteen) == [f"{rows.file} (16, BLOCK_R=16, BLOCK_C=16, num_warps=4)"]
-    # 160 elements and 40 rows launch other blocks: the same sources, binaries the bundle does not hold
-    assert len(K.unserved(bundle, forty)) == 2
+    # 160 elements and 40 rows launch other blocks than 48 and 12 do, which the bundle compiled as well;
+    # 160 rows (640 elements: blocks 1024 and 256 rows) are more than eight times 12, beyond what it compiles
+    assert K.unserved(bundle, forty) == []
+    assert K.unserved(alone, forty) == [f"{pointwise.file} (16, BLOCK=256, num_warps=4)",
+                                        f"{rows.file} (any, BLOCK_R=64, BLOCK_C=16, num_warps=4)"]
+    assert K.unserved(bundle, compiled(160)) == [f"{pointwise.file} (16, BLOCK=1024, num_warps=4)",
+                                                 f"{rows.file} (16, BLOCK_R=256, BLOCK_C=16, num_warps=4)"]
     assert K.unserved(K.Bundle(dict(TARGET), {}, sources, {}), nine) is None  # a bundle that does not say
 
 

@@ -29,6 +29,23 @@ class KernelSource:
     # one Triton binary serve every size with the same launch blocks; Triton does not specialise on them.
     sizes: tuple = ()
     num_stages: int | None = None  # software pipelining depth (matmul kernels); None: Triton's default
+    # Other (constexprs, num_warps) the same source launches with at other batch sizes: a package's kernel
+    # bundle compiles them too, so that loading it for another batch size compiles nothing.
+    alternatives: tuple = ()
+
+
+# A bundle's batch sizes: from an eighth of the size it was built for to eight times it.
+OTHER_SIZES = (1 / 8, 1 / 4, 1 / 2, 2, 4, 8)
+
+
+def other_blocks(choose, n: int, own) -> tuple:
+    """The launch blocks `choose(m)` gives for m = n times each of OTHER_SIZES, less `own`, in order."""
+    found = []
+    for f in OTHER_SIZES:
+        b = choose(max(1, int(n * f)))
+        if b != own and b not in found:
+            found.append(b)
+    return tuple(found)
 
 
 def _block(n: int) -> tuple[int, int]:
@@ -89,6 +106,8 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
         lines.append(f"    tl.store({outs[j]} + i, ({v}).to({tl_type(t.dtype)}), mask=mask)")
     block, warps = _block(n)
     block, warps = options.get("pointwise_block", block), options.get("pointwise_warps", warps)
+    pinned = "pointwise_block" in options or "pointwise_warps" in options
+    others = () if pinned else tuple(({"BLOCK": b}, w) for b, w in other_blocks(_block, n, (block, warps)))
     params = ", ".join([arg_of[t.id] for t in placeholders] + outs + (["err"] if checks else []))
     start = "tl.program_id(0).to(tl.int64) * BLOCK" if wide else "tl.program_id(0) * BLOCK"
     src = header(f"pointwise kernel {name}", interpret) + f'''
@@ -99,4 +118,4 @@ def {name}({params}, n, BLOCK: tl.constexpr):
     mask = i < n
 ''' + "\n".join(lines) + "\n"
     return KernelSource(name, src, ((n + block - 1) // block,), warps, {"BLOCK": block}, "pointwise", tuple(checks),
-                        (n,))
+                        (n,), alternatives=others)

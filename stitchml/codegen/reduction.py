@@ -19,7 +19,7 @@ from ..ir import Operation, Tensor
 from ..registry import Combine, lookup
 from .common import (Layout, checks_divisor, compute_dtype, divisor_check, expression, header, index_expr,
                      literal, tl_type)
-from .pointwise import KernelSource
+from .pointwise import KernelSource, other_blocks
 
 MAX_PERSISTENT = 16384  # columns a program keeps in registers
 LOOP_BLOCK = 4096
@@ -123,9 +123,17 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
     persistent = f.C <= MAX_PERSISTENT
     block_c = 1 << max(f.C - 1, 0).bit_length() if persistent else LOOP_BLOCK
     block_c = max(block_c, 16)
-    block_r = max(1, min(1 << max(f.R - 1, 0).bit_length(), 4096 // block_c)) if persistent else 1
-    warps = 4 if block_r * block_c <= 4096 else 16  # measured on an H200: 16 warps keep 8192-wide rows at ~91% of copy bandwidth
+
+    def rows_block(rows: int) -> tuple[int, int]:
+        block_r = max(1, min(1 << max(rows - 1, 0).bit_length(), 4096 // block_c)) if persistent else 1
+        # measured on an H200: 16 warps keep 8192-wide rows at ~91% of copy bandwidth
+        return block_r, 4 if block_r * block_c <= 4096 else 16
+
+    block_r, warps = rows_block(f.R)
     options = options or {}
+    pinned = "reduction_block_r" in options or "reduction_warps" in options
+    others = () if pinned else tuple(({"BLOCK_R": r, "BLOCK_C": block_c}, w)
+                                     for r, w in other_blocks(rows_block, f.R, (block_r, warps)))
     block_r = options.get("reduction_block_r", block_r) if persistent else block_r
     warps = options.get("reduction_warps", warps)
 
@@ -152,7 +160,7 @@ def {name}({params}, R, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
 ''' + "\n".join(body_lines) + "\n"
     grid = ((f.R + block_r - 1) // block_r,)
     return KernelSource(name, src, grid, warps, {"BLOCK_R": block_r, "BLOCK_C": block_c}, "reduction",
-                        tuple(gen.checks), (f.R,))
+                        tuple(gen.checks), (f.R,), alternatives=others)
 
 
 def _split(name, body, f, placeholders, ops, arg_of, layout_of, space, splits, interpret,

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from ..errors import PackageError, PipelineError
-from ..runtime.launch import launches, variant_sizes
+from ..runtime.launch import launches
 from ..version import __version__
 from . import container
 
@@ -366,12 +366,12 @@ def build(function, input_dimensions: dict[str, Sequence[int]], device: Any = "c
 # -- which binaries a bundle serves ---------------------------------------------------------------------
 def variants_of(executable) -> dict[str, list[list[str]]]:
     """What `build` compiles for `executable`: per kernel source, the specialisation of every launch's size
-    arguments and of their other classes (runtime/launch.py `variant_sizes`)."""
+    arguments and of their other classes (runtime/launch.py `variant_sizes`), with its own blocks and those
+    it launches with at other batch sizes (`KernelLaunch.binaries`)."""
     out: dict[str, set[tuple[str, ...]]] = {}
     for step in executable.steps:
         for launch in launches(step.run):
-            sizes = variant_sizes(launch.sizes) + [tuple(launch.sizes)]
-            out.setdefault(launch.file, set()).update(tuple(launch.binary(s)) for s in sizes)
+            out.setdefault(launch.file, set()).update(tuple(b) for b in launch.binaries())
     return {name: [list(c) for c in sorted(binaries)] for name, binaries in sorted(out.items())}
 
 

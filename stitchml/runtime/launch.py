@@ -126,12 +126,22 @@ class KernelLaunch:
         self.source = source.source
         self.file = loader.file_name(source.source)
         self.variants = False
+        # (constexprs, launch options) of the same source at other batch sizes (a bundle compiles them too)
+        self.alternatives = [({**self.meta, **meta}, {**self.launch_options, "num_warps": warps})
+                             for meta, warps in getattr(source, "alternatives", ())]
 
-    def binary(self, sizes=None) -> list[str]:
+    def binary(self, sizes=None, meta: dict | None = None, launch_options: dict | None = None) -> list[str]:
         """What picks the binary that a launch with `sizes` (default: its own) runs, besides the source:
-        the sizes' specialisation, then the constexprs and launch options as "name=value"."""
-        options = {**self.meta, **self.launch_options}
+        the sizes' specialisation, then the constexprs and launch options (default: its own) as "name=value"."""
+        options = {**(self.meta if meta is None else meta),
+                   **(self.launch_options if launch_options is None else launch_options)}
         return list(specialisation(self.sizes if sizes is None else sizes)) + [f"{k}={v}" for k, v in options.items()]
+
+    def binaries(self) -> list[list[str]]:
+        """Every binary a bundle compiles for this launch: its blocks and those of other batch sizes
+        (`alternatives`), each for every specialisation class of its sizes (`variant_sizes`)."""
+        sizes = variant_sizes(self.sizes) + [tuple(self.sizes)]
+        return [self.binary(s, meta, opts) for meta, opts in [(None, None)] + self.alternatives for s in sizes]
 
     def __call__(self, env: list) -> None:
         direct = self.direct
@@ -153,9 +163,10 @@ class KernelLaunch:
         k = self.fn[self.grid](*args, *self.sizes, **self.launch_options, **self.meta)
         if self.variants:
             self.variants = False
-            for sizes in variant_sizes(self.sizes):
-                if sizes != tuple(self.sizes):
-                    self.fn.warmup(*args, *sizes, grid=self.grid, **self.launch_options, **self.meta)
+            for meta, opts in [(self.meta, self.launch_options)] + self.alternatives:
+                for sizes in variant_sizes(self.sizes):
+                    if sizes != tuple(self.sizes) or meta is not self.meta:
+                        self.fn.warmup(*args, *sizes, grid=self.grid, **opts, **meta)
         if self.compiled is None and all(hasattr(k, a) for a in ("run", "function", "packed_metadata")):
             self.compiled = k
             self.alignment = tuple(a.data_ptr() % 16 == 0 for a in args)
