@@ -34,7 +34,7 @@ import logging
 
 import torch
 
-from ..codegen import attention, attention_backward, cpu, pointwise, reduction
+from ..codegen import attention, attention_backward, cpu, cpu_window, pointwise, reduction
 from ..runtime import choices
 from ..codegen.common import Layout
 from ..dtypes import float32
@@ -168,6 +168,12 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         return Step(op.name, "view", ViewOf(lookup(op.op).impl, ins[0], outs[0], op.attrs))
     if op.op != "fusion":
         prim = lookup(op.op)
+        if backend == "native" and cpu_window.supports(op):
+            src = cpu_window.pooling(f"{op.name}_native", op, _layouts(op, plan))
+            options["native_module"].add(src)
+            fallback = ReferenceCall(prim.impl, ins, outs, op.attrs, into=True)
+            return Step(op.name, "window", cpu.NativeLaunch(options["native_module"], src, ins, outs, fallback),
+                        src.source)
         return Step(op.name, "vendor", ReferenceCall(prim.impl, ins, outs, op.attrs,
                                                      context=run_context if prim.needs_context else None))
     body, template = op.attrs["body"], op.attrs["template"]

@@ -1,0 +1,94 @@
+"""The CPU templates of window ops: max pooling and its gradient as C++ loop nests (codegen/cpu.py compiles them).
+
+Pooling is an opaque op: op by op it pads the input and calls PyTorch (`ops/contraction.py`), and on the CPU
+those calls (a padded copy, the windows' maxima with their indices, the scatter of the gradient) cost more
+than the convolutions around them. Here each (image, channel) plane is one unit of work for a thread: the
+forward pass keeps each window's maximum in a register; the gradient finds each window's maximum again
+(cheaper than storing indices) and adds the output's gradient there. Both follow PyTorch's rule exactly:
+padding takes part as the lowest value of the type (it wins only a window whose real elements are all that
+value, and its gradient is dropped), a later element wins only if it is greater or NaN, and a plane's
+gradient is accumulated window by window in order, so the results are bit for bit those of an op-by-op
+run. Any strides (NCHW or NHWC, views); float32 and float64 (other types keep the op-by-op call).
+"""
+from __future__ import annotations
+
+from ..ir import Operation
+from ..ops.contraction import _nchw_shape, _resolve_padding, _window_out
+from .common import Layout
+from .cpu import CppSource, ctype
+
+OPS = ("max_pooling2d", "max_pooling2d_gradient")
+_TYPES = ("float32", "float64")
+
+
+def supports(op: Operation) -> bool:
+    """Whether `op` has a native CPU form here."""
+    return op.op in OPS and op.outputs[0].dtype.name in _TYPES and all(t.dtype.name in _TYPES for t in op.inputs)
+
+
+def _geometry(op: Operation, x_shape: tuple) -> dict:
+    attrs = op.attrs
+    n, c, h, w = _nchw_shape(x_shape, attrs["data_layout"])
+    kernel, stride, dil = attrs["kernel_size"], attrs["stride"], attrs["dilation"]
+    pad = _resolve_padding(attrs["padding"], (h, w), kernel, stride, dil)
+    out = tuple(_window_out((h, w)[a], kernel[a], stride[a], dil[a], pad[2 * a], pad[2 * a + 1], attrs["ceil_mode"])
+                for a in range(2))
+    return {"n": n, "c": c, "h": h, "w": w, "kh": kernel[0], "kw": kernel[1], "sh": stride[0], "sw": stride[1],
+            "dh": dil[0], "dw": dil[1], "top": pad[0], "left": pad[2], "oh": out[0], "ow": out[1]}
+
+
+def _nchw_strides(layout: Layout, data_layout: str) -> tuple[int, int, int, int]:
+    s = layout.strides
+    return s if data_layout == "NCHW" else (s[0], s[3], s[1], s[2])
+
+
+def _window(g: dict, x_strides: tuple, t: str) -> list[str]:
+    """Lines that leave the window (oh, ow)'s maximum in `m` and its element's row and column in `ay`, `ax`
+    (ay = -1: padding won; the padded input PyTorch sees has its first cell at (-top, -left))."""
+    sh, sw = x_strides[2], x_strides[3]
+    return [
+        # PyTorch starts from the window's first cell with -inf: a window of -inf values sends its gradient there
+        f"            {t} m = -({t})INF_D; int64_t ay = oh * {g['sh']} - {g['top']}, ax = ow * {g['sw']} - {g['left']};",
+        f"            if (ay < 0 || ax < 0) ay = -1;",
+        f"            for (int64_t i = 0; i < {g['kh']}; ++i) {{",
+        f"                const int64_t y = oh * {g['sh']} - {g['top']} + i * {g['dh']};",
+        f"                for (int64_t j = 0; j < {g['kw']}; ++j) {{",
+        f"                    const int64_t x = ow * {g['sw']} - {g['left']} + j * {g['dw']};",
+        f"                    const bool inside = y >= 0 && y < {g['h']} && x >= 0 && x < {g['w']};",
+        f"                    const {t} v = inside ? src[y * {sh}LL + x * {sw}LL] : -({t})INF_D;",
+        "                    if (v > m || v != v) { m = v; ay = inside ? y : -1; ax = x; }",
+        "                }",
+        "            }",
+    ]
+
+
+def pooling(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
+    """C++ for max_pooling2d (inputs: source) or max_pooling2d_gradient (inputs: dy, source); the output is
+    a contiguous buffer of the op's shape (in its data layout)."""
+    layout = op.attrs["data_layout"]
+    grad = op.op == "max_pooling2d_gradient"
+    x_layout = in_layouts[1] if grad else in_layouts[0]
+    g = _geometry(op, x_layout.shape)
+    xs = _nchw_strides(x_layout, layout)
+    t = ctype(op.outputs[0].dtype)
+    planes = g["n"] * g["c"]
+    os_ = _nchw_strides(Layout.contiguous(op.outputs[0].shape), layout)  # the output (forward) or dx
+    params = [f"const {ctype(x.dtype)}* __restrict__ in{i}" for i, x in enumerate(op.inputs)]
+    lines = [f'extern "C" void {name}({", ".join(params)}, {t}* __restrict__ out0, int threads) {{',
+             f"    #pragma omp parallel for schedule(static) num_threads({planes} > 1 ? threads : 1)",
+             f"    for (int64_t p = 0; p < {planes}LL; ++p) {{",
+             f"        const int64_t n = p / {g['c']}, c = p % {g['c']};",
+             f"        const {t}* src = in{1 if grad else 0} + n * {xs[0]}LL + c * {xs[1]}LL;"]
+    if grad:
+        ds = _nchw_strides(in_layouts[0], layout)
+        lines += [f"        const {t}* dy = in0 + n * {ds[0]}LL + c * {ds[1]}LL;",
+                  f"        {t}* dx = out0 + n * {os_[0]}LL + c * {os_[1]}LL;",
+                  f"        for (int64_t y = 0; y < {g['h']}; ++y)",
+                  f"            for (int64_t x = 0; x < {g['w']}; ++x) dx[y * {os_[2]}LL + x * {os_[3]}LL] = 0;"]
+        store = [f"            if (ay >= 0) dx[ay * {os_[2]}LL + ax * {os_[3]}LL] += dy[oh * {ds[2]}LL + ow * {ds[3]}LL];"]
+    else:
+        store = [f"            out0[n * {os_[0]}LL + c * {os_[1]}LL + oh * {os_[2]}LL + ow * {os_[3]}LL] = m;"]
+    lines += [f"        for (int64_t oh = 0; oh < {g['oh']}; ++oh) {{",
+              f"          for (int64_t ow = 0; ow < {g['ow']}; ++ow) {{",
+              *_window(g, xs, t), *store, "          }", "        }", "    }", "}"]
+    return CppSource(name, "\n".join(lines) + "\n", "window")

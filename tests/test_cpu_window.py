@@ -1,0 +1,85 @@
+"""The native CPU backend's window kernels (codegen/cpu_window.py): max pooling and its gradient as C++ loop
+nests, bit for bit the op-by-op run's results (PyTorch's), and against PyTorch in float64."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import stitchml as sm
+
+NATIVE = {"backend": "native"}
+F = torch.nn.functional
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("STITCHML_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "native-cache"))
+
+
+def _pool_graph(shape, descriptor, dtype):
+    """y = maxpool(x * 1.5), loss = sum(y * w): returns the graph, its feeds and targets y and dL/dx."""
+    g = sm.Graph()
+    x = g.placeholder(shape, dtype, name="x")
+    y = g.max_pooling2d(x * 1.5, descriptor)
+    w = g.placeholder(y.shape, dtype, name="w")
+    dx = g.gradients(g.reduction_sum(y * w), [x])[x]
+    return g, x, w, y, dx
+
+
+POOLS = [  # (input shape, descriptor): tiling 2x2, overlapping padded ceil-mode 3x3, dilated NHWC
+    ((3, 4, 8, 10), sm.Pooling2DDescriptor(kernel_size=2)),
+    ((2, 3, 9, 9), sm.Pooling2DDescriptor(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+    ((2, 7, 6, 3), sm.Pooling2DDescriptor(kernel_size=2, stride=1, dilation=2, data_layout="NHWC")),
+]
+
+
+@pytest.mark.parametrize("shape, descriptor", POOLS, ids=["tiles", "overlap-pad-ceil", "dilated-nhwc"])
+@pytest.mark.parametrize("dtype", [sm.float32, sm.float64])
+def test_max_pooling_and_its_gradient_match_pytorch(shape, descriptor, dtype):
+    g, x, w, y, dx = _pool_graph(shape, descriptor, dtype)
+    rng = np.random.default_rng(1)
+    xv = rng.standard_normal(shape).astype(dtype.numpy)
+    wv = rng.standard_normal(tuple(y.shape)).astype(dtype.numpy)
+    feeds = {x: xv, w: wv}
+    exe = g.compile({x: sm.TensorType(shape, dtype), w: sm.TensorType(tuple(y.shape), dtype)}, [y, dx],
+                    device="cpu", options=NATIVE)
+    assert sum(s.kind == "window" for s in exe.steps) == 2, [s.kind for s in exe.steps]
+    got = exe.run(feeds)
+    eager = g.run(feeds, [y, dx], device="cpu", compiled=False)
+    for t in (y, dx):  # the same maxima, the same winners, the same order of accumulation
+        assert torch.equal(got[t].torch(), eager[t].torch()), t.name
+    # independently: PyTorch in float64, NCHW
+    nhwc = descriptor.data_layout == "NHWC"
+    x64 = torch.from_numpy(xv).double()
+    x64 = (x64.permute(0, 3, 1, 2) if nhwc else x64).requires_grad_(True)
+    a = descriptor.attrs()
+    pad = a["padding"] if isinstance(a["padding"], tuple) else (0, 0, 0, 0)
+    y64 = F.max_pool2d(F.pad(x64 * 1.5, (pad[2], pad[3], pad[0], pad[1]), value=-np.inf), a["kernel_size"],
+                       a["stride"], 0, a["dilation"], ceil_mode=a["ceil_mode"])
+    w64 = torch.from_numpy(wv).double()
+    w64 = w64.permute(0, 3, 1, 2) if nhwc else w64
+    y64 = y64[:, :, :w64.shape[2], :w64.shape[3]]  # ceil mode: PyTorch's last window may start in padding
+    (dx64,) = torch.autograd.grad((y64 * w64).sum(), x64)
+    back = (lambda t: t.permute(0, 2, 3, 1)) if nhwc else (lambda t: t)
+    tol = 1e-6 if dtype == sm.float32 else 1e-14
+    torch.testing.assert_close(got[y].torch().double(), back(y64.detach()), rtol=tol, atol=tol)
+    torch.testing.assert_close(got[dx].torch().double(), back(dx64), rtol=tol, atol=tol)
+
+
+def test_max_pooling_follows_pytorch_on_nan_infinities_and_ties():
+    """NaN wins its window, a window of -inf sends its gradient to its first cell, ties go to the first."""
+    shape = (1, 2, 4, 6)
+    g, x, w, y, dx = _pool_graph(shape, sm.Pooling2DDescriptor(kernel_size=3, stride=2, padding=1), sm.float32)
+    xv = np.full(shape, 2.0, np.float32)
+    xv[0, 0, 0, 0] = np.nan
+    xv[0, 0, 2:4, 2:4] = -np.inf
+    xv[0, 1, 1, 3] = np.nan
+    xv[0, 1, 3, 5] = np.inf
+    wv = np.arange(np.prod(y.shape), dtype=np.float32).reshape(y.shape) + 1
+    exe = g.compile({x: sm.TensorType(shape, sm.float32), w: sm.TensorType(tuple(y.shape), sm.float32)},
+                    [y, dx], device="cpu", options=NATIVE)
+    got = exe.run({x: xv, w: wv})
+    eager = g.run({x: xv, w: wv}, [y, dx], device="cpu", compiled=False)
+    for t in (y, dx):
+        torch.testing.assert_close(got[t].torch(), eager[t].torch(), rtol=0, atol=0, equal_nan=True)
