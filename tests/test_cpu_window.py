@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import stitchml as sm
+from stitchml.runtime import native_conv
 
 NATIVE = {"backend": "native"}
 F = torch.nn.functional
@@ -83,3 +84,46 @@ def test_max_pooling_follows_pytorch_on_nan_infinities_and_ties():
     eager = g.run({x: xv, w: wv}, [y, dx], device="cpu", compiled=False)
     for t in (y, dx):
         torch.testing.assert_close(got[t].torch(), eager[t].torch(), rtol=0, atol=0, equal_nan=True)
+
+
+CONVS = [  # (input shape, weights shape, descriptor): "same" with an odd kernel, strided with even padding
+    # (the transposed convolution needs an output padding), dilated, and an even kernel's uneven "same"
+    # padding, which keeps the op-by-op call
+    ((2, 3, 9, 9), (4, 3, 5, 5), sm.Convolution2DDescriptor(padding="same"), True),
+    ((2, 3, 10, 10), (4, 3, 3, 3), sm.Convolution2DDescriptor(stride=2, padding=(1, 1, 1, 1)), True),
+    ((1, 2, 11, 8), (3, 2, 3, 3), sm.Convolution2DDescriptor(dilation=2, padding=(2, 2, 2, 2)), True),
+    ((2, 2, 8, 8), (3, 2, 4, 4), sm.Convolution2DDescriptor(padding="same"), False),
+]
+
+
+@pytest.mark.parametrize("shape, wshape, descriptor, library_padding", CONVS,
+                         ids=["same", "strided", "dilated", "even-kernel"])
+def test_convolutions_and_their_gradients_match_pytorch_in_float64(shape, wshape, descriptor, library_padding):
+    g = sm.Graph()
+    x = g.placeholder(shape, sm.float32, name="x")
+    w = g.placeholder(wshape, sm.float32, name="w")
+    y = g.relu(g.convolution2d(x, w, descriptor) + 0.25)
+    dx, dw = (grads := g.gradients(g.reduction_sum(y * y), [x, w]))[x], grads[w]
+    rng = np.random.default_rng(2)
+    xv, wv = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(wshape).astype(np.float32)
+    exe = g.compile({x: sm.TensorType(shape, sm.float32), w: sm.TensorType(wshape, sm.float32)}, [y, dx, dw],
+                    device="cpu", options=NATIVE)
+    got = exe.run({x: xv, w: wv})
+    eager = g.run({x: xv, w: wv}, [y, dx, dw], device="cpu", compiled=False)
+    x64 = torch.from_numpy(xv).double().requires_grad_(True)
+    w64 = torch.from_numpy(wv).double().requires_grad_(True)
+    a = descriptor.attrs()
+    pad = a["padding"]
+    if pad == "same":
+        total = wshape[2] - 1
+        pad = (total // 2, total - total // 2, total // 2, total - total // 2)
+    y64 = F.relu(F.conv2d(F.pad(x64, (pad[2], pad[3], pad[0], pad[1])), w64, stride=a["stride"],
+                          dilation=a["dilation"]) + 0.25)
+    dx64, dw64 = torch.autograd.grad((y64 * y64).sum(), [x64, w64])
+    for t, ref in ((y, y64.detach()), (dx, dx64), (dw, dw64)):
+        scale = ref.abs().max().item()
+        for result in (got[t].torch(), eager[t].torch()):
+            torch.testing.assert_close(result.double(), ref, rtol=1e-5, atol=1e-5 * scale)
+    conv_ops = [op for op in exe.program.operations if op.op in ("convolution_transpose2d",
+                                                                  "convolution2d_weights_gradient")]
+    assert conv_ops and all((native_conv.call(op) is not None) == library_padding for op in conv_ops)

@@ -405,11 +405,31 @@ def reduction(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
     scratch: list[str] = []
     row_in, col_in = "        ", "            "
 
+    # Columns over reduced axes that are not adjacent (a channel's sum over batch and pixels) run as two loops,
+    # outer axes (co) around the trailing run of adjacent ones (ci, c = co * inner + ci): the inner index is
+    # then a multiple of ci, with no division per element, so the loop vectorises.
+    ordered = sorted(axes)
+    split = len(ordered)
+    while split > 1 and ordered[split - 2] == ordered[split - 1] - 1:
+        split -= 1
+    outer_axes, inner_axes = ordered[:split - 1] if split > 1 else [], ordered[split - 1:] if split > 1 else ordered
+    if not outer_axes or list(axes) != ordered:
+        outer_axes, inner_axes = [], list(axes)
+    inner = 1
+    for a in inner_axes:
+        inner *= frame[a]
+    n_outer = cols // inner if inner else 1
+    cvar = "ci" if outer_axes else "c"
+
+    def column_index(strides) -> str:
+        ci = index_expr(cvar, [(frame[a], strides[a]) for a in inner_axes])
+        co = index_expr("co", [(frame[a], strides[a]) for a in outer_axes]) if outer_axes else "0"
+        return " + ".join(p for p in (co, ci) if p != "0") or "0"
+
     def full_index(lay: Layout) -> str:
         lay = lay.broadcast_to(frame)
         r = index_expr("r", [(lay.shape[a], lay.strides[a]) for a in kept])
-        c = index_expr("c", [(lay.shape[a], lay.strides[a]) for a in axes])
-        return _c_index(" + ".join(p for p in (r, c) if p != "0") or "0")
+        return _c_index(" + ".join(p for p in (r, column_index(lay.strides)) if p != "0") or "0")
 
     def row_index(lay: Layout) -> str:
         if len(lay.shape) == len(kept) and lay.shape == tuple(frame[a] for a in kept):
@@ -454,8 +474,8 @@ def reduction(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
     out_index = {t.id: j for j, t in enumerate(body.outputs)}
     contiguous = Layout.contiguous(frame)
     store_index = _c_index(" + ".join(p for p in (
-        index_expr("r", [(frame[a], contiguous.strides[a]) for a in kept]),
-        index_expr("c", [(frame[a], contiguous.strides[a]) for a in axes])) if p != "0") or "0")
+        index_expr("r", [(frame[a], contiguous.strides[a]) for a in kept]), column_index(contiguous.strides))
+        if p != "0") or "0")
     lanes = 16  # partial results per reduction, so that the compiler vectorises the fold
 
     def operand(t: Tensor, regs: dict, full: bool) -> str:
@@ -502,19 +522,24 @@ def reduction(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
         for op, acc, acc_type in folds:
             b.lines.append(f"{row_in}{ctype(acc_type)} {acc}[{lanes}];")
             b.lines.append(f"{row_in}for (int l = 0; l < {lanes}; ++l) {acc}[l] = {_neutral(op, acc_type)};")
-        main = cols - cols % lanes
+        main = inner - inner % lanes
+        column = [f"{row_in}    const int64_t c = co * {inner}LL + ci;"] if outer_axes else []
+        if outer_axes:
+            b.lines.append(f"{row_in}for (int64_t co = 0; co < {n_outer}LL; ++co) {{")
         if main:
             b.lines.append(f"{row_in}for (int64_t c0 = 0; c0 < {main}LL; c0 += {lanes}) {{")
             b.lines.append(f"{row_in}  #pragma omp simd")  # lanes are independent: one vector per lane group
             b.lines.append(f"{row_in}  for (int l = 0; l < {lanes}; ++l) {{")
-            b.lines.append(f"{row_in}    const int64_t c = c0 + l;")
-            b.lines.extend(body_lines)
+            b.lines.append(f"{row_in}    const int64_t {cvar} = c0 + l;")
+            b.lines.extend(column + body_lines)
             b.lines.append(f"{row_in}  }}")
             b.lines.append(f"{row_in}}}")
-        if cols % lanes:
-            b.lines.append(f"{row_in}for (int64_t c = {main}LL; c < {cols}LL; ++c) {{")
+        if inner % lanes:
+            b.lines.append(f"{row_in}for (int64_t {cvar} = {main}LL; {cvar} < {inner}LL; ++{cvar}) {{")
             b.lines.append(f"{row_in}    const int l = 0;")
-            b.lines.extend(body_lines)
+            b.lines.extend(column + body_lines)
+            b.lines.append(f"{row_in}}}")
+        if outer_axes:
             b.lines.append(f"{row_in}}}")
         for op, acc, acc_type in folds:
             total = f"{acc}[0]"
@@ -529,7 +554,10 @@ def reduction(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
         if space.get(t.id, "full") == "full":
             if t.id in made_in:
                 continue  # stored in the loop that made it
-            b.lines.append(f"{row_in}for (int64_t c = 0; c < {cols}LL; ++c) "
+            b.lines.append(f"{row_in}for (int64_t co = 0; co < {n_outer}LL; ++co) for (int64_t {cvar} = 0; "
+                           f"{cvar} < {inner}LL; ++{cvar}) {{ const int64_t c = co * {inner}LL + {cvar}; "
+                           f"out{j}[{store_index}] = {store(operand(t, {}, True), t.dtype)}; }}"
+                           if outer_axes else f"{row_in}for (int64_t c = 0; c < {cols}LL; ++c) "
                            f"out{j}[{store_index}] = {store(operand(t, {}, True), t.dtype)};")
         else:
             b.lines.append(f"{row_in}out{j}[r] = {store(operand(t, {}, False), t.dtype)};")
@@ -647,7 +675,8 @@ class Module:
 
 class NativeLaunch:
     """Run a compiled CPU kernel of `module` on its pre-bound slots (data pointers, then the thread
-    count); `fallback(env)` when it did not compile."""
+    count); `fallback(env)` when it did not compile. The function's argument types are declared once, so
+    a call converts plain ints (no ctypes objects made per call)."""
 
     def __init__(self, module: Module, src: CppSource, ins: list[int], outs: list[int], fallback):
         self.module, self.name, self.fallback = module, src.name, fallback
@@ -655,10 +684,13 @@ class NativeLaunch:
         self.fn = None
 
     def __call__(self, env) -> None:
-        if self.fn is None:
+        fn = self.fn
+        if fn is None:
             self.module.build()
-            self.fn = self.module.functions.get(self.name, self.fallback)
-        if self.fn is self.fallback:
+            fn = self.fn = self.module.functions.get(self.name, self.fallback)
+            if fn is not self.fallback:
+                fn.argtypes = [ctypes.c_void_p] * len(self.slots) + [ctypes.c_int]
+        if fn is self.fallback:
             self.fallback(env)
             return
-        self.fn(*[ctypes.c_void_p(env[s].data_ptr()) for s in self.slots], ctypes.c_int(torch.get_num_threads()))
+        fn(*[env[s].data_ptr() for s in self.slots], torch.get_num_threads())

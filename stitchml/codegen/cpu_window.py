@@ -82,10 +82,21 @@ def pooling(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
     if grad:
         ds = _nchw_strides(in_layouts[0], layout)
         lines += [f"        const {t}* dy = in0 + n * {ds[0]}LL + c * {ds[1]}LL;",
-                  f"        {t}* dx = out0 + n * {os_[0]}LL + c * {os_[1]}LL;",
-                  f"        for (int64_t y = 0; y < {g['h']}; ++y)",
-                  f"            for (int64_t x = 0; x < {g['w']}; ++x) dx[y * {os_[2]}LL + x * {os_[3]}LL] = 0;"]
-        store = [f"            if (ay >= 0) dx[ay * {os_[2]}LL + ax * {os_[3]}LL] += dy[oh * {ds[2]}LL + ow * {ds[3]}LL];"]
+                  f"        {t}* dx = out0 + n * {os_[0]}LL + c * {os_[1]}LL;"]
+        tiles = (g["sh"], g["sw"], g["dh"], g["dw"], g["top"], g["left"]) == (g["kh"], g["kw"], 1, 1, 0, 0) and \
+            g["oh"] * g["kh"] == g["h"] and g["ow"] * g["kw"] == g["w"]
+        if tiles:  # every cell is in exactly one window: written once, no zeroing pass ((T)0 + dy as 0 += dy)
+            store = [f"            const {t} d = dy[oh * {ds[2]}LL + ow * {ds[3]}LL];",
+                     f"            for (int64_t i = 0; i < {g['kh']}; ++i)",
+                     f"                for (int64_t j = 0; j < {g['kw']}; ++j) {{",
+                     f"                    const int64_t y = oh * {g['kh']} + i, x = ow * {g['kw']} + j;",
+                     f"                    dx[y * {os_[2]}LL + x * {os_[3]}LL] = (y == ay && x == ax) ? ({t})0 + d : ({t})0;",
+                     "                }"]
+        else:
+            lines += [f"        for (int64_t y = 0; y < {g['h']}; ++y)",
+                      f"            for (int64_t x = 0; x < {g['w']}; ++x) dx[y * {os_[2]}LL + x * {os_[3]}LL] = 0;"]
+            store = [f"            if (ay >= 0) dx[ay * {os_[2]}LL + ax * {os_[3]}LL] += "
+                     f"dy[oh * {ds[2]}LL + ow * {ds[3]}LL];"]
     else:
         store = [f"            out0[n * {os_[0]}LL + c * {os_[1]}LL + oh * {os_[2]}LL + ow * {os_[3]}LL] = m;"]
     lines += [f"        for (int64_t oh = 0; oh < {g['oh']}; ++oh) {{",

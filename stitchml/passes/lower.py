@@ -35,7 +35,7 @@ import logging
 import torch
 
 from ..codegen import attention, attention_backward, cpu, cpu_window, pointwise, reduction
-from ..runtime import choices
+from ..runtime import choices, native_conv
 from ..codegen.common import Layout
 from ..dtypes import float32
 from ..errors import StitchError
@@ -100,10 +100,19 @@ def _split_contraction(op: Operation, plan):
     return contraction, epi, used, placeholders, layouts
 
 
-def _vendor(contraction: Operation, placeholders, ins: list[int], out_slot: int) -> VendorCall:
-    """The contraction's library call (registry: Primitive.vendor), writing or binding `out_slot`."""
+def _vendor(contraction: Operation, placeholders, ins: list[int], out_slot: int, native: bool = False) -> VendorCall:
+    """The contraction's library call (registry: Primitive.vendor), writing or binding `out_slot`; with
+    `native`, the native CPU backend's convolution call where it has one (runtime/native_conv.py)."""
     slots = [ins[placeholders.index(t)] for t in contraction.inputs]
+    fast = native_conv.call(contraction) if native else None
+    if fast is not None:
+        return VendorCall(lambda out, *args: _row_major(fast(*args)), slots, out_slot, {})
     return VendorCall(lookup(contraction.op).vendor, slots, out_slot, contraction.attrs)
+
+
+def _row_major(y: torch.Tensor) -> torch.Tensor:
+    # oneDNN may answer channels-last where an operand has one channel; the epilogue reads row-major
+    return y if y.is_contiguous() else y.contiguous()
 
 
 def lower(program: Program, ctx) -> Program:
@@ -174,6 +183,9 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
             fallback = ReferenceCall(prim.impl, ins, outs, op.attrs, into=True)
             return Step(op.name, "window", cpu.NativeLaunch(options["native_module"], src, ins, outs, fallback),
                         src.source)
+        fast = native_conv.call(op) if backend == "native" else None
+        if fast is not None:
+            return Step(op.name, "vendor", ReferenceCall(fast, ins, outs, {}))
         return Step(op.name, "vendor", ReferenceCall(prim.impl, ins, outs, op.attrs,
                                                      context=run_context if prim.needs_context else None))
     body, template = op.attrs["body"], op.attrs["template"]
@@ -245,14 +257,15 @@ def _native_step(op: Operation, plan, ins: list[int], outs: list[int], scratch_s
             raise NotImplementedError(f"its rows need more than {cpu.MAX_SCRATCH} scratch elements per thread")
         contraction, epi, used, placeholders, layouts = _split_contraction(op, plan)
         if epi is None:
-            return Step(op.name, template, _vendor(contraction, placeholders, ins, outs[0]))
+            return Step(op.name, template, _vendor(contraction, placeholders, ins, outs[0], native=True))
         tmp = scratch_slots[op.id]
         src = cpu.pointwise(op.name, epi, layouts, len(checks))
         module.add(src)
         launch = cpu.NativeLaunch(module, src, [tmp] + [ins[i] for i in used],
                                   outs + ([flag_slot] if src.checks else []), reference)
         checks.extend(src.checks)
-        return Step(op.name, template, Chain(_vendor(contraction, placeholders, ins, tmp), launch), src.source)
+        return Step(op.name, template, Chain(_vendor(contraction, placeholders, ins, tmp, native=True), launch),
+                    src.source)
     except NotImplementedError as e:
         log.info("kernel %s runs through its reference implementation on the CPU: %s", op.name, e)
         return Step(op.name, "reference", reference)
