@@ -127,3 +127,30 @@ def test_convolutions_and_their_gradients_match_pytorch_in_float64(shape, wshape
     conv_ops = [op for op in exe.program.operations if op.op in ("convolution_transpose2d",
                                                                   "convolution2d_weights_gradient")]
     assert conv_ops and all((native_conv.call(op) is not None) == library_padding for op in conv_ops)
+
+
+@pytest.mark.parametrize("shape, wshape, descriptor", [
+    ((3, 1, 9, 7), (5, 1, 5, 5), sm.Convolution2DDescriptor(padding="same")),
+    ((2, 2, 8, 9), (3, 2, 3, 3), sm.Convolution2DDescriptor(dilation=2, padding=(2, 1, 0, 3))),
+], ids=["one-channel-same", "dilated-uneven-padding"])
+def test_small_convolutions_run_as_the_direct_loop_nest(shape, wshape, descriptor):
+    """Few taps per output: the native direct convolution, alone (writing the output) and under an epilogue."""
+    g = sm.Graph()
+    x = g.placeholder(shape, sm.float32, name="x")
+    w = g.placeholder(wshape, sm.float32, name="w")
+    y = g.convolution2d(x, w, descriptor)
+    z = g.relu(y - 0.5)
+    rng = np.random.default_rng(3)
+    xv, wv = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(wshape).astype(np.float32)
+    a = descriptor.attrs()
+    pad = a["padding"]
+    if pad == "same":
+        pad = ((wshape[2] - 1) // 2,) * 4
+    y64 = F.conv2d(F.pad(torch.from_numpy(xv).double(), (pad[2], pad[3], pad[0], pad[1])),
+                   torch.from_numpy(wv).double(), dilation=a["dilation"])
+    for target, ref in ((y, y64), (z, F.relu(y64 - 0.5))):
+        exe = g.compile({x: sm.TensorType(shape, sm.float32), w: sm.TensorType(wshape, sm.float32)}, [target],
+                        device="cpu", options=NATIVE)
+        assert any("_direct(" in (s.source or "") for s in exe.steps)
+        got = exe.run({x: xv, w: wv})[target].torch()
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())

@@ -43,7 +43,7 @@ from .. import dtypes
 from ..dtypes import DType
 from ..ir import Operation, Tensor
 from ..registry import lookup
-from .common import Layout, checks_divisor, compute_dtype, index_expr, triton_template
+from .common import Layout, _merge, checks_divisor, compute_dtype, index_expr, triton_template
 
 CTYPE = {"float16": "_Float16", "bfloat16": "uint16_t", "float32": "float", "float64": "double", "int8": "int8_t",
          "uint8": "uint8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
@@ -79,10 +79,12 @@ static inline float abs(float x) { return __builtin_fabsf(x); }
 static inline double abs(double x) { return __builtin_fabs(x); }
 template <class P, class A, class B> static inline auto where(P p, A a, B b) -> decltype(a + b) {
     return p ? (decltype(a + b))a : (decltype(a + b))b; }
+// NaN in either wins: x when x is NaN, else y when the comparison fails (y NaN, or not greater); two
+// compares and one select, which makes a row's max fold ~10 % faster than testing each side for NaN
 template <class A, class B> static inline auto maximum(A a, B b, int = 0) -> decltype(a + b) {
-    decltype(a + b) x = a, y = b; return x != x ? x : (y != y ? y : (x > y ? x : y)); }
+    decltype(a + b) x = a, y = b; return (x > y || x != x) ? x : y; }
 template <class A, class B> static inline auto minimum(A a, B b, int = 0) -> decltype(a + b) {
-    decltype(a + b) x = a, y = b; return x != x ? x : (y != y ? y : (x < y ? x : y)); }
+    decltype(a + b) x = a, y = b; return (x < y || x != x) ? x : y; }
 MATH1(exp2, exp2) MATH1(log2, log2) MATH1(sqrt, sqrt) MATH1(sqrt_rn, sqrt) MATH1(sin, sin) MATH1(cos, cos)
 MATH1(floor, floor) MATH1(ceil, ceil)
 static inline double exp(double x) { return __builtin_exp(x); }
@@ -323,13 +325,23 @@ def pointwise(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
     loaded: dict = {}
     indent = "        "
 
+    shape = tuple(body.outputs[0].shape)
+    split = _row_split(shape, [layout_of[t.id] for t in placeholders],
+                       all(tuple(op.outputs[0].shape) == shape for op in ops if op.op != "constant"))
+
     def operand(t: Tensor, frame) -> str:
         if t.id in value:
             return value[t.id]
         key = (t.id, frame)
         if key not in loaded:
             lay = layout_of[t.id].broadcast_to(frame)
-            idx = _c_index(index_expr("i", [(lay.shape[a], lay.strides[a]) for a in range(len(frame))]))
+            if split is None:
+                idx = _c_index(index_expr("i", [(lay.shape[a], lay.strides[a]) for a in range(len(frame))]))
+            else:
+                idx = _c_index(" + ".join(p for p in (
+                    index_expr("o", [(lay.shape[a], lay.strides[a]) for a in range(split)]),
+                    index_expr("u", [(lay.shape[a], lay.strides[a]) for a in range(split, len(frame))])) if p != "0")
+                    or "0")
             var = b.fresh("x")
             b.lines.append(f"{indent}{ctype(compute_dtype(t.dtype))} {var} = {load(arg_of[t.id], idx, t.dtype)};")
             loaded[key] = var
@@ -345,9 +357,40 @@ def pointwise(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
         v = value[t.id] if t.id in value else operand(t, t.shape)
         b.lines.append(f"{indent}out{j}[i] = {store(v, t.dtype)};")
     parallel = "omp parallel for simd schedule(static) num_threads(threads)" if n >= 1 << 15 else "omp simd"
-    lines = [*_signature(name, placeholders, list(body.outputs), bool(checks)),
-             f"    #pragma {parallel}", f"    for (int64_t i = 0; i < {n}LL; ++i) {{", *b.lines, "    }", "}"]
+    if split is None:
+        loop = [f"    #pragma {parallel}", f"    for (int64_t i = 0; i < {n}LL; ++i) {{", *b.lines, "    }"]
+    else:
+        inner = 1
+        for d in shape[split:]:
+            inner *= d
+        threads = "num_threads(threads)" if n >= 1 << 15 else "num_threads(1)"
+        loop = [f"    #pragma omp parallel for schedule(static) {threads}",
+                f"    for (int64_t o = 0; o < {n // inner}LL; ++o) {{", "      #pragma omp simd",
+                f"      for (int64_t u = 0; u < {inner}LL; ++u) {{", f"        const int64_t i = o * {inner}LL + u;",
+                *b.lines, "      }", "    }"]
+    lines = [*_signature(name, placeholders, list(body.outputs), bool(checks)), *loop, "}"]
     return CppSource(name, "\n".join(lines) + "\n", "pointwise", tuple(checks))
+
+
+def _row_split(shape: tuple, layouts: list[Layout], one_frame: bool) -> int | None:
+    """Where to split a pointwise kernel's flat loop into rows (outer axes) and columns (the axes from the
+    split on), or None to keep one loop: an input read with broadcasting or strides that do not flatten (a
+    bias added over channels) would otherwise divide the flat index per element, which costs more than
+    the rest of the kernel (an int64 division does not vectorise). Rows take the division once each; the
+    split is the first axis from which every input's columns flatten to one stride, if they are at least
+    16 long. Needs every op of the kernel on the same frame."""
+    if not one_frame or not shape:
+        return None
+    flat = [lay.broadcast_to(shape) for lay in layouts]
+    if all(len(_merge(list(zip(lay.shape, lay.strides)))) <= 1 for lay in flat):
+        return None  # one stride already: the flat loop has no division
+    for k in range(1, len(shape)):
+        if all(len(_merge([(lay.shape[a], lay.strides[a]) for a in range(k, len(shape))])) <= 1 for lay in flat):
+            inner = 1
+            for d in shape[k:]:
+                inner *= d
+            return k if inner >= 16 else None
+    return None
 
 
 # -- reduction --------------------------------------------------------------------------------------------

@@ -113,3 +113,76 @@ def pooling(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
               f"          for (int64_t ow = 0; ow < {g['ow']}; ++ow) {{",
               *_window(g, xs, t), *store, "          }", "        }", "    }", "}"]
     return CppSource(name, "\n".join(lines) + "\n", "window")
+
+
+# -- direct convolution --------------------------------------------------------------------------------------
+# Below this many multiply-adds per output (input channels x window), oneDNN's convolution is slow (its
+# im2col and blocking are made for many channels: the first layer of an image network, one channel of 5x5,
+# runs at a fifth of the speed of this loop nest); above it the library keeps the work.
+DIRECT_MAX_TAPS = 32
+
+
+def direct_convolution_fits(op: Operation) -> bool:
+    """Whether convolution2d `op` runs as the direct loop nest: NCHW, OIHW, stride 1, one group, float32 or
+    float64, at most DIRECT_MAX_TAPS multiply-adds per output."""
+    if op.op != "convolution2d" or op.outputs[0].dtype.name not in _TYPES:
+        return False
+    a = op.attrs
+    w = op.inputs[1].shape
+    return (a["data_layout"], a["weights_layout"], tuple(a["stride"]), a["groups"]) == ("NCHW", "OIHW", (1, 1), 1) \
+        and w[1] * w[2] * w[3] <= DIRECT_MAX_TAPS
+
+
+def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
+    """C++ for a small convolution2d (see `direct_convolution_fits`) writing a contiguous NCHW result.
+
+    Threads take images. An image's channels are copied once into a zero-padded block whose rows are the
+    padded width PW; an output plane is then accumulated in that same row pitch, one weight (tap) at a time,
+    as one contiguous multiply-add over oh x PW elements at the tap's offset (no bounds checks, no short
+    rows: it vectorises), and the columns past the output width are dropped when the plane is stored."""
+    x_lay, w_lay = in_layouts
+    n, c, h, w = x_lay.shape
+    o, _, kh, kw = w_lay.shape
+    oh, ow = op.outputs[0].shape[2:]
+    dh, dw = op.attrs["dilation"]
+    pad = _resolve_padding(op.attrs["padding"], (h, w), (kh, kw), (1, 1), (dh, dw))
+    top, left = pad[0], pad[2]
+    ph, pw = oh + dh * (kh - 1), ow + dw * (kw - 1)
+    block = c * ph * pw + pw  # a last tap reads up to (kw - 1) * dw past the padded plane: zeros
+    xs, ws = x_lay.strides, w_lay.strides
+    t = ctype(op.outputs[0].dtype)
+    lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
+             f'{t}* __restrict__ out0, int threads) {{',
+             f"    #pragma omp parallel num_threads({n} > 1 ? threads : 1)",
+             "    {",
+             f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {oh * pw}LL) * sizeof({t}));",
+             f"        {t}* acc = xp + {block}LL;",
+             f"        for (int64_t q = 0; q < {block}LL; ++q) xp[q] = 0;",
+             "        #pragma omp for schedule(static)",
+             f"        for (int64_t n = 0; n < {n}LL; ++n) {{",
+             f"            for (int64_t c = 0; c < {c}; ++c)",
+             f"                for (int64_t y = 0; y < {h}; ++y) {{",
+             f"                    const int64_t py = y + {top};",
+             f"                    if (py < 0 || py >= {ph}) continue;",
+             f"                    for (int64_t x = 0; x < {w}; ++x) {{",
+             f"                        const int64_t px = x + {left};",
+             f"                        if (px >= 0 && px < {pw}) xp[(c * {ph} + py) * {pw}LL + px] = "
+             f"in0[n * {xs[0]}LL + c * {xs[1]}LL + y * {xs[2]}LL + x * {xs[3]}LL];",
+             "                    }", "                }",
+             f"            for (int64_t o = 0; o < {o}; ++o) {{",
+             "                #pragma omp simd",
+             f"                for (int64_t q = 0; q < {oh * pw}LL; ++q) acc[q] = 0;",
+             f"                for (int64_t c = 0; c < {c}; ++c)",
+             f"                    for (int64_t i = 0; i < {kh}; ++i)",
+             f"                        for (int64_t j = 0; j < {kw}; ++j) {{",
+             f"                            const {t} wv = in1[o * {ws[0]}LL + c * {ws[1]}LL + i * {ws[2]}LL + j * {ws[3]}LL];",
+             f"                            const {t}* src = xp + (c * {ph} + i * {dh}) * {pw}LL + j * {dw};",
+             "                            #pragma omp simd",
+             f"                            for (int64_t q = 0; q < {oh * pw}LL; ++q) acc[q] += wv * src[q];",
+             "                        }",
+             f"                {t}* dst = out0 + (n * {o} + o) * {oh * ow}LL;",
+             f"                for (int64_t y = 0; y < {oh}; ++y)",
+             "                    #pragma omp simd",
+             f"                    for (int64_t x = 0; x < {ow}; ++x) dst[y * {ow}LL + x] = acc[y * {pw}LL + x];",
+             "            }", "        }", "        __builtin_free(xp);", "    }", "}"]
+    return CppSource(name, "\n".join(lines) + "\n", "convolution")

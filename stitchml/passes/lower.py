@@ -256,19 +256,53 @@ def _native_step(op: Operation, plan, ins: list[int], outs: list[int], scratch_s
         if template in ("pointwise", "reduction"):
             raise NotImplementedError(f"its rows need more than {cpu.MAX_SCRATCH} scratch elements per thread")
         contraction, epi, used, placeholders, layouts = _split_contraction(op, plan)
+        vendor = _vendor(contraction, placeholders, ins, outs[0] if epi is None else scratch_slots[op.id], native=True)
+        direct = ""  # the direct convolution's source, shown with the kernel's
+        if cpu_window.direct_convolution_fits(contraction):
+            vendor, direct = _direct_convolution(op, contraction, plan, placeholders, ins, vendor, module,
+                                                 epi is not None)
         if epi is None:
-            return Step(op.name, template, _vendor(contraction, placeholders, ins, outs[0], native=True))
+            return Step(op.name, template, vendor, direct or None)
         tmp = scratch_slots[op.id]
         src = cpu.pointwise(op.name, epi, layouts, len(checks))
         module.add(src)
         launch = cpu.NativeLaunch(module, src, [tmp] + [ins[i] for i in used],
                                   outs + ([flag_slot] if src.checks else []), reference)
         checks.extend(src.checks)
-        return Step(op.name, template, Chain(_vendor(contraction, placeholders, ins, tmp, native=True), launch),
-                    src.source)
+        return Step(op.name, template, Chain(vendor, launch), direct + src.source)
     except NotImplementedError as e:
         log.info("kernel %s runs through its reference implementation on the CPU: %s", op.name, e)
         return Step(op.name, "reference", reference)
+
+
+def _direct_convolution(op: Operation, contraction: Operation, plan, placeholders, ins: list[int], vendor: VendorCall,
+                        module: cpu.Module, own_buffer: bool) -> tuple:
+    """A small convolution as the native direct loop nest (codegen/cpu_window.py) writing the slot the library
+    call would bind (the library call when it does not compile): the kernel's planned output, or (with
+    `own_buffer`, the product an epilogue reads) a buffer of its own."""
+    body_layouts = _layouts(op, plan)
+    slots = [ins[placeholders.index(t)] for t in contraction.inputs]
+    layouts = [body_layouts[placeholders.index(t)] for t in contraction.inputs]
+    src = cpu_window.direct_convolution(f"{op.name}_direct", contraction, layouts)
+    module.add(src)
+    launch = cpu.NativeLaunch(module, src, slots, [vendor.out_slot], vendor)
+    if own_buffer:
+        product = contraction.outputs[0]
+        return Chain(BindBuffer(vendor.out_slot, product.shape, product.dtype.torch), launch), src.source
+    return launch, src.source
+
+
+class BindBuffer:
+    """Bind a buffer made once (on the first run) to `slot`: a kernel's own result that the memory plan does
+    not place (a native convolution's product, which the library call would have returned)."""
+
+    def __init__(self, slot: int, shape, dtype: torch.dtype):
+        self.slot, self.shape, self.dtype, self.buffer = slot, tuple(shape), dtype, None
+
+    def __call__(self, env: list) -> None:
+        if self.buffer is None:
+            self.buffer = torch.empty(self.shape, dtype=self.dtype)
+        env[self.slot] = self.buffer
 
 
 def _cublaslt_epilogue(body: Program, contraction: Operation, placeholders, ins: list[int], outs: list[int]):
