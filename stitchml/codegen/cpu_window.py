@@ -21,6 +21,12 @@ OPS = ("max_pooling2d", "max_pooling2d_gradient")
 _TYPES = ("float32", "float64")
 
 
+def _threads(units: int, per_unit: int) -> str:
+    """The thread count of a loop over `units` of `per_unit` elements each: one thread below 2**15 elements
+    in all (waking a second costs more than it saves), as for the other CPU kernels."""
+    return "threads" if units > 1 and units * per_unit >= 1 << 15 else "1"
+
+
 def supports(op: Operation) -> bool:
     """Whether `op` has a native CPU form here."""
     return op.op in OPS and op.outputs[0].dtype.name in _TYPES and all(t.dtype.name in _TYPES for t in op.inputs)
@@ -84,7 +90,7 @@ def pooling(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
     os_ = _nchw_strides(Layout.contiguous(op.outputs[0].shape), layout)  # the output (forward) or dx
     params = [f"const {ctype(x.dtype)}* __restrict__ in{i}" for i, x in enumerate(op.inputs)]
     lines = [f'extern "C" void {name}({", ".join(params)}, {t}* __restrict__ out0, int threads) {{',
-             f"    #pragma omp parallel for schedule(static) num_threads({planes} > 1 ? threads : 1)",
+             f"    #pragma omp parallel for schedule(static) num_threads({_threads(planes, g['h'] * g['w'])})",
              f"    for (int64_t p = 0; p < {planes}LL; ++p) {{",
              f"        const int64_t n = p / {g['c']}, c = p % {g['c']};",
              f"        const {t}* src = in{1 if grad else 0} + n * {xs[0]}LL + c * {xs[1]}LL;"]
@@ -153,7 +159,7 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
     t = ctype(op.outputs[0].dtype)
     lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
              f'{t}* __restrict__ out0, int threads) {{',
-             f"    #pragma omp parallel num_threads({n} > 1 ? threads : 1)",
+             f"    #pragma omp parallel num_threads({_threads(n, c * h * w + o * oh * ow)})",
              "    {",
              f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {oh * pw}LL) * sizeof({t}));",
              f"        {t}* acc = xp + {block}LL;",
