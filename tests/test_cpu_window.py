@@ -154,3 +154,34 @@ def test_small_convolutions_run_as_the_direct_loop_nest(shape, wshape, descripto
         assert any("_direct(" in (s.source or "") for s in exe.steps)
         got = exe.run({x: xv, w: wv})[target].torch()
         torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("descriptor", [
+    sm.Pooling2DDescriptor(kernel_size=2),
+    sm.Pooling2DDescriptor(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+    sm.Pooling2DDescriptor(kernel_size=3, stride=2, padding=1, ceil_mode=True, include_zero_padding=True),
+    sm.Pooling2DDescriptor(kernel_size=(2, 3), stride=(1, 2), padding=(1, 0, 1, 1), data_layout="NHWC"),
+], ids=["tiles", "pad-ceil", "pad-ceil-count-padding", "nhwc-uneven"])
+def test_average_pooling_matches_the_op_by_op_run_and_pytorch(descriptor):
+    shape = (2, 3, 9, 10) if descriptor.data_layout == "NCHW" else (2, 9, 10, 3)
+    g = sm.Graph()
+    x = g.placeholder(shape, sm.float64, name="x")
+    y = g.avg_pooling2d(x, descriptor)
+    xv = np.random.default_rng(4).standard_normal(shape)
+    exe = g.compile({x: sm.TensorType(shape, sm.float64)}, [y], device="cpu", options=NATIVE)
+    assert [s.kind for s in exe.steps] == ["window"]
+    got = exe.run({x: xv})[y].torch()
+    torch.testing.assert_close(got, g.run({x: xv}, [y], device="cpu", compiled=False)[y].torch(), rtol=1e-14,
+                               atol=1e-14)
+    a = descriptor.attrs()
+    x64 = torch.from_numpy(xv)
+    x64 = x64.permute(0, 3, 1, 2) if descriptor.data_layout == "NHWC" else x64
+    if a["padding"] == (1, 0, 1, 1):  # PyTorch pads evenly only: pad explicitly, count the real cells
+        ones = F.pad(torch.ones_like(x64[:1, :1]), (1, 1, 1, 0))
+        sums = F.avg_pool2d(F.pad(x64, (1, 1, 1, 0)), a["kernel_size"], a["stride"], divisor_override=1)
+        ref = sums / F.avg_pool2d(ones, a["kernel_size"], a["stride"], divisor_override=1)
+        ref = ref.permute(0, 2, 3, 1)
+    else:
+        pad = a["padding"][0] if isinstance(a["padding"], tuple) else 0
+        ref = F.avg_pool2d(x64, a["kernel_size"], a["stride"], pad, a["ceil_mode"], a["include_zero_padding"])
+    torch.testing.assert_close(got, ref, rtol=1e-13, atol=1e-13)

@@ -1,4 +1,5 @@
-"""The CPU templates of window ops: max pooling and its gradient as C++ loop nests (codegen/cpu.py compiles them).
+"""The CPU templates of window ops as C++ loop nests (codegen/cpu.py compiles them): max pooling and its
+gradient, average pooling, and the direct convolution of small convolutions.
 
 Pooling is an opaque op: op by op it pads the input and calls PyTorch (`ops/contraction.py`), and on the CPU
 those calls (a padded copy, the windows' maxima with their indices, the scatter of the gradient) cost more
@@ -8,7 +9,9 @@ forward pass keeps each window's maximum in a register; the gradient finds each 
 padding takes part as the lowest value of the type (it wins only a window whose real elements are all that
 value, and its gradient is dropped), a later element wins only if it is greater or NaN, and a plane's
 gradient is accumulated window by window in order, so the results are bit for bit those of an op-by-op
-run. Any strides (NCHW or NHWC, views); float32 and float64 (other types keep the op-by-op call).
+run. Average pooling divides each window's sum by the count the op-by-op implementation takes (cells of
+the input, or of the padded input with include_zero_padding). Any strides (NCHW or NHWC, views); float32
+and float64 (other types keep the op-by-op call).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from ..ops.contraction import _nchw_shape, _resolve_padding, _window_out
 from .common import Layout
 from .cpu import CppSource, ctype
 
-OPS = ("max_pooling2d", "max_pooling2d_gradient")
+OPS = ("max_pooling2d", "max_pooling2d_gradient", "avg_pooling2d")
 _TYPES = ("float32", "float64")
 
 
@@ -28,7 +31,7 @@ def _threads(units: int, per_unit: int) -> str:
 
 
 def supports(op: Operation) -> bool:
-    """Whether `op` has a native CPU form here."""
+    """Whether `op` has a native CPU form here (pooling)."""
     return op.op in OPS and op.outputs[0].dtype.name in _TYPES and all(t.dtype.name in _TYPES for t in op.inputs)
 
 
@@ -40,7 +43,7 @@ def _geometry(op: Operation, x_shape: tuple) -> dict:
     out = tuple(_window_out((h, w)[a], kernel[a], stride[a], dil[a], pad[2 * a], pad[2 * a + 1], attrs["ceil_mode"])
                 for a in range(2))
     return {"n": n, "c": c, "h": h, "w": w, "kh": kernel[0], "kw": kernel[1], "sh": stride[0], "sw": stride[1],
-            "dh": dil[0], "dw": dil[1], "top": pad[0], "left": pad[2], "oh": out[0], "ow": out[1]}
+            "dh": dil[0], "dw": dil[1], "top": pad[0], "left": pad[2], "oh": out[0], "ow": out[1], "pad": pad}
 
 
 def _nchw_strides(layout: Layout, data_layout: str) -> tuple[int, int, int, int]:
@@ -77,9 +80,29 @@ def _window(g: dict, x_strides: tuple, t: str) -> list[str]:
     ]
 
 
+def _average(g: dict, xs: tuple, t: str, with_padding: bool) -> list[str]:
+    """Lines that leave the window (oh, ow)'s sum in `s` and the count it divides by in `k`: the cells inside
+    the input, or with `with_padding` inside the padded input (a ceil-mode window's cells past the padding
+    never count), as the op-by-op implementation's window sums of padded ones."""
+    bottom, right = g["pad"][1], g["pad"][3]
+    lo_y, hi_y, lo_x, hi_x = (-g["top"], g["h"] + bottom, -g["left"], g["w"] + right) if with_padding \
+        else (0, g["h"], 0, g["w"])
+    return [
+        f"            {t} s = 0; int64_t k = 0;",
+        f"            for (int64_t i = 0; i < {g['kh']}; ++i) {{",
+        f"                const int64_t y = oh * {g['sh']} - {g['top']} + i;",
+        f"                for (int64_t j = 0; j < {g['kw']}; ++j) {{",
+        f"                    const int64_t x = ow * {g['sw']} - {g['left']} + j;",
+        f"                    k += y >= {lo_y} && y < {hi_y} && x >= {lo_x} && x < {hi_x};",
+        f"                    if (y >= 0 && y < {g['h']} && x >= 0 && x < {g['w']}) s += src[y * {xs[2]}LL + x * {xs[3]}LL];",
+        "                }",
+        "            }",
+    ]
+
+
 def pooling(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
-    """C++ for max_pooling2d (inputs: source) or max_pooling2d_gradient (inputs: dy, source); the output is
-    a contiguous buffer of the op's shape (in its data layout)."""
+    """C++ for max_pooling2d or avg_pooling2d (inputs: source) or max_pooling2d_gradient (inputs: dy, source);
+    the output is a contiguous buffer of the op's shape (in its data layout)."""
     layout = op.attrs["data_layout"]
     grad = op.op == "max_pooling2d_gradient"
     x_layout = in_layouts[1] if grad else in_layouts[0]
@@ -94,6 +117,13 @@ def pooling(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
              f"    for (int64_t p = 0; p < {planes}LL; ++p) {{",
              f"        const int64_t n = p / {g['c']}, c = p % {g['c']};",
              f"        const {t}* src = in{1 if grad else 0} + n * {xs[0]}LL + c * {xs[1]}LL;"]
+    if op.op == "avg_pooling2d":
+        lines += [f"        for (int64_t oh = 0; oh < {g['oh']}; ++oh) {{",
+                  f"          for (int64_t ow = 0; ow < {g['ow']}; ++ow) {{",
+                  *_average(g, xs, t, op.attrs["include_zero_padding"]),
+                  f"            out0[n * {os_[0]}LL + c * {os_[1]}LL + oh * {os_[2]}LL + ow * {os_[3]}LL] = s / ({t})k;",
+                  "          }", "        }", "    }", "}"]
+        return CppSource(name, "\n".join(lines) + "\n", "window")
     if grad:
         ds = _nchw_strides(in_layouts[0], layout)
         lines += [f"        const {t}* dy = in0 + n * {ds[0]}LL + c * {ds[1]}LL;",
