@@ -155,7 +155,8 @@ static inline float log(float x) {
     y = y * f + 1.4249322787e-1f; y = y * f + -1.6668057665e-1f; y = y * f + 2.0000714765e-1f;
     y = y * f + -2.4999993993e-1f; y = y * f + 3.3333331174e-1f;
     y = y * f * z;
-    float fe = (float)e;
+    float fe = __builtin_bit_cast(float, e + 0x4B400000) - 12582912.0f;  // (float)e by adds: a conversion may trap,
+    // which kept GCC from vectorising the loop (|e| < 2**22: exact)
     y = y + fe * -2.12194440e-4f;
     y = y - 0.5f * z;
     float out = f + y + fe * 0.693359375f;
@@ -658,7 +659,8 @@ def _library(sources: list[CppSource]) -> ctypes.CDLL:
     """The shared library of `sources` (one translation unit), from the disk cache or compiled now."""
     path, version = compiler()
     text = "".join(src.source for src in sources)
-    key = hashlib.sha256("\0".join([text, version, *FLAGS, _cpu_features()]).encode()).hexdigest()[:32]
+    # the prelude is part of every kernel: a change to its functions must not find the old libraries
+    key = hashlib.sha256("\0".join([PRELUDE, text, version, *FLAGS, _cpu_features()]).encode()).hexdigest()[:32]
     with _lock:
         lib = _loaded.get(key)
         if lib is None:
