@@ -34,12 +34,6 @@ def _params(cases: list[Case]) -> list:
                          if c.known_failure else []) for c in cases]
 
 
-def _native_only(exe) -> None:
-    kinds = {s.kind for s in exe.steps}
-    assert "reference" not in kinds or all(s.kind != "reference" or s.name.startswith(("max_pool", "avg_pool"))
-                                           for s in exe.steps), kinds
-
-
 @pytest.mark.parametrize("case", _params(all_cases()))
 def test_native_kernels_match_eager(case):
     out = check_case(case, NATIVE)
