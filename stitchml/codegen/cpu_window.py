@@ -61,13 +61,15 @@ def _window(g: dict, x_strides: tuple, t: str) -> list[str]:
         for i in range(g["kh"]):  # unrolled: straight-line selects, which vectorise over ow
             for j in range(g["kw"]):
                 y, x = f"oh * {g['sh']} + {i * g['dh']}", f"ow * {g['sw']} + {j * g['dw']}"
-                lines.append(f"            {{ const {t} v = src[({y}) * {sh}LL + ({x}) * {sw}LL]; const bool win = v > m || v != v; "
+                lines.append(f"            {{ const {t} v = src[({y}) * {sh}LL + ({x}) * {sw}LL]; "
+                             "const bool win = v > m || v != v; "
                              f"m = win ? v : m; ay = win ? {y} : ay; ax = win ? {x} : ax; }}")
         return lines
     return [
         # PyTorch starts from the window's first cell with -inf: a window of -inf values sends its gradient there
-        f"            {t} m = -({t})INF_D; int64_t ay = oh * {g['sh']} - {g['top']}, ax = ow * {g['sw']} - {g['left']};",
-        f"            if (ay < 0 || ax < 0) ay = -1;",
+        f"            {t} m = -({t})INF_D; "
+        f"int64_t ay = oh * {g['sh']} - {g['top']}, ax = ow * {g['sw']} - {g['left']};",
+        "            if (ay < 0 || ax < 0) ay = -1;",
         f"            for (int64_t i = 0; i < {g['kh']}; ++i) {{",
         f"                const int64_t y = oh * {g['sh']} - {g['top']} + i * {g['dh']};",
         f"                for (int64_t j = 0; j < {g['kw']}; ++j) {{",
@@ -94,7 +96,8 @@ def _average(g: dict, xs: tuple, t: str, with_padding: bool) -> list[str]:
         f"                for (int64_t j = 0; j < {g['kw']}; ++j) {{",
         f"                    const int64_t x = ow * {g['sw']} - {g['left']} + j;",
         f"                    k += y >= {lo_y} && y < {hi_y} && x >= {lo_x} && x < {hi_x};",
-        f"                    if (y >= 0 && y < {g['h']} && x >= 0 && x < {g['w']}) s += src[y * {xs[2]}LL + x * {xs[3]}LL];",
+        f"                    if (y >= 0 && y < {g['h']} && x >= 0 && x < {g['w']}) "
+        f"s += src[y * {xs[2]}LL + x * {xs[3]}LL];",
         "                }",
         "            }",
     ]
@@ -121,7 +124,8 @@ def pooling(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
         lines += [f"        for (int64_t oh = 0; oh < {g['oh']}; ++oh) {{",
                   f"          for (int64_t ow = 0; ow < {g['ow']}; ++ow) {{",
                   *_average(g, xs, t, op.attrs["include_zero_padding"]),
-                  f"            out0[n * {os_[0]}LL + c * {os_[1]}LL + oh * {os_[2]}LL + ow * {os_[3]}LL] = s / ({t})k;",
+                  f"            out0[n * {os_[0]}LL + c * {os_[1]}LL + oh * {os_[2]}LL + ow * {os_[3]}LL] = "
+                  f"s / ({t})k;",
                   "          }", "        }", "    }", "}"]
         return CppSource(name, "\n".join(lines) + "\n", "window")
     if grad:
@@ -211,7 +215,8 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
              f"                for (int64_t c = 0; c < {c}; ++c)",
              f"                    for (int64_t i = 0; i < {kh}; ++i)",
              f"                        for (int64_t j = 0; j < {kw}; ++j) {{",
-             f"                            const {t} wv = in1[o * {ws[0]}LL + c * {ws[1]}LL + i * {ws[2]}LL + j * {ws[3]}LL];",
+             f"                            const {t} wv = "
+             f"in1[o * {ws[0]}LL + c * {ws[1]}LL + i * {ws[2]}LL + j * {ws[3]}LL];",
              f"                            const {t}* src = xp + (c * {ph} + i * {dh}) * {pw}LL + j * {dw};",
              "                            #pragma omp simd",
              f"                            for (int64_t q = 0; q < {oh * pw}LL; ++q) acc[q] += wv * src[q];",

@@ -288,21 +288,8 @@ def _direct_convolution(op: Operation, contraction: Operation, plan, placeholder
     launch = cpu.NativeLaunch(module, src, slots, [vendor.out_slot], vendor)
     if own_buffer:
         product = contraction.outputs[0]
-        return Chain(BindBuffer(vendor.out_slot, product.shape, product.dtype.torch), launch), src.source
+        return Chain(native_conv.BindBuffer(vendor.out_slot, product.shape, product.dtype.torch), launch), src.source
     return launch, src.source
-
-
-class BindBuffer:
-    """Bind a buffer made once (on the first run) to `slot`: a kernel's own result that the memory plan does
-    not place (a native convolution's product, which the library call would have returned)."""
-
-    def __init__(self, slot: int, shape, dtype: torch.dtype):
-        self.slot, self.shape, self.dtype, self.buffer = slot, tuple(shape), dtype, None
-
-    def __call__(self, env: list) -> None:
-        if self.buffer is None:
-            self.buffer = torch.empty(self.shape, dtype=self.dtype)
-        env[self.slot] = self.buffer
 
 
 def _cublaslt_epilogue(body: Program, contraction: Operation, placeholders, ins: list[int], outs: list[int]):

@@ -1,12 +1,14 @@
-"""Convolutions on the native CPU backend: PyTorch's (oneDNN's) kernels called with the padding inside them.
+"""Convolutions on the native CPU backend: PyTorch's (oneDNN's) kernels called with the padding inside them,
+and the buffer a native direct convolution writes its product into (`BindBuffer`).
 
 The op-by-op implementations (ops/contraction.py) serve every layout, dtype and padding: they pad the input
 with a copy first (any padding, also the uneven "same" padding of an even kernel), and the transposed
 convolution computes the whole result and cuts it. On the CPU the padded copy of an activation costs about
 as much as the convolution itself. Where the padding is even on both sides (the odd kernels of "same"
 padding, explicit symmetric padding), NCHW data, OIHW weights and float32 or float64, the calls below hand
-the padding to the library instead; the results are those of the padded call (the same oneDNN kernel reads
-the zeros without their copy). Anything else keeps the op-by-op implementation.
+the padding to the library instead; the results agree with the padded call's within rounding (oneDNN may
+pick another algorithm for the other shape: tests/test_cpu_window.py holds both to float64). Anything else
+keeps the op-by-op implementation.
 """
 from __future__ import annotations
 
@@ -68,3 +70,17 @@ def call(op: Operation) -> Callable[..., torch.Tensor] | None:
                                                        groups, [False, True, False])[1]
 
         return weights_gradient
+
+
+class BindBuffer:
+    """A step part binding a buffer made once (on the first run) to `slot`: a kernel's own result that the
+    memory plan does not place (the direct convolution's product before its epilogue, where the library
+    call would have bound memory of its own)."""
+
+    def __init__(self, slot: int, shape, dtype: torch.dtype):
+        self.slot, self.shape, self.dtype, self.buffer = slot, tuple(shape), dtype, None
+
+    def __call__(self, env: list) -> None:
+        if self.buffer is None:
+            self.buffer = torch.empty(self.shape, dtype=self.dtype)
+        env[self.slot] = self.buffer
