@@ -364,9 +364,9 @@ def pointwise(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
         inner = 1
         for d in shape[split:]:
             inner *= d
-        threads = "num_threads(threads)" if n >= 1 << 15 else "num_threads(1)"
-        loop = [f"    #pragma omp parallel for schedule(static) {threads}",
-                f"    for (int64_t o = 0; o < {n // inner}LL; ++o) {{", "      #pragma omp simd",
+        # small kernels open no parallel region at all (as the flat loop): even a one-thread region costs
+        parallel = ["    #pragma omp parallel for schedule(static) num_threads(threads)"] if n >= 1 << 15 else []
+        loop = [*parallel, f"    for (int64_t o = 0; o < {n // inner}LL; ++o) {{", "      #pragma omp simd",
                 f"      for (int64_t u = 0; u < {inner}LL; ++u) {{", f"        const int64_t i = o * {inner}LL + u;",
                 *b.lines, "      }", "    }"]
     lines = [*_signature(name, placeholders, list(body.outputs), bool(checks)), *loop, "}"]
