@@ -177,9 +177,10 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
     """C++ for a small convolution2d (see `direct_convolution_fits`) writing a contiguous NCHW result.
 
     Threads take images. An image's channels are copied once into a zero-padded block whose rows are the
-    padded width PW; an output plane is then accumulated in that same row pitch, one weight (tap) at a time,
-    as one contiguous multiply-add over oh x PW elements at the tap's offset (no bounds checks, no short
-    rows: it vectorises), and the columns past the output width are dropped when the plane is stored."""
+    padded width PW; an output plane is then accumulated in that same row pitch, one row of the window at a
+    time, as one contiguous pass over oh x PW elements adding each of the row's taps at its offset (no
+    bounds checks, no short rows: it vectorises; one load and store of the sums per kw multiply-adds), and
+    the columns past the output width are dropped when the plane is stored."""
     x_lay, w_lay = in_layouts
     n, c, h, w = x_lay.shape
     o, _, kh, kw = w_lay.shape
@@ -214,12 +215,13 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
              f"                for (int64_t q = 0; q < {oh * pw}LL; ++q) acc[q] = 0;",
              f"                for (int64_t c = 0; c < {c}; ++c)",
              f"                    for (int64_t i = 0; i < {kh}; ++i)",
-             f"                        for (int64_t j = 0; j < {kw}; ++j) {{",
-             f"                            const {t} wv = "
-             f"in1[o * {ws[0]}LL + c * {ws[1]}LL + i * {ws[2]}LL + j * {ws[3]}LL];",
-             f"                            const {t}* src = xp + (c * {ph} + i * {dh}) * {pw}LL + j * {dw};",
-             "                            #pragma omp simd",
-             f"                            for (int64_t q = 0; q < {oh * pw}LL; ++q) acc[q] += wv * src[q];",
+             "                        {",
+             *[f"                            const {t} w{j} = "
+               f"in1[o * {ws[0]}LL + c * {ws[1]}LL + i * {ws[2]}LL + {j * ws[3]}LL];" for j in range(kw)],
+             f"                            const {t}* src = xp + (c * {ph} + i * {dh}) * {pw}LL;",
+             "                            #pragma omp simd",  # a window row's taps in one pass over acc
+             f"                            for (int64_t q = 0; q < {oh * pw}LL; ++q) acc[q] += "
+             + " + ".join(f"w{j} * src[q + {j * dw}]" for j in range(kw)) + ";",
              "                        }",
              f"                {t}* dst = out0 + (n * {o} + o) * {oh * ow}LL;",
              f"                for (int64_t y = 0; y < {oh}; ++y)",
