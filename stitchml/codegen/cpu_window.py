@@ -31,7 +31,10 @@ def _threads(units: int, per_unit: int) -> str:
 
 
 def supports(op: Operation) -> bool:
-    """Whether `op` has a native CPU form here (pooling)."""
+    """Whether `op`, not a kernel of the stitcher's, has a native CPU form here (`source`): pooling, and the
+    weights' gradient of a small convolution."""
+    if op.op == "convolution2d_weights_gradient":
+        return _direct_fits(op, 1, 2)
     return op.op in OPS and op.outputs[0].dtype.name in _TYPES and all(t.dtype.name in _TYPES for t in op.inputs)
 
 
@@ -229,3 +232,79 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
              f"                    for (int64_t x = 0; x < {ow}; ++x) dst[y * {ow}LL + x] = acc[y * {pw}LL + x];",
              "            }", "        }", "        __builtin_free(xp);", "    }", "}"]
     return CppSource(name, "\n".join(lines) + "\n", "convolution")
+
+
+def _direct_fits(op: Operation, x_index: int, w_index: int) -> bool:
+    if op.outputs[0].dtype.name not in _TYPES or any(t.dtype.name not in _TYPES for t in op.inputs):
+        return False
+    a = op.attrs
+    w = op.inputs[w_index].shape
+    return (a["data_layout"], a["weights_layout"], tuple(a["stride"]), a["groups"]) == ("NCHW", "OIHW", (1, 1), 1) \
+        and w[1] * w[2] * w[3] <= DIRECT_MAX_TAPS and op.inputs[x_index].rank == 4
+
+
+def direct_weights_gradient(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
+    """C++ for convolution2d_weights_gradient (inputs dy, source, weights) of a small convolution (as
+    `direct_convolution_fits`): threads take output channels; for each image the source is copied into the
+    zero-padded block of `direct_convolution` and dy's plane into the same row pitch (zeros past the output
+    width), and each weight's gradient is one contiguous dot product of the two at the tap's offset (a window
+    row's taps in one pass)."""
+    dy_lay, x_lay, w_lay = in_layouts
+    n, c, h, w = x_lay.shape
+    o, _, kh, kw = w_lay.shape
+    oh, ow = dy_lay.shape[2:]
+    dh, dw = op.attrs["dilation"]
+    pad = _resolve_padding(op.attrs["padding"], (h, w), (kh, kw), (1, 1), (dh, dw))
+    top, left = pad[0], pad[2]
+    ph, pw = oh + dh * (kh - 1), ow + dw * (kw - 1)
+    block = c * ph * pw + pw
+    xs, ds = x_lay.strides, dy_lay.strides
+    t = ctype(op.outputs[0].dtype)
+    taps = c * kh * kw
+    lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
+             f'const {t}* __restrict__ in2, {t}* __restrict__ out0, int threads) {{',
+             f"    #pragma omp parallel num_threads({_threads(o, n * (c * h * w + oh * ow))})",
+             "    {",
+             f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {oh * pw}LL) * sizeof({t}));",
+             f"        {t}* dyp = xp + {block}LL;",
+             f"        for (int64_t q = 0; q < {block + oh * pw}LL; ++q) xp[q] = 0;",
+             "        #pragma omp for schedule(static)",
+             f"        for (int64_t o = 0; o < {o}LL; ++o) {{",
+             f"            {t} acc[{taps}];",
+             f"            for (int64_t k = 0; k < {taps}; ++k) acc[k] = 0;",
+             f"            for (int64_t n = 0; n < {n}LL; ++n) {{",
+             f"                for (int64_t c = 0; c < {c}; ++c)",
+             f"                    for (int64_t y = 0; y < {h}; ++y) {{",
+             f"                        const int64_t py = y + {top};",
+             f"                        if (py < 0 || py >= {ph}) continue;",
+             f"                        for (int64_t x = 0; x < {w}; ++x) {{",
+             f"                            const int64_t px = x + {left};",
+             f"                            if (px >= 0 && px < {pw}) xp[(c * {ph} + py) * {pw}LL + px] = "
+             f"in1[n * {xs[0]}LL + c * {xs[1]}LL + y * {xs[2]}LL + x * {xs[3]}LL];",
+             "                        }", "                    }",
+             f"                for (int64_t y = 0; y < {oh}; ++y)",
+             f"                    for (int64_t x = 0; x < {ow}; ++x) "
+             f"dyp[y * {pw}LL + x] = in0[n * {ds[0]}LL + o * {ds[1]}LL + y * {ds[2]}LL + x * {ds[3]}LL];",
+             f"                for (int64_t c = 0; c < {c}; ++c)",
+             f"                    for (int64_t i = 0; i < {kh}; ++i)",
+             "                        {",  # a window row's taps in one pass over dy's plane
+             f"                            const {t}* src = xp + (c * {ph} + i * {dh}) * {pw}LL;",
+             f"                            {t} {', '.join(f's{j} = 0' for j in range(kw))};",
+             f"                            #pragma omp simd reduction(+:{','.join(f's{j}' for j in range(kw))})",
+             f"                            for (int64_t q = 0; q < {oh * pw}LL; ++q) {{",
+             f"                                const {t} d = dyp[q];",
+             *[f"                                s{j} += d * src[q + {j * dw}];" for j in range(kw)],
+             "                            }",
+             *[f"                            acc[(c * {kh} + i) * {kw} + {j}] += s{j};" for j in range(kw)],
+             "                        }",
+             "            }",
+             f"            for (int64_t k = 0; k < {taps}; ++k) out0[o * {taps}LL + k] = acc[k];",
+             "        }", "        __builtin_free(xp);", "    }", "}"]
+    return CppSource(name, "\n".join(lines) + "\n", "convolution")
+
+
+def source(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
+    """The C++ of an op `supports` accepts."""
+    if op.op == "convolution2d_weights_gradient":
+        return direct_weights_gradient(name, op, in_layouts)
+    return pooling(name, op, in_layouts)

@@ -178,7 +178,7 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     if op.op != "fusion":
         prim = lookup(op.op)
         if backend == "native" and cpu_window.supports(op):
-            src = cpu_window.pooling(f"{op.name}_native", op, _layouts(op, plan))
+            src = cpu_window.source(f"{op.name}_native", op, _layouts(op, plan))
             options["native_module"].add(src)
             fallback = ReferenceCall(prim.impl, ins, outs, op.attrs, into=True)
             return Step(op.name, "window", cpu.NativeLaunch(options["native_module"], src, ins, outs, fallback),
