@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -32,12 +33,6 @@ def own_cache(tmp_path_factory, monkeypatch):
 def _params(cases: list[Case]) -> list:
     return [pytest.param(c, id=c.name, marks=[pytest.mark.xfail(reason=c.known_failure, strict=True)]
                          if c.known_failure else []) for c in cases]
-
-
-def _native_only(exe) -> None:
-    kinds = {s.kind for s in exe.steps}
-    assert "reference" not in kinds or all(s.kind != "reference" or s.name.startswith(("max_pool", "avg_pool"))
-                                           for s in exe.steps), kinds
 
 
 @pytest.mark.parametrize("case", _params(all_cases()))
@@ -170,3 +165,25 @@ def test_bad_feeds_on_the_cpu_get_the_op_by_op_errors_whatever_the_backend(monke
         g.run({x: np.ones(3)}, [y], device="cpu")
     with pytest.raises(sm.FeedError, match="is the output of reduction_sum; only placeholders can be fed"):
         g.run({y: np.ones(())}, [y], device="cpu")
+
+
+def test_broadcast_reads_and_reductions_over_non_adjacent_axes_divide_once_per_row_not_per_element():
+    """A bias over channels and a channel's sum over batch and pixels: the loops split into rows and
+    columns, so no element pays an integer division (it keeps the loop from vectorising)."""
+    g = sm.Graph()
+    x = g.placeholder((3, 5, 7, 9), name="x")
+    b = g.placeholder((1, 5, 1, 1), name="b")
+    y = g.relu(x + b)
+    s = g.reduction_sum(y * x, axes=(0, 2, 3), keep_dims=True)
+    types = {x: sm.TensorType((3, 5, 7, 9), sm.float32), b: sm.TensorType((1, 5, 1, 1), sm.float32)}
+    xv, bv = torch.randn(3, 5, 7, 9), torch.randn(1, 5, 1, 1)
+    y64 = torch.relu(xv.double() + bv.double())
+    for target, ref, loop in ((y, y64, "for (int64_t o = 0;"), (s, (y64 * xv.double()).sum((0, 2, 3), keepdim=True),
+                                                              "for (int64_t co = 0;")):
+        exe = g.compile(types, [target], device="cpu", options=NATIVE)
+        (source,) = [st.source for st in exe.steps if st.source]
+        assert loop in source
+        indices = re.findall(r"\bin\d+\[([^\]]*)\]", source)  # every load's index
+        assert len(indices) >= 2 and not any("/" in index for index in indices), indices
+        got = exe.run({x: xv, b: bv})[target].torch()
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)

@@ -35,8 +35,9 @@ import logging
 
 import torch
 
-from ..codegen import attention, attention_backward, cpu, lstm, matmul, pointwise, pooling, product_argmax, reduction
-from ..runtime import choices
+from ..codegen import (attention, attention_backward, cpu, cpu_window, lstm, matmul, pointwise, pooling, product_argmax,
+                       reduction)
+from ..runtime import choices, native_conv
 from ..codegen.common import Layout
 from ..dtypes import float32
 from ..errors import StitchError
@@ -103,10 +104,15 @@ def _split_contraction(op: Operation, plan):
     return contraction, epi, used, placeholders, layouts
 
 
-def _vendor(contraction: Operation, placeholders, ins: list[int], out_slot: int, options: dict) -> TF32:
+def _vendor(contraction: Operation, placeholders, ins: list[int], out_slot: int, options: dict,
+            native: bool = False) -> TF32 | VendorCall:
     """The contraction's library call (registry: Primitive.vendor), writing or binding `out_slot`, under the
-    executable's TF32 choice."""
+    executable's TF32 choice; with `native`, the native CPU backend's convolution call where it has one
+    (runtime/native_conv.py)."""
     slots = [ins[placeholders.index(t)] for t in contraction.inputs]
+    fast = native_conv.call(contraction) if native else None
+    if fast is not None:
+        return VendorCall(lambda out, *args: _row_major(fast(*args)), slots, out_slot, {})
     return _precision(VendorCall(lookup(contraction.op).vendor, slots, out_slot, _library_attrs(contraction, options)),
                       options)
 
@@ -126,6 +132,11 @@ def _precision(run, options: dict) -> TF32:
     """`run`, a library call of float32 products or convolutions, with TF32 allowed exactly when the compile
     options say so (`allow_tf32`, off by default), whatever torch's global flags are."""
     return TF32(run, bool(options.get("allow_tf32", False)))
+
+
+def _row_major(y: torch.Tensor) -> torch.Tensor:
+    # oneDNN may answer channels-last where an operand has one channel; the epilogue reads row-major
+    return y if y.is_contiguous() else y.contiguous()
 
 
 def lower(program: Program, ctx) -> Program:
@@ -196,6 +207,15 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         return Step(op.name, "view", ViewOf(lookup(op.op).impl, ins[0], outs[0], op.attrs))
     if op.op != "fusion":
         prim = lookup(op.op)
+        if backend == "native" and cpu_window.supports(op):
+            src = cpu_window.source(f"{op.name}_native", op, _layouts(op, plan))
+            options["native_module"].add(src)
+            fallback = ReferenceCall(prim.impl, ins, outs, op.attrs, into=True)
+            return Step(op.name, "window", cpu.NativeLaunch(options["native_module"], src, ins, outs, fallback),
+                        src.source)
+        fast = native_conv.call(op) if backend == "native" else None
+        if fast is not None:
+            return Step(op.name, "vendor", ReferenceCall(fast, ins, outs, {}))
         run = ReferenceCall(prim.impl, ins, outs, _library_attrs(op, options),
                             context=run_context if prim.needs_context else None)
         x = op.inputs[-1] if op.op == "max_pooling2d_gradient" else None  # (dy, source)
@@ -388,18 +408,41 @@ def _native_step(op: Operation, plan, ins: list[int], outs: list[int], scratch_s
         if template in ("pointwise", "reduction"):
             raise NotImplementedError(f"its rows need more than {cpu.MAX_SCRATCH} scratch elements per thread")
         contraction, epi, used, placeholders, layouts = _split_contraction(op, plan)
+        vendor = _vendor(contraction, placeholders, ins, outs[0] if epi is None else scratch_slots[op.id], options,
+                         native=True)
+        direct = ""  # the direct convolution's source, shown with the kernel's
+        if cpu_window.direct_convolution_fits(contraction):
+            vendor, direct = _direct_convolution(op, contraction, plan, placeholders, ins, vendor, module,
+                                                 epi is not None)
         if epi is None:
-            return Step(op.name, template, _vendor(contraction, placeholders, ins, outs[0], options))
+            return Step(op.name, template, vendor, direct or None)
         tmp = scratch_slots[op.id]
         src = cpu.pointwise(op.name, epi, layouts, len(checks))
         module.add(src)
         launch = cpu.NativeLaunch(module, src, [tmp] + [ins[i] for i in used],
                                   outs + ([flag_slot] if src.checks else []), reference)
         checks.extend(src.checks)
-        return Step(op.name, template, Chain(_vendor(contraction, placeholders, ins, tmp, options), launch), src.source)
+        return Step(op.name, template, Chain(vendor, launch), direct + src.source)
     except NotImplementedError as e:
         log.info("kernel %s runs through its reference implementation on the CPU: %s", op.name, e)
         return Step(op.name, "reference", reference)
+
+
+def _direct_convolution(op: Operation, contraction: Operation, plan, placeholders, ins: list[int], vendor: VendorCall,
+                        module: cpu.Module, own_buffer: bool) -> tuple:
+    """A small convolution as the native direct loop nest (codegen/cpu_window.py) writing the slot the library
+    call would bind (the library call when it does not compile): the kernel's planned output, or (with
+    `own_buffer`, the product an epilogue reads) a buffer of its own."""
+    body_layouts = _layouts(op, plan)
+    slots = [ins[placeholders.index(t)] for t in contraction.inputs]
+    layouts = [body_layouts[placeholders.index(t)] for t in contraction.inputs]
+    src = cpu_window.direct_convolution(f"{op.name}_direct", contraction, layouts)
+    module.add(src)
+    launch = cpu.NativeLaunch(module, src, slots, [vendor.out_slot], vendor)
+    if own_buffer:
+        product = contraction.outputs[0]
+        return Chain(native_conv.BindBuffer(vendor.out_slot, product.shape, product.dtype.torch), launch), src.source
+    return launch, src.source
 
 
 def _cublaslt_epilogue(body: Program, contraction: Operation, placeholders, ins: list[int], outs: list[int]):

@@ -27,6 +27,7 @@ import torch
 from ..ir import Operation
 from ..registry import lookup
 from .. import dtypes
+from ..codegen import cpu_window
 from ..codegen.common import Layout
 from ..codegen.matmul import split
 from .program import Program
@@ -293,8 +294,10 @@ def plan_memory(program: Program, ctx) -> Program:
                 if op.inputs[0].id in base_of:
                     base_of[op.outputs[0].id] = base_of[op.inputs[0].id]
                 continue
-        # A library call (an op that is not a kernel of ours) returns memory of its own.
-        kind = "intermediate" if op.op == "fusion" else "vendor"
+        # A library call (an op that is not a kernel of ours) returns memory of its own; the native CPU
+        # backend's window kernels (codegen/cpu_window.py) write planned buffers as fused kernels do.
+        ours = op.op == "fusion" or (ctx is not None and ctx.backend == "native" and cpu_window.supports(op))
+        kind = "intermediate" if ours else "vendor"
         for t in op.outputs:
             b = Buffer(t.id, t.type.numel() * t.dtype.itemsize, i, i, kind=kind, shape=t.shape, dtype=t.dtype.torch)
             buffers[b.id] = b

@@ -1,0 +1,310 @@
+"""The CPU templates of window ops as C++ loop nests (codegen/cpu.py compiles them): max pooling and its
+gradient, average pooling, and the direct convolution of small convolutions.
+
+Pooling is an opaque op: op by op it pads the input and calls PyTorch (`ops/contraction.py`), and on the CPU
+those calls (a padded copy, the windows' maxima with their indices, the scatter of the gradient) cost more
+than the convolutions around them. Here each (image, channel) plane is one unit of work for a thread: the
+forward pass keeps each window's maximum in a register; the gradient finds each window's maximum again
+(cheaper than storing indices) and adds the output's gradient there. Both follow PyTorch's rule exactly:
+padding takes part as the lowest value of the type (it wins only a window whose real elements are all that
+value, and its gradient is dropped), a later element wins only if it is greater or NaN, and a plane's
+gradient is accumulated window by window in order, so the results are bit for bit those of an op-by-op
+run. Average pooling divides each window's sum by the count the op-by-op implementation takes (cells of
+the input, or of the padded input with include_zero_padding). Any strides (NCHW or NHWC, views); float32
+and float64 (other types keep the op-by-op call).
+"""
+from __future__ import annotations
+
+from ..ir import Operation
+from ..ops.contraction import _nchw_shape, _resolve_padding, _window_out
+from .common import Layout
+from .cpu import CppSource, ctype
+
+OPS = ("max_pooling2d", "max_pooling2d_gradient", "avg_pooling2d")
+_TYPES = ("float32", "float64")
+
+
+def _threads(units: int, per_unit: int) -> str:
+    """The thread count of a loop over `units` of `per_unit` elements each: one thread below 2**15 elements
+    in all (waking a second costs more than it saves), as for the other CPU kernels."""
+    return "threads" if units > 1 and units * per_unit >= 1 << 15 else "1"
+
+
+def supports(op: Operation) -> bool:
+    """Whether `op`, not a kernel of the stitcher's, has a native CPU form here (`source`): pooling, and the
+    weights' gradient of a small convolution."""
+    if op.op == "convolution2d_weights_gradient":
+        return _direct_fits(op, 1, 2)
+    return op.op in OPS and op.outputs[0].dtype.name in _TYPES and all(t.dtype.name in _TYPES for t in op.inputs)
+
+
+def _geometry(op: Operation, x_shape: tuple) -> dict:
+    attrs = op.attrs
+    n, c, h, w = _nchw_shape(x_shape, attrs["data_layout"])
+    kernel, stride, dil = attrs["kernel_size"], attrs["stride"], attrs["dilation"]
+    pad = _resolve_padding(attrs["padding"], (h, w), kernel, stride, dil)
+    out = tuple(_window_out((h, w)[a], kernel[a], stride[a], dil[a], pad[2 * a], pad[2 * a + 1], attrs["ceil_mode"])
+                for a in range(2))
+    return {"n": n, "c": c, "h": h, "w": w, "kh": kernel[0], "kw": kernel[1], "sh": stride[0], "sw": stride[1],
+            "dh": dil[0], "dw": dil[1], "top": pad[0], "left": pad[2], "oh": out[0], "ow": out[1], "pad": pad}
+
+
+def _nchw_strides(layout: Layout, data_layout: str) -> tuple[int, int, int, int]:
+    s = layout.strides
+    return s if data_layout == "NCHW" else (s[0], s[3], s[1], s[2])
+
+
+def _window(g: dict, x_strides: tuple, t: str) -> list[str]:
+    """Lines that leave the window (oh, ow)'s maximum in `m` and its element's row and column in `ay`, `ax`
+    (ay = -1: padding won; the padded input PyTorch sees has its first cell at (-top, -left))."""
+    sh, sw = x_strides[2], x_strides[3]
+    if g["top"] == 0 and g["left"] == 0 and (g["oh"] - 1) * g["sh"] + g["dh"] * (g["kh"] - 1) < g["h"] and \
+            (g["ow"] - 1) * g["sw"] + g["dw"] * (g["kw"] - 1) < g["w"]:  # no window reaches outside: no checks
+        lines = [f"            {t} m = -({t})INF_D; int64_t ay = oh * {g['sh']}, ax = ow * {g['sw']};"]
+        for i in range(g["kh"]):  # unrolled: straight-line selects, which vectorise over ow
+            for j in range(g["kw"]):
+                y, x = f"oh * {g['sh']} + {i * g['dh']}", f"ow * {g['sw']} + {j * g['dw']}"
+                lines.append(f"            {{ const {t} v = src[({y}) * {sh}LL + ({x}) * {sw}LL]; "
+                             "const bool win = v > m || v != v; "
+                             f"m = win ? v : m; ay = win ? {y} : ay; ax = win ? {x} : ax; }}")
+        return lines
+    return [
+        # PyTorch starts from the window's first cell with -inf: a window of -inf values sends its gradient there
+        f"            {t} m = -({t})INF_D; "
+        f"int64_t ay = oh * {g['sh']} - {g['top']}, ax = ow * {g['sw']} - {g['left']};",
+        "            if (ay < 0 || ax < 0) ay = -1;",
+        f"            for (int64_t i = 0; i < {g['kh']}; ++i) {{",
+        f"                const int64_t y = oh * {g['sh']} - {g['top']} + i * {g['dh']};",
+        f"                for (int64_t j = 0; j < {g['kw']}; ++j) {{",
+        f"                    const int64_t x = ow * {g['sw']} - {g['left']} + j * {g['dw']};",
+        f"                    const bool inside = y >= 0 && y < {g['h']} && x >= 0 && x < {g['w']};",
+        f"                    const {t} v = inside ? src[y * {sh}LL + x * {sw}LL] : -({t})INF_D;",
+        "                    if (v > m || v != v) { m = v; ay = inside ? y : -1; ax = x; }",
+        "                }",
+        "            }",
+    ]
+
+
+def _average(g: dict, xs: tuple, t: str, with_padding: bool) -> list[str]:
+    """Lines that leave the window (oh, ow)'s sum in `s` and the count it divides by in `k`: the cells inside
+    the input, or with `with_padding` inside the padded input (a ceil-mode window's cells past the padding
+    never count), as the op-by-op implementation's window sums of padded ones."""
+    bottom, right = g["pad"][1], g["pad"][3]
+    lo_y, hi_y, lo_x, hi_x = (-g["top"], g["h"] + bottom, -g["left"], g["w"] + right) if with_padding \
+        else (0, g["h"], 0, g["w"])
+    return [
+        f"            {t} s = 0; int64_t k = 0;",
+        f"            for (int64_t i = 0; i < {g['kh']}; ++i) {{",
+        f"                const int64_t y = oh * {g['sh']} - {g['top']} + i;",
+        f"                for (int64_t j = 0; j < {g['kw']}; ++j) {{",
+        f"                    const int64_t x = ow * {g['sw']} - {g['left']} + j;",
+        f"                    k += y >= {lo_y} && y < {hi_y} && x >= {lo_x} && x < {hi_x};",
+        f"                    if (y >= 0 && y < {g['h']} && x >= 0 && x < {g['w']}) "
+        f"s += src[y * {xs[2]}LL + x * {xs[3]}LL];",
+        "                }",
+        "            }",
+    ]
+
+
+def pooling(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
+    """C++ for max_pooling2d or avg_pooling2d (inputs: source) or max_pooling2d_gradient (inputs: dy, source);
+    the output is a contiguous buffer of the op's shape (in its data layout)."""
+    layout = op.attrs["data_layout"]
+    grad = op.op == "max_pooling2d_gradient"
+    x_layout = in_layouts[1] if grad else in_layouts[0]
+    g = _geometry(op, x_layout.shape)
+    xs = _nchw_strides(x_layout, layout)
+    t = ctype(op.outputs[0].dtype)
+    planes = g["n"] * g["c"]
+    os_ = _nchw_strides(Layout.contiguous(op.outputs[0].shape), layout)  # the output (forward) or dx
+    params = [f"const {ctype(x.dtype)}* __restrict__ in{i}" for i, x in enumerate(op.inputs)]
+    lines = [f'extern "C" void {name}({", ".join(params)}, {t}* __restrict__ out0, int threads) {{',
+             f"    #pragma omp parallel for schedule(static) num_threads({_threads(planes, g['h'] * g['w'])})",
+             f"    for (int64_t p = 0; p < {planes}LL; ++p) {{",
+             f"        const int64_t n = p / {g['c']}, c = p % {g['c']};",
+             f"        const {t}* src = in{1 if grad else 0} + n * {xs[0]}LL + c * {xs[1]}LL;"]
+    if op.op == "avg_pooling2d":
+        lines += [f"        for (int64_t oh = 0; oh < {g['oh']}; ++oh) {{",
+                  f"          for (int64_t ow = 0; ow < {g['ow']}; ++ow) {{",
+                  *_average(g, xs, t, op.attrs["include_zero_padding"]),
+                  f"            out0[n * {os_[0]}LL + c * {os_[1]}LL + oh * {os_[2]}LL + ow * {os_[3]}LL] = "
+                  f"s / ({t})k;",
+                  "          }", "        }", "    }", "}"]
+        return CppSource(name, "\n".join(lines) + "\n", "window")
+    if grad:
+        ds = _nchw_strides(in_layouts[0], layout)
+        lines += [f"        const {t}* dy = in0 + n * {ds[0]}LL + c * {ds[1]}LL;",
+                  f"        {t}* dx = out0 + n * {os_[0]}LL + c * {os_[1]}LL;"]
+        tiles = (g["sh"], g["sw"], g["dh"], g["dw"], g["top"], g["left"]) == (g["kh"], g["kw"], 1, 1, 0, 0) and \
+            g["oh"] * g["kh"] == g["h"] and g["ow"] * g["kw"] == g["w"]
+        if tiles:  # every cell is in exactly one window: written once, no zeroing pass ((T)0 + dy as 0 += dy)
+            store = [f"            const {t} d = dy[oh * {ds[2]}LL + ow * {ds[3]}LL];"]
+            for i in range(g["kh"]):  # unrolled: a loop here keeps GCC from vectorising over ow (7x slower)
+                for j in range(g["kw"]):
+                    y, x = f"oh * {g['kh']} + {i}", f"ow * {g['kw']} + {j}"
+                    store.append(f"            dx[({y}) * {os_[2]}LL + ({x}) * {os_[3]}LL] = "
+                                 f"({y} == ay && {x} == ax) ? ({t})0 + d : ({t})0;")
+        else:
+            lines += [f"        for (int64_t y = 0; y < {g['h']}; ++y)",
+                      f"            for (int64_t x = 0; x < {g['w']}; ++x) dx[y * {os_[2]}LL + x * {os_[3]}LL] = 0;"]
+            store = [f"            if (ay >= 0) dx[ay * {os_[2]}LL + ax * {os_[3]}LL] += "
+                     f"dy[oh * {ds[2]}LL + ow * {ds[3]}LL];"]
+    else:
+        store = [f"            out0[n * {os_[0]}LL + c * {os_[1]}LL + oh * {os_[2]}LL + ow * {os_[3]}LL] = m;"]
+    lines += [f"        for (int64_t oh = 0; oh < {g['oh']}; ++oh) {{",
+              "          #pragma omp simd",
+              f"          for (int64_t ow = 0; ow < {g['ow']}; ++ow) {{",
+              *_window(g, xs, t), *store, "          }", "        }", "    }", "}"]
+    return CppSource(name, "\n".join(lines) + "\n", "window")
+
+
+# -- direct convolution --------------------------------------------------------------------------------------
+# Below this many multiply-adds per output (input channels x window), oneDNN's convolution is slow (its
+# im2col and blocking are made for many channels: the first layer of an image network, one channel of 5x5,
+# runs at a fifth of the speed of this loop nest); above it the library keeps the work.
+DIRECT_MAX_TAPS = 32
+
+
+def direct_convolution_fits(op: Operation) -> bool:
+    """Whether convolution2d `op` runs as the direct loop nest: NCHW, OIHW, stride 1, one group, float32 or
+    float64, at most DIRECT_MAX_TAPS multiply-adds per output."""
+    if op.op != "convolution2d" or op.outputs[0].dtype.name not in _TYPES:
+        return False
+    a = op.attrs
+    w = op.inputs[1].shape
+    return (a["data_layout"], a["weights_layout"], tuple(a["stride"]), a["groups"]) == ("NCHW", "OIHW", (1, 1), 1) \
+        and w[1] * w[2] * w[3] <= DIRECT_MAX_TAPS
+
+
+def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
+    """C++ for a small convolution2d (see `direct_convolution_fits`) writing a contiguous NCHW result.
+
+    Threads take images. An image's channels are copied once into a zero-padded block whose rows are the
+    padded width PW; an output plane is then accumulated in that same row pitch, one row of the window at a
+    time, as one contiguous pass over oh x PW elements adding each of the row's taps at its offset (no
+    bounds checks, no short rows: it vectorises; one load and store of the sums per kw multiply-adds), and
+    the columns past the output width are dropped when the plane is stored."""
+    x_lay, w_lay = in_layouts
+    n, c, h, w = x_lay.shape
+    o, _, kh, kw = w_lay.shape
+    oh, ow = op.outputs[0].shape[2:]
+    dh, dw = op.attrs["dilation"]
+    pad = _resolve_padding(op.attrs["padding"], (h, w), (kh, kw), (1, 1), (dh, dw))
+    top, left = pad[0], pad[2]
+    ph, pw = oh + dh * (kh - 1), ow + dw * (kw - 1)
+    block = c * ph * pw + pw  # a last tap reads up to (kw - 1) * dw past the padded plane: zeros
+    xs, ws = x_lay.strides, w_lay.strides
+    t = ctype(op.outputs[0].dtype)
+    lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
+             f'{t}* __restrict__ out0, int threads) {{',
+             f"    #pragma omp parallel num_threads({_threads(n, c * h * w + o * oh * ow)})",
+             "    {",
+             f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {oh * pw}LL) * sizeof({t}));",
+             f"        {t}* acc = xp + {block}LL;",
+             f"        for (int64_t q = 0; q < {block}LL; ++q) xp[q] = 0;",
+             "        #pragma omp for schedule(static)",
+             f"        for (int64_t n = 0; n < {n}LL; ++n) {{",
+             f"            for (int64_t c = 0; c < {c}; ++c)",
+             f"                for (int64_t y = 0; y < {h}; ++y) {{",
+             f"                    const int64_t py = y + {top};",
+             f"                    if (py < 0 || py >= {ph}) continue;",
+             f"                    for (int64_t x = 0; x < {w}; ++x) {{",
+             f"                        const int64_t px = x + {left};",
+             f"                        if (px >= 0 && px < {pw}) xp[(c * {ph} + py) * {pw}LL + px] = "
+             f"in0[n * {xs[0]}LL + c * {xs[1]}LL + y * {xs[2]}LL + x * {xs[3]}LL];",
+             "                    }", "                }",
+             f"            for (int64_t o = 0; o < {o}; ++o) {{",
+             "                #pragma omp simd",
+             f"                for (int64_t q = 0; q < {oh * pw}LL; ++q) acc[q] = 0;",
+             f"                for (int64_t c = 0; c < {c}; ++c)",
+             f"                    for (int64_t i = 0; i < {kh}; ++i)",
+             "                        {",
+             *[f"                            const {t} w{j} = "
+               f"in1[o * {ws[0]}LL + c * {ws[1]}LL + i * {ws[2]}LL + {j * ws[3]}LL];" for j in range(kw)],
+             f"                            const {t}* src = xp + (c * {ph} + i * {dh}) * {pw}LL;",
+             "                            #pragma omp simd",  # a window row's taps in one pass over acc
+             f"                            for (int64_t q = 0; q < {oh * pw}LL; ++q) acc[q] += "
+             + " + ".join(f"w{j} * src[q + {j * dw}]" for j in range(kw)) + ";",
+             "                        }",
+             f"                {t}* dst = out0 + (n * {o} + o) * {oh * ow}LL;",
+             f"                for (int64_t y = 0; y < {oh}; ++y)",
+             "                    #pragma omp simd",
+             f"                    for (int64_t x = 0; x < {ow}; ++x) dst[y * {ow}LL + x] = acc[y * {pw}LL + x];",
+             "            }", "        }", "        __builtin_free(xp);", "    }", "}"]
+    return CppSource(name, "\n".join(lines) + "\n", "convolution")
+
+
+def _direct_fits(op: Operation, x_index: int, w_index: int) -> bool:
+    if op.outputs[0].dtype.name not in _TYPES or any(t.dtype.name not in _TYPES for t in op.inputs):
+        return False
+    a = op.attrs
+    w = op.inputs[w_index].shape
+    return (a["data_layout"], a["weights_layout"], tuple(a["stride"]), a["groups"]) == ("NCHW", "OIHW", (1, 1), 1) \
+        and w[1] * w[2] * w[3] <= DIRECT_MAX_TAPS and op.inputs[x_index].rank == 4
+
+
+def direct_weights_gradient(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
+    """C++ for convolution2d_weights_gradient (inputs dy, source, weights) of a small convolution (as
+    `direct_convolution_fits`): threads take output channels; for each image the source is copied into the
+    zero-padded block of `direct_convolution` and dy's plane into the same row pitch (zeros past the output
+    width), and each weight's gradient is one contiguous dot product of the two at the tap's offset (a window
+    row's taps in one pass)."""
+    dy_lay, x_lay, w_lay = in_layouts
+    n, c, h, w = x_lay.shape
+    o, _, kh, kw = w_lay.shape
+    oh, ow = dy_lay.shape[2:]
+    dh, dw = op.attrs["dilation"]
+    pad = _resolve_padding(op.attrs["padding"], (h, w), (kh, kw), (1, 1), (dh, dw))
+    top, left = pad[0], pad[2]
+    ph, pw = oh + dh * (kh - 1), ow + dw * (kw - 1)
+    block = c * ph * pw + pw
+    xs, ds = x_lay.strides, dy_lay.strides
+    t = ctype(op.outputs[0].dtype)
+    taps = c * kh * kw
+    lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
+             f'const {t}* __restrict__ in2, {t}* __restrict__ out0, int threads) {{',
+             f"    #pragma omp parallel num_threads({_threads(o, n * (c * h * w + oh * ow))})",
+             "    {",
+             f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {oh * pw}LL) * sizeof({t}));",
+             f"        {t}* dyp = xp + {block}LL;",
+             f"        for (int64_t q = 0; q < {block + oh * pw}LL; ++q) xp[q] = 0;",
+             "        #pragma omp for schedule(static)",
+             f"        for (int64_t o = 0; o < {o}LL; ++o) {{",
+             f"            {t} acc[{taps}];",
+             f"            for (int64_t k = 0; k < {taps}; ++k) acc[k] = 0;",
+             f"            for (int64_t n = 0; n < {n}LL; ++n) {{",
+             f"                for (int64_t c = 0; c < {c}; ++c)",
+             f"                    for (int64_t y = 0; y < {h}; ++y) {{",
+             f"                        const int64_t py = y + {top};",
+             f"                        if (py < 0 || py >= {ph}) continue;",
+             f"                        for (int64_t x = 0; x < {w}; ++x) {{",
+             f"                            const int64_t px = x + {left};",
+             f"                            if (px >= 0 && px < {pw}) xp[(c * {ph} + py) * {pw}LL + px] = "
+             f"in1[n * {xs[0]}LL + c * {xs[1]}LL + y * {xs[2]}LL + x * {xs[3]}LL];",
+             "                        }", "                    }",
+             f"                for (int64_t y = 0; y < {oh}; ++y)",
+             f"                    for (int64_t x = 0; x < {ow}; ++x) "
+             f"dyp[y * {pw}LL + x] = in0[n * {ds[0]}LL + o * {ds[1]}LL + y * {ds[2]}LL + x * {ds[3]}LL];",
+             f"                for (int64_t c = 0; c < {c}; ++c)",
+             f"                    for (int64_t i = 0; i < {kh}; ++i)",
+             "                        {",  # a window row's taps in one pass over dy's plane
+             f"                            const {t}* src = xp + (c * {ph} + i * {dh}) * {pw}LL;",
+             f"                            {t} {', '.join(f's{j} = 0' for j in range(kw))};",
+             f"                            #pragma omp simd reduction(+:{','.join(f's{j}' for j in range(kw))})",
+             f"                            for (int64_t q = 0; q < {oh * pw}LL; ++q) {{",
+             f"                                const {t} d = dyp[q];",
+             *[f"                                s{j} += d * src[q + {j * dw}];" for j in range(kw)],
+             "                            }",
+             *[f"                            acc[(c * {kh} + i) * {kw} + {j}] += s{j};" for j in range(kw)],
+             "                        }",
+             "            }",
+             f"            for (int64_t k = 0; k < {taps}; ++k) out0[o * {taps}LL + k] = acc[k];",
+             "        }", "        __builtin_free(xp);", "    }", "}"]
+    return CppSource(name, "\n".join(lines) + "\n", "convolution")
+
+
+def source(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
+    """The C++ of an op `supports` accepts."""
+    if op.op == "convolution2d_weights_gradient":
+        return direct_weights_gradient(name, op, in_layouts)
+    return pooling(name, op, in_layouts)

@@ -1,0 +1,190 @@
+"""The native CPU backend's window kernels (codegen/cpu_window.py): max pooling and its gradient as C++ loop
+nests, bit for bit the op-by-op run's results (PyTorch's), and against PyTorch in float64."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import stitchml as sm
+from stitchml.runtime import native_conv
+
+NATIVE = {"backend": "native"}
+F = torch.nn.functional
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("STITCHML_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "native-cache"))
+
+
+def _pool_graph(shape, descriptor, dtype):
+    """y = maxpool(x * 1.5), loss = sum(y * w): returns the graph, its feeds and targets y and dL/dx."""
+    g = sm.Graph()
+    x = g.placeholder(shape, dtype, name="x")
+    y = g.max_pooling2d(x * 1.5, descriptor)
+    w = g.placeholder(y.shape, dtype, name="w")
+    dx = g.gradients(g.reduction_sum(y * w), [x])[x]
+    return g, x, w, y, dx
+
+
+POOLS = [  # (input shape, descriptor): tiling 2x2, overlapping padded ceil-mode 3x3, dilated NHWC
+    ((3, 4, 8, 10), sm.Pooling2DDescriptor(kernel_size=2)),
+    ((2, 3, 9, 9), sm.Pooling2DDescriptor(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+    ((2, 7, 6, 3), sm.Pooling2DDescriptor(kernel_size=2, stride=1, dilation=2, data_layout="NHWC")),
+]
+
+
+@pytest.mark.parametrize("shape, descriptor", POOLS, ids=["tiles", "overlap-pad-ceil", "dilated-nhwc"])
+@pytest.mark.parametrize("dtype", [sm.float32, sm.float64])
+def test_max_pooling_and_its_gradient_match_pytorch(shape, descriptor, dtype):
+    g, x, w, y, dx = _pool_graph(shape, descriptor, dtype)
+    rng = np.random.default_rng(1)
+    xv = rng.standard_normal(shape).astype(dtype.numpy)
+    wv = rng.standard_normal(tuple(y.shape)).astype(dtype.numpy)
+    feeds = {x: xv, w: wv}
+    exe = g.compile({x: sm.TensorType(shape, dtype), w: sm.TensorType(tuple(y.shape), dtype)}, [y, dx],
+                    device="cpu", options=NATIVE)
+    assert sum(s.kind == "window" for s in exe.steps) == 2, [s.kind for s in exe.steps]
+    got = exe.run(feeds)
+    eager = g.run(feeds, [y, dx], device="cpu", compiled=False)
+    for t in (y, dx):  # the same maxima, the same winners, the same order of accumulation
+        assert torch.equal(got[t].torch(), eager[t].torch()), t.name
+    # independently: PyTorch in float64, NCHW
+    nhwc = descriptor.data_layout == "NHWC"
+    x64 = torch.from_numpy(xv).double()
+    x64 = (x64.permute(0, 3, 1, 2) if nhwc else x64).requires_grad_(True)
+    a = descriptor.attrs()
+    pad = a["padding"] if isinstance(a["padding"], tuple) else (0, 0, 0, 0)
+    y64 = F.max_pool2d(F.pad(x64 * 1.5, (pad[2], pad[3], pad[0], pad[1]), value=-np.inf), a["kernel_size"],
+                       a["stride"], 0, a["dilation"], ceil_mode=a["ceil_mode"])
+    w64 = torch.from_numpy(wv).double()
+    w64 = w64.permute(0, 3, 1, 2) if nhwc else w64
+    y64 = y64[:, :, :w64.shape[2], :w64.shape[3]]  # ceil mode: PyTorch's last window may start in padding
+    (dx64,) = torch.autograd.grad((y64 * w64).sum(), x64)
+    back = (lambda t: t.permute(0, 2, 3, 1)) if nhwc else (lambda t: t)
+    tol = 1e-6 if dtype == sm.float32 else 1e-14
+    torch.testing.assert_close(got[y].torch().double(), back(y64.detach()), rtol=tol, atol=tol)
+    torch.testing.assert_close(got[dx].torch().double(), back(dx64), rtol=tol, atol=tol)
+
+
+def test_max_pooling_follows_pytorch_on_nan_infinities_and_ties():
+    """NaN wins its window, a window of -inf sends its gradient to its first cell, ties go to the first."""
+    shape = (1, 2, 4, 6)
+    g, x, w, y, dx = _pool_graph(shape, sm.Pooling2DDescriptor(kernel_size=3, stride=2, padding=1), sm.float32)
+    xv = np.full(shape, 2.0, np.float32)
+    xv[0, 0, 0, 0] = np.nan
+    xv[0, 0, 2:4, 2:4] = -np.inf
+    xv[0, 1, 1, 3] = np.nan
+    xv[0, 1, 3, 5] = np.inf
+    wv = np.arange(np.prod(y.shape), dtype=np.float32).reshape(y.shape) + 1
+    exe = g.compile({x: sm.TensorType(shape, sm.float32), w: sm.TensorType(tuple(y.shape), sm.float32)},
+                    [y, dx], device="cpu", options=NATIVE)
+    got = exe.run({x: xv, w: wv})
+    eager = g.run({x: xv, w: wv}, [y, dx], device="cpu", compiled=False)
+    for t in (y, dx):
+        torch.testing.assert_close(got[t].torch(), eager[t].torch(), rtol=0, atol=0, equal_nan=True)
+
+
+CONVS = [  # (input shape, weights shape, descriptor): "same" with an odd kernel, strided with even padding
+    # (the transposed convolution needs an output padding), dilated, and an even kernel's uneven "same"
+    # padding, which keeps the op-by-op call
+    ((2, 3, 9, 9), (4, 3, 5, 5), sm.Convolution2DDescriptor(padding="same"), True),
+    ((2, 3, 10, 10), (4, 3, 3, 3), sm.Convolution2DDescriptor(stride=2, padding=(1, 1, 1, 1)), True),
+    ((1, 2, 11, 8), (3, 2, 3, 3), sm.Convolution2DDescriptor(dilation=2, padding=(2, 2, 2, 2)), True),
+    ((2, 2, 8, 8), (3, 2, 4, 4), sm.Convolution2DDescriptor(padding="same"), False),
+]
+
+
+@pytest.mark.parametrize("shape, wshape, descriptor, library_padding", CONVS,
+                         ids=["same", "strided", "dilated", "even-kernel"])
+def test_convolutions_and_their_gradients_match_pytorch_in_float64(shape, wshape, descriptor, library_padding):
+    g = sm.Graph()
+    x = g.placeholder(shape, sm.float32, name="x")
+    w = g.placeholder(wshape, sm.float32, name="w")
+    y = g.relu(g.convolution2d(x, w, descriptor) + 0.25)
+    dx, dw = (grads := g.gradients(g.reduction_sum(y * y), [x, w]))[x], grads[w]
+    rng = np.random.default_rng(2)
+    xv, wv = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(wshape).astype(np.float32)
+    exe = g.compile({x: sm.TensorType(shape, sm.float32), w: sm.TensorType(wshape, sm.float32)}, [y, dx, dw],
+                    device="cpu", options=NATIVE)
+    got = exe.run({x: xv, w: wv})
+    eager = g.run({x: xv, w: wv}, [y, dx, dw], device="cpu", compiled=False)
+    x64 = torch.from_numpy(xv).double().requires_grad_(True)
+    w64 = torch.from_numpy(wv).double().requires_grad_(True)
+    a = descriptor.attrs()
+    pad = a["padding"]
+    if pad == "same":
+        total = wshape[2] - 1
+        pad = (total // 2, total - total // 2, total // 2, total - total // 2)
+    y64 = F.relu(F.conv2d(F.pad(x64, (pad[2], pad[3], pad[0], pad[1])), w64, stride=a["stride"],
+                          dilation=a["dilation"]) + 0.25)
+    dx64, dw64 = torch.autograd.grad((y64 * y64).sum(), [x64, w64])
+    for t, ref in ((y, y64.detach()), (dx, dx64), (dw, dw64)):
+        scale = ref.abs().max().item()
+        for result in (got[t].torch(), eager[t].torch()):
+            torch.testing.assert_close(result.double(), ref, rtol=1e-5, atol=1e-5 * scale)
+    conv_ops = [op for op in exe.program.operations if op.op in ("convolution_transpose2d",
+                                                                  "convolution2d_weights_gradient")]
+    assert conv_ops and all((native_conv.call(op) is not None) == library_padding for op in conv_ops)
+    # few taps per output at stride 1: the weights' gradient is the native loop nest (held to float64 above)
+    small = wshape[1] * wshape[2] * wshape[3] <= 32 and a["stride"] == (1, 1)
+    assert any(st.kind == "window" and "_weights_gradient" in st.name for st in exe.steps) == small
+
+
+@pytest.mark.parametrize("shape, wshape, descriptor", [
+    ((3, 1, 9, 7), (5, 1, 5, 5), sm.Convolution2DDescriptor(padding="same")),
+    ((2, 2, 8, 9), (3, 2, 3, 3), sm.Convolution2DDescriptor(dilation=2, padding=(2, 1, 0, 3))),
+], ids=["one-channel-same", "dilated-uneven-padding"])
+def test_small_convolutions_run_as_the_direct_loop_nest(shape, wshape, descriptor):
+    """Few taps per output: the native direct convolution, alone (writing the output) and under an epilogue."""
+    g = sm.Graph()
+    x = g.placeholder(shape, sm.float32, name="x")
+    w = g.placeholder(wshape, sm.float32, name="w")
+    y = g.convolution2d(x, w, descriptor)
+    z = g.relu(y - 0.5)
+    rng = np.random.default_rng(3)
+    xv, wv = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(wshape).astype(np.float32)
+    a = descriptor.attrs()
+    pad = a["padding"]
+    if pad == "same":
+        pad = ((wshape[2] - 1) // 2,) * 4
+    y64 = F.conv2d(F.pad(torch.from_numpy(xv).double(), (pad[2], pad[3], pad[0], pad[1])),
+                   torch.from_numpy(wv).double(), dilation=a["dilation"])
+    for target, ref in ((y, y64), (z, F.relu(y64 - 0.5))):
+        exe = g.compile({x: sm.TensorType(shape, sm.float32), w: sm.TensorType(wshape, sm.float32)}, [target],
+                        device="cpu", options=NATIVE)
+        assert any("_direct(" in (s.source or "") for s in exe.steps)
+        got = exe.run({x: xv, w: wv})[target].torch()
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("descriptor", [
+    sm.Pooling2DDescriptor(kernel_size=2),
+    sm.Pooling2DDescriptor(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+    sm.Pooling2DDescriptor(kernel_size=3, stride=2, padding=1, ceil_mode=True, include_zero_padding=True),
+    sm.Pooling2DDescriptor(kernel_size=(2, 3), stride=(1, 2), padding=(1, 0, 1, 1), data_layout="NHWC"),
+], ids=["tiles", "pad-ceil", "pad-ceil-count-padding", "nhwc-uneven"])
+def test_average_pooling_matches_the_op_by_op_run_and_pytorch(descriptor):
+    shape = (2, 3, 9, 10) if descriptor.data_layout == "NCHW" else (2, 9, 10, 3)
+    g = sm.Graph()
+    x = g.placeholder(shape, sm.float64, name="x")
+    y = g.avg_pooling2d(x, descriptor)
+    xv = np.random.default_rng(4).standard_normal(shape)
+    exe = g.compile({x: sm.TensorType(shape, sm.float64)}, [y], device="cpu", options=NATIVE)
+    assert [s.kind for s in exe.steps] == ["window"]
+    got = exe.run({x: xv})[y].torch()
+    torch.testing.assert_close(got, g.run({x: xv}, [y], device="cpu", compiled=False)[y].torch(), rtol=1e-14,
+                               atol=1e-14)
+    a = descriptor.attrs()
+    x64 = torch.from_numpy(xv)
+    x64 = x64.permute(0, 3, 1, 2) if descriptor.data_layout == "NHWC" else x64
+    if a["padding"] == (1, 0, 1, 1):  # PyTorch pads evenly only: pad explicitly, count the real cells
+        ones = F.pad(torch.ones_like(x64[:1, :1]), (1, 1, 1, 0))
+        sums = F.avg_pool2d(F.pad(x64, (1, 1, 1, 0)), a["kernel_size"], a["stride"], divisor_override=1)
+        ref = sums / F.avg_pool2d(ones, a["kernel_size"], a["stride"], divisor_override=1)
+        ref = ref.permute(0, 2, 3, 1)
+    else:
+        pad = a["padding"][0] if isinstance(a["padding"], tuple) else 0
+        ref = F.avg_pool2d(x64, a["kernel_size"], a["stride"], pad, a["ceil_mode"], a["include_zero_padding"])
+    torch.testing.assert_close(got, ref, rtol=1e-13, atol=1e-13)
