@@ -113,6 +113,8 @@ def _vendor(contraction: Operation, placeholders, ins: list[int], out_slot: int,
     fast = native_conv.call(contraction) if native else None
     if fast is not None:
         return VendorCall(lambda out, *args: _row_major(fast(*args)), slots, out_slot, {})
+    if native:  # the CPU has no TF32
+        return VendorCall(lookup(contraction.op).vendor, slots, out_slot, contraction.attrs)
     return _precision(VendorCall(lookup(contraction.op).vendor, slots, out_slot, _library_attrs(contraction, options)),
                       options)
 
