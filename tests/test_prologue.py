@@ -231,3 +231,16 @@ def test_matmul_kernels_compile_for_cuda(monkeypatch, tmp_path):
     assert len(jobs) == len(CASES) + 2 + halves, len(jobs)
     failed = compile_for_cuda(jobs, tmp_path)
     assert not failed, failed
+
+
+def test_on_cuda_a_reduction_producer_stays_whole_unless_the_prologue_is_forced():
+    """On CUDA (the `triton` backend, measured choice) a layer norm's apply step stays in its reduction
+    kernel: the vendor GEMM won every measured size, and a split reduction costs a pass; forcing the
+    prologue still splits it. Compiling needs no GPU."""
+    case = CASES[0]
+    chosen = compile_case(case, {"backend": "triton"})[3]
+    report = chosen.fusion_report()
+    assert "the reduction kernel applies its rows itself" in report and "prologue: " not in report, report
+    assert [s.kind for s in chosen.steps if s.kind != "view"].count("reduction") == 1
+    forced = compile_case(case, {"backend": "triton", "prologue": "fused"})[3]
+    assert "prologue: " in forced.fusion_report(), forced.fusion_report()

@@ -15,7 +15,10 @@ loads the operand's tiles), so the operand never goes through memory:
 
 Only on the Triton backends (CUDA, the interpreter): the native CPU backend has no matmul template. On
 CUDA the kernel's first run measures it against the vendor GEMM after a separate producer kernel and
-keeps the faster (runtime/choices.py, as for cuBLASLt epilogues); `options={"prologue": False}` turns
+keeps the faster (runtime/choices.py, as for cuBLASLt epilogues). There a reduction producer is left
+whole unless the prologue is forced: on an H200 the vendor GEMM beat the template at every transformer
+size measured, and a split reduction then costs one more pass over its rows than the unsplit kernel
+(benchmarks/RESULTS.md, prologue fusion). `options={"prologue": False}` turns
 the pass off, `"fused"` or `"separate"` forces one side. Each matmul or convolution operand that
 another kernel computes gets a line in `fusion_report()`: fused, or why not (convolutions have no
 Triton template: cuDNN computes them).
@@ -28,6 +31,7 @@ from ..codegen.matmul import DOT_DTYPES, fusable_prologue_op, view_permutation
 from ..graph import Graph
 from ..ir import Operation, Tensor, needed_ops
 from ..registry import lookup
+from .memory import prologue_mode
 from .program import Program, copy_op
 
 MAX_PROLOGUE_OPS = 32  # the ops run once per tile of the other operand: long chains cost more than a store
@@ -150,6 +154,7 @@ def prologue(program: Program, ctx) -> Program:
             if op not in users[t.id]:
                 users[t.id].append(op)
     outputs = {t.id for t in program.outputs}
+    mode = prologue_mode(ctx.backend, ctx.options)
     plans: dict[int, _Plan] = {}
     lines: list[str] = []
     seen: set[int] = set()
@@ -172,6 +177,12 @@ def prologue(program: Program, ctx) -> Program:
             if producer.attrs["template"] not in ("pointwise", "reduction"):
                 lines.append(f"prologue not fused: {where}: a {producer.attrs['template']} kernel computes it, "
                              f"and is not recomputed per tile")
+                continue
+            if producer.attrs["template"] == "reduction" and mode == "choose":
+                lines.append(f"prologue not fused: {where}: the reduction kernel applies its rows itself; on CUDA "
+                             f"the vendor GEMM beat the prologue template at every measured size, and splitting "
+                             f"the reduction would cost a pass over its rows (options={{'prologue': 'fused'}} "
+                             f"forces it)")
                 continue
             readers, why = _readers(t, users, outputs)
             plan = None
