@@ -1,4 +1,4 @@
-"""ONNX control flow unrolled at import: Scan over a known extent, Loop and If with conditions known per value."""
+"""ONNX control flow: Scan over a known extent unrolled; If and Loop unrolled when the importer knows what steers them, the graph's if_then_else and while_loop otherwise."""
 import numpy as np
 import pytest
 from onnx import TensorProto as T
@@ -38,7 +38,7 @@ def test_scan_is_a_running_sum(reverse):
     np.testing.assert_allclose(out["ys"].numpy(), 2 * running)
 
 
-def test_if_on_an_input_condition_is_specialised_per_value():
+def test_if_on_an_input_condition_selects_at_run_time():
     then = helper.make_graph([helper.make_node("Neg", ["x"], ["a"])], "then", [], [_vi("a", [2])])
     other = helper.make_graph([helper.make_node("Abs", ["x"], ["b"])], "else", [], [_vi("b", [2])])
     model = _model([helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
@@ -72,3 +72,51 @@ def test_loop_past_the_unrolling_limit_is_refused():
     fn = sm.package.from_onnx(_loop_model(), limits=sm.package.Limits(max_unrolled_steps=10)).function()
     with pytest.raises(PackageError, match="max_unrolled_steps"):
         fn(m=np.array(1 << 40, np.int64), v0=np.zeros(2, np.float32))
+
+
+def _reference(model, **feeds):
+    from onnx.reference import ReferenceEvaluator
+    return ReferenceEvaluator(model).run(None, feeds)
+
+
+def test_if_on_a_computed_condition_is_one_graph_for_both_outcomes():
+    """`ReduceSum(x) > 0` is known only when the model runs: the If becomes if_then_else, whose branches
+    read outer values, and one compiled function serves both outcomes (against ONNX's reference)."""
+    then = helper.make_graph([helper.make_node("Add", ["x", "x"], ["a"])], "then", [], [_vi("a", [3])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["b0"]), helper.make_node("Mul", ["b0", "x"], ["b"])],
+                              "else", [], [_vi("b", [3])])
+    zero = helper.make_tensor("zero", T.FLOAT, [], [0.0])
+    model = _model([helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+                    helper.make_node("Greater", ["s", "zero"], ["c"]),
+                    helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+                   [_vi("x", [3])], [_vi("y", [3])])
+    model.graph.initializer.append(zero)
+    fn = sm.package.from_onnx(model).function()
+    assert "if_then_else" in {o.op for o in fn.graph.operations}
+    for x in (np.array([1.0, -0.5, 2.0], np.float32), np.array([-1.0, 0.5, -2.0], np.float32)):
+        np.testing.assert_allclose(fn(x=x)["y"].numpy(), _reference(model, x=x)[0], rtol=1e-6)
+
+
+def _while_model():
+    # while v.sum() < limit and i < m: v = v * 3 (carried); the condition is computed in the body
+    body = helper.make_graph([helper.make_node("Mul", ["v_in", "three"], ["v_out"]),
+                              helper.make_node("ReduceSum", ["v_out"], ["t"], keepdims=0),
+                              helper.make_node("Less", ["t", "limit"], ["cond_out"])], "body",
+                             [_vi("i", [], T.INT64), _vi("cond_in", [], T.BOOL), _vi("v_in", [2])],
+                             [_vi("cond_out", [], T.BOOL), _vi("v_out", [2])])
+    model = _model([helper.make_node("Loop", ["m", "go", "v0"], ["v"], body=body)],
+                   [_vi("m", [], T.INT64), _vi("go", [], T.BOOL), _vi("v0", [2]), _vi("limit", [])], [_vi("v", [2])])
+    model.graph.initializer.append(helper.make_tensor("three", T.FLOAT, [], [3.0]))
+    return model
+
+
+def test_loop_steered_at_run_time_is_a_while_loop():
+    """Trip count, first condition and the body's condition all come from inputs or data: the Loop is one
+    while_loop (the body imported once, not unrolled), equal to ONNX's reference for every case."""
+    model = _while_model()
+    fn = sm.package.from_onnx(model).function()
+    assert "while_loop" in {o.op for o in fn.graph.operations}
+    v0 = np.array([1.0, 2.0], np.float32)
+    for m, go, limit in ((10, True, 100.0), (2, True, 1e6), (10, False, 100.0), (0, True, 100.0), (10, True, 1.0)):
+        feeds = dict(m=np.array(m, np.int64), go=np.array(go), v0=v0, limit=np.array(limit, np.float32))
+        np.testing.assert_allclose(fn(**feeds)["v"].numpy(), _reference(model, **feeds)[0], rtol=1e-6)

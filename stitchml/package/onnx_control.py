@@ -1,22 +1,29 @@
-"""ONNX control flow (Scan, Loop, If), unrolled while importing.
+"""ONNX control flow (Scan, Loop, If): unrolled where the importer knows the
+values that steer it, the graph's control-flow operations (ops/control.py)
+where only the run does.
 
-The IR has no control-flow operations of its own here, so each body is
-imported once per iteration into the same graph (Importer.run_subgraph):
-
+* ``If`` with a condition known at import time (a constant, or folded from
+  constants) imports the branch it selects; any other condition (a graph
+  input, or computed from one) becomes `if_then_else`, each branch a block
+  of its own, compiled once for both outcomes.
+* ``Loop`` whose trip count and every iteration's condition are known at
+  import time is unrolled (each body imported once per iteration into the
+  same graph, Importer.run_subgraph). Otherwise it becomes `while_loop`
+  over (iteration, condition, carried values...), the body imported once,
+  unless it has scan outputs (how many is known only when it runs): then
+  the function is specialised per value of what steers it (specialise.py)
+  and unrolled.
 * ``Scan`` runs its body once per slice of the scan inputs, whose extent
   along the scan axis must be known; scan outputs are stacked.
-* ``Loop`` needs its trip count and every iteration's condition known at
-  import time (constants, or folded from constants; a graph input makes the
-  function specialised per value, specialise.py).
-* ``If`` imports the branch its condition selects, with the same rule.
 
-Every iteration counts against ``max_unrolled_steps`` (limits.py), as the
-recurrent operators' steps do.
+Every unrolled iteration counts against ``max_unrolled_steps`` (limits.py),
+as the recurrent operators' steps do.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .. import dtypes
 from .onnx_ops import _rank, _t, handles
 
 
@@ -76,18 +83,31 @@ def _scan(cx, node, args, attrs):
     return results
 
 
+def _scalar(cx, value, what: str):
+    """The first element of a value known at import time, or None when only the run knows it."""
+    known = cx.known(value, what)
+    return None if known is None else known.reshape(-1)[0]
+
+
 @handles("Loop")
 def _loop(cx, node, args, attrs):
     body = attrs["body"]
-    trip = int(cx.static(args[0], "Loop trip count").reshape(-1)[0]) if args[0] is not None else None
-    cond = bool(cx.static(args[1], "Loop condition").reshape(-1)[0]) if args[1] is not None else True
     carried = list(args[2:])
     n = len(carried)
     if len(body.input) != n + 2 or len(body.output) < n + 1:
         raise cx.fail(f"the body takes {len(body.input)} inputs and gives {len(body.output)} outputs for "
                       f"{n} loop-carried values")
-    if trip is None and args[1] is None:
+    if args[0] is None and args[1] is None:
         raise cx.fail("a Loop without trip count or condition never ends")
+    trip = _scalar(cx, args[0], "Loop trip count") if args[0] is not None else None
+    cond = _scalar(cx, args[1], "Loop condition") if args[1] is not None else True
+    if (args[0] is not None and trip is None) or cond is None:
+        if len(body.output) == n + 1:
+            return _run_time_loop(cx, body, args, n)
+        # scan outputs: how many is known only per value, so the function is specialised per value
+        cx.static(args[0] if trip is None and args[0] is not None else args[1], "Loop trip count and condition")
+    trip = int(trip) if trip is not None else None
+    cond = bool(cond)
     collected: list[list] = [[] for _ in range(len(body.output) - n - 1)]
     i = 0
     while cond and (trip is None or i < trip):
@@ -103,7 +123,39 @@ def _loop(cx, node, args, attrs):
     return carried + [_stack(cx, c, 0) for c in collected]
 
 
+def _run_time_loop(cx, body, args, n: int) -> list:
+    """A Loop steered by run-time values, as `while_loop` over (i, condition, carried...): the body is
+    imported once, into the loop's block."""
+    g = cx.g
+    trip = g.cast(g.reshape(_t(cx, args[0]), []), dtypes.int64) if args[0] is not None else None
+    cond = g.cast(g.reshape(_t(cx, args[1]), []), dtypes.bool_) if args[1] is not None else g.constant(True)
+    initial = [g.constant(np.array(0, np.int64)), cond] + [_t(cx, v) for v in args[2:]]
+
+    def before(i, c, *v):
+        go = c if trip is None else g.logical_and(c, g.less_than(i, trip))
+        return go, [i, c, *v]
+
+    def after(i, c, *v):
+        bound = {body.input[0].name: i, body.input[1].name: c}
+        bound.update({vi.name: x for vi, x in zip(body.input[2:], v)})
+        outs = [_t(cx, o) for o in cx.run_subgraph(body, bound)]
+        nxt = [g.cast(g.reshape(outs[0], []), dtypes.bool_)] + [
+            x if x.dtype == w.dtype else g.cast(x, w.dtype) for x, w in zip(outs[1:n + 1], v)]
+        return [i + g.constant(np.array(1, np.int64)), *nxt]
+
+    return list(g.while_loop(initial, before, after))[2:]
+
+
 @handles("If")
 def _if(cx, node, args, attrs):
-    cond = bool(cx.static(args[0], "If condition").reshape(-1)[0])
-    return cx.run_subgraph(attrs["then_branch" if cond else "else_branch"], {})
+    cond = _scalar(cx, args[0], "If condition")
+    if cond is not None:
+        return cx.run_subgraph(attrs["then_branch" if bool(cond) else "else_branch"], {})
+    g = cx.g
+    predicate = g.cast(g.reshape(_t(cx, args[0]), []), dtypes.bool_)
+
+    def branch(name: str):
+        return lambda: [_t(cx, v) for v in cx.run_subgraph(attrs[name], {})]
+
+    out = g.if_then_else(predicate, branch("then_branch"), branch("else_branch"))
+    return list(out) if isinstance(out, (list, tuple)) else [out]

@@ -150,6 +150,14 @@ class Importer:
                                    "(a constant or an initializer, or computed from graph inputs)",
                                    _sources([value]) if isinstance(value, Tensor) else ())
 
+    def known(self, value: Any, what: str) -> np.ndarray | None:
+        """The value as a NumPy array when it is known at import time, else None (control flow then steers
+        with it at run time)."""
+        try:
+            return self.static(value, what)
+        except ImportTimeValueError:
+            return None
+
     def dims(self, value: Any, what: str) -> list:
         """A shape vector as entries: ints and (tensor, axis) pairs."""
         if isinstance(value, Dims):
