@@ -88,7 +88,8 @@ class CommandQueue:
         self._handle = self.stream.cuda_stream if dev.is_cuda else 0
         self._direct = cudart.runtime() if dev.is_cuda else None
         self._lock = threading.Lock()  # held while a buffer's commands are put on the stream
-        self._backlog = 0  # buffers handed to the worker and not yet run: later ones must queue behind them
+        self._backlog = 0  # buffers running or handed to the worker and not yet run: later ones queue behind them
+        self._running = threading.Lock()  # CPU: held while a buffer's commands run (committer or worker)
         self._events: list = []  # timing events of completed buffers, for reuse
         self._finish_lock = threading.Lock()
         self._launcher: cf.ThreadPoolExecutor | None = None
@@ -100,11 +101,23 @@ class CommandQueue:
 
     # -- running buffers --------------------------------------------------------------------------
     def _commit(self, cb: "CommandBuffer") -> None:
-        if self.stream is not None and not (cb._waits and cb._blocked()):
+        if not (cb._waits and cb._blocked()):
             with self._lock:
-                if self._backlog == 0:
+                idle = self._backlog == 0
+                if idle and self.stream is not None:
                     cb._execute()
                     return
+                if idle:  # the CPU runs it on this thread; buffers committed meanwhile queue behind it
+                    self._backlog += 1
+                    self._running.acquire()  # free: nothing is queued, so the worker runs nothing
+            if idle:
+                try:
+                    cb._execute_host()
+                finally:
+                    self._running.release()
+                    with self._lock:
+                        self._backlog -= 1
+                return
         cb._executed = threading.Event()
         with self._lock:  # one worker, and buffers reach it in commit order
             self._backlog += 1
@@ -117,7 +130,8 @@ class CommandQueue:
             if self.stream is not None:
                 cb._execute()
             else:
-                cb._execute_host()
+                with self._running:  # after a buffer run on its committing thread
+                    cb._execute_host()
         finally:
             with self._lock:
                 self._backlog -= 1
