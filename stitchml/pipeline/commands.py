@@ -17,12 +17,15 @@ setting, as in Metal 4 where timestamps are asked for explicitly: an event
 record costs about 2.5 us of host time, as much as the whole launch of a
 captured network (benchmarks/dispatch_parts.py).
 
-On a GPU, running a command only enqueues work on the stream, so `commit()`
-does it on the calling thread when nothing committed before it is still
-waiting on the queue's worker (a buffer that waits for an event nobody has
-signaled yet goes to the worker, and so do the buffers after it, which keeps
-queue order). A dispatch is then one CUDA-graph replay of the pipeline
-bound to the argument table (pipeline/ml.py, runtime/bound.py).
+`commit()` runs the commands on the calling thread when the queue is idle
+(nothing committed before it is still running or waiting on the queue's
+worker): on a GPU that only enqueues work on the stream; on the CPU it is the
+work itself, and it saves two thread hand-offs per buffer. A buffer that
+waits for an event nobody has signaled yet goes to the worker, and so do the
+buffers committed after it or while a buffer runs, which keeps queue order.
+Completed handlers run on the queue's completion thread (or in `wait()`). A
+GPU dispatch is one CUDA-graph replay of the pipeline bound to the argument
+table (pipeline/ml.py, runtime/bound.py).
 
     >>> import numpy as np, stitchml as sm
     >>> g = sm.Graph(); x = g.placeholder((2, 2), sm.float32, name="x")
