@@ -76,15 +76,20 @@ def test_a_buffer_committed_during_a_synchronous_run_waits_for_it_without_blocki
     runner = threading.Thread(target=running.commit)
     runner.start()
     assert started.wait(LONG)  # the slow buffer is running on `runner`, inside commit()
+    with pytest.raises(PipelineError, match="not done after"):  # another thread's wait() sees it running
+        running.wait(timeout=0.05)
+    handled = threading.Event()
+    running.add_completed_handler(lambda cb: (log.append(("handler", cb.status)), handled.set()))
     quick = _buffer(q, "quick", lambda: log.append("quick"))
     quick.commit()  # returns at once: the quick buffer queues behind the running one
-    assert log == []
+    assert not handled.wait(0.05) and log == []
     release.set()
     runner.join(LONG)
     assert not runner.is_alive()
     quick.wait(timeout=LONG)
     running.wait(timeout=LONG)
-    assert log == ["slow", "quick"]
+    assert handled.wait(LONG)
+    assert log.index("slow") < log.index(("handler", "completed")) and log.index("slow") < log.index("quick")
 
 
 def test_a_command_that_commits_to_its_own_queue_does_not_deadlock():

@@ -80,6 +80,21 @@ class Span:
 _Command = tuple
 
 
+def _pending():
+    """A held lock: released once a buffer's commands have run (cheaper than a threading.Event)."""
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
+def _wait_for(pending, timeout: float = -1) -> bool:
+    """Wait until `pending` is released (False after `timeout` seconds); it stays released for others."""
+    if not pending.acquire(True, timeout):
+        return False
+    pending.release()
+    return True
+
+
 class CommandQueue:
     """An ordered queue of command buffers on one device (MTL4CommandQueue): one CUDA stream."""
 
@@ -104,10 +119,13 @@ class CommandQueue:
 
     # -- running buffers --------------------------------------------------------------------------
     def _commit(self, cb: "CommandBuffer") -> None:
+        cpu = self.stream is None
+        if cpu:  # other threads may wait() while it runs here
+            cb._executed = _pending()
         if not (cb._waits and cb._blocked()):
             with self._lock:
                 idle = self._backlog == 0
-                if idle and self.stream is not None:
+                if idle and not cpu:
                     cb._execute()
                     return
                 if idle:  # the CPU runs it on this thread; buffers committed meanwhile queue behind it
@@ -120,8 +138,10 @@ class CommandQueue:
                     self._running.release()
                     with self._lock:
                         self._backlog -= 1
+                    cb._executed.release()
                 return
-        cb._executed = threading.Event()
+        if not cpu:
+            cb._executed = _pending()
         with self._lock:  # one worker, and buffers reach it in commit order
             self._backlog += 1
             if self._launcher is None:
@@ -138,7 +158,7 @@ class CommandQueue:
         finally:
             with self._lock:
                 self._backlog -= 1
-            cb._executed.set()
+            cb._executed.release()
 
     def _complete_later(self, cb: "CommandBuffer") -> None:
         with self._lock:
@@ -308,7 +328,7 @@ class CommandBuffer:
         self._encoders = 0
         self._handlers: list[Callable[["CommandBuffer"], None]] = []
         self._waits = False
-        self._executed: threading.Event | None = None  # set by the worker when it ran this buffer
+        self._executed = None  # a _pending() lock, released once the commands have run (not for a GPU commit)
         self._stamps: list = []  # per command run: (start, end): indices into _marks, else host nanoseconds
         self._marks: list = []  # with timestamps: the CUDA events recorded between commands
         self._done = None  # without timestamps, when a handler waits: a CUDA event after the last command
@@ -470,7 +490,7 @@ class CommandBuffer:
         if self._finished:
             return
         if self._executed is not None:
-            self._executed.wait()
+            _wait_for(self._executed)
         q = self.queue
         if q.stream is not None and self.error is None:
             try:  # without an event, waiting for the queue also waits for work committed after this buffer
@@ -524,7 +544,7 @@ class CommandBuffer:
             raise PipelineError(f"command buffer {self.label}: wait() before commit()")
         if timeout is not None:
             deadline = time.monotonic() + timeout
-            if self._executed is not None and not self._executed.wait(timeout):
+            if self._executed is not None and not _wait_for(self._executed, timeout):
                 raise PipelineError(f"command buffer {self.label}: not done after {timeout} s")
             while self.queue.stream is not None and self.error is None and not self._finished \
                     and not self._gpu_done():
