@@ -130,7 +130,7 @@ class CommandQueue:
                     return
                 if idle:  # the CPU runs it on this thread; buffers committed meanwhile queue behind it
                     self._backlog += 1
-                    self._running.acquire()  # free: nothing is queued, so the worker runs nothing
+                    self._running.acquire()  # free: the worker lets it go before it leaves the backlog
             if idle:
                 try:
                     cb._execute_host()
@@ -328,7 +328,7 @@ class CommandBuffer:
         self._encoders = 0
         self._handlers: list[Callable[["CommandBuffer"], None]] = []
         self._waits = False
-        self._executed = None  # a _pending() lock, released once the commands have run (not for a GPU commit)
+        self._executed = None  # a _pending() lock, released once the commands have run (None: run in a GPU commit)
         self._stamps: list = []  # per command run: (start, end): indices into _marks, else host nanoseconds
         self._marks: list = []  # with timestamps: the CUDA events recorded between commands
         self._done = None  # without timestamps, when a handler waits: a CUDA event after the last command
@@ -544,7 +544,7 @@ class CommandBuffer:
             raise PipelineError(f"command buffer {self.label}: wait() before commit()")
         if timeout is not None:
             deadline = time.monotonic() + timeout
-            if self._executed is not None and not _wait_for(self._executed, timeout):
+            if self._executed is not None and not _wait_for(self._executed, max(timeout, 0.0)):
                 raise PipelineError(f"command buffer {self.label}: not done after {timeout} s")
             while self.queue.stream is not None and self.error is None and not self._finished \
                     and not self._gpu_done():
