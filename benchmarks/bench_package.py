@@ -11,8 +11,10 @@ For each zoo model (stitchml/package/zoo.py, random weights) and batch size:
 * **stitchml**: the package built through torch.export, compiled into an ML
   pipeline, one dispatch per command buffer (encode, commit, wait). Host
   time: the caller's time to encode and commit one dispatch, from an idle
-  queue and back to back; on CUDA also the bound launch alone (the
-  CUDA-graph launch a dispatch makes on the queue's stream) and whether it
+  queue and back to back (on the CPU an idle queue runs the dispatch inside
+  commit(), so this is most of the wall time); on CUDA also the bound
+  launch alone (the CUDA-graph launch a dispatch makes on the queue's
+  stream) and whether it
   ran in the caller's memory;
 * **onnxruntime**: the same module exported to ONNX (TorchScript exporter,
   opset 17), one InferenceSession.run (on CUDA with I/O bound to device

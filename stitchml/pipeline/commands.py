@@ -17,12 +17,15 @@ setting, as in Metal 4 where timestamps are asked for explicitly: an event
 record costs about 2.5 us of host time, as much as the whole launch of a
 captured network (benchmarks/dispatch_parts.py).
 
-On a GPU, running a command only enqueues work on the stream, so `commit()`
-does it on the calling thread when nothing committed before it is still
-waiting on the queue's worker (a buffer that waits for an event nobody has
-signaled yet goes to the worker, and so do the buffers after it, which keeps
-queue order). A dispatch is then one CUDA-graph replay of the pipeline
-bound to the argument table (pipeline/ml.py, runtime/bound.py).
+`commit()` runs the commands on the calling thread when the queue is idle
+(nothing committed before it is still running or waiting on the queue's
+worker): on a GPU that only enqueues work on the stream; on the CPU it is the
+work itself, and it saves two thread hand-offs per buffer. A buffer that
+waits for an event nobody has signaled yet goes to the worker, and so do the
+buffers committed after it or while a buffer runs, which keeps queue order.
+Completed handlers run on the queue's completion thread (or in `wait()`). A
+GPU dispatch is one CUDA-graph replay of the pipeline bound to the argument
+table (pipeline/ml.py, runtime/bound.py).
 
     >>> import numpy as np, stitchml as sm
     >>> g = sm.Graph(); x = g.placeholder((2, 2), sm.float32, name="x")
@@ -77,6 +80,21 @@ class Span:
 _Command = tuple
 
 
+def _pending():
+    """A held lock: released once a buffer's commands have run (cheaper than a threading.Event)."""
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
+def _wait_for(pending, timeout: float = -1) -> bool:
+    """Wait until `pending` is released (False after `timeout` seconds); it stays released for others."""
+    if not pending.acquire(True, timeout):
+        return False
+    pending.release()
+    return True
+
+
 class CommandQueue:
     """An ordered queue of command buffers on one device (MTL4CommandQueue): one CUDA stream."""
 
@@ -88,7 +106,8 @@ class CommandQueue:
         self._handle = self.stream.cuda_stream if dev.is_cuda else 0
         self._direct = cudart.runtime() if dev.is_cuda else None
         self._lock = threading.Lock()  # held while a buffer's commands are put on the stream
-        self._backlog = 0  # buffers handed to the worker and not yet run: later ones must queue behind them
+        self._backlog = 0  # buffers running or handed to the worker and not yet run: later ones queue behind them
+        self._running = threading.Lock()  # CPU: held while a buffer's commands run (committer or worker)
         self._events: list = []  # timing events of completed buffers, for reuse
         self._finish_lock = threading.Lock()
         self._launcher: cf.ThreadPoolExecutor | None = None
@@ -100,12 +119,29 @@ class CommandQueue:
 
     # -- running buffers --------------------------------------------------------------------------
     def _commit(self, cb: "CommandBuffer") -> None:
-        if self.stream is not None and not (cb._waits and cb._blocked()):
+        cpu = self.stream is None
+        if cpu:  # other threads may wait() while it runs here
+            cb._executed = _pending()
+        if not (cb._waits and cb._blocked()):
             with self._lock:
-                if self._backlog == 0:
+                idle = self._backlog == 0
+                if idle and not cpu:
                     cb._execute()
                     return
-        cb._executed = threading.Event()
+                if idle:  # the CPU runs it on this thread; buffers committed meanwhile queue behind it
+                    self._backlog += 1
+                    self._running.acquire()  # free: the worker lets it go before it leaves the backlog
+            if idle:
+                try:
+                    cb._execute_host()
+                finally:
+                    self._running.release()
+                    with self._lock:
+                        self._backlog -= 1
+                    cb._executed.release()
+                return
+        if not cpu:
+            cb._executed = _pending()
         with self._lock:  # one worker, and buffers reach it in commit order
             self._backlog += 1
             if self._launcher is None:
@@ -117,11 +153,12 @@ class CommandQueue:
             if self.stream is not None:
                 cb._execute()
             else:
-                cb._execute_host()
+                with self._running:  # after a buffer run on its committing thread
+                    cb._execute_host()
         finally:
             with self._lock:
                 self._backlog -= 1
-            cb._executed.set()
+            cb._executed.release()
 
     def _complete_later(self, cb: "CommandBuffer") -> None:
         with self._lock:
@@ -291,7 +328,7 @@ class CommandBuffer:
         self._encoders = 0
         self._handlers: list[Callable[["CommandBuffer"], None]] = []
         self._waits = False
-        self._executed: threading.Event | None = None  # set by the worker when it ran this buffer
+        self._executed = None  # a _pending() lock, released once the commands have run (None: run in a GPU commit)
         self._stamps: list = []  # per command run: (start, end): indices into _marks, else host nanoseconds
         self._marks: list = []  # with timestamps: the CUDA events recorded between commands
         self._done = None  # without timestamps, when a handler waits: a CUDA event after the last command
@@ -453,7 +490,7 @@ class CommandBuffer:
         if self._finished:
             return
         if self._executed is not None:
-            self._executed.wait()
+            _wait_for(self._executed)
         q = self.queue
         if q.stream is not None and self.error is None:
             try:  # without an event, waiting for the queue also waits for work committed after this buffer
@@ -507,7 +544,7 @@ class CommandBuffer:
             raise PipelineError(f"command buffer {self.label}: wait() before commit()")
         if timeout is not None:
             deadline = time.monotonic() + timeout
-            if self._executed is not None and not self._executed.wait(timeout):
+            if self._executed is not None and not _wait_for(self._executed, max(timeout, 0.0)):
                 raise PipelineError(f"command buffer {self.label}: not done after {timeout} s")
             while self.queue.stream is not None and self.error is None and not self._finished \
                     and not self._gpu_done():
