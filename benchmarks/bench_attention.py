@@ -18,9 +18,7 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
-import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares the GPU with PyTorch here
 
@@ -30,31 +28,10 @@ import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stitchml as sm  # noqa: E402
+from timing import median_ms  # noqa: E402
 
 SHAPES = [(4, 16, 1024, 64), (2, 16, 4096, 128), (1, 8, 16384, 64)]
 QUICK = [(1, 2, 64, 16)]
-
-
-def timed(fn, device: str, reps: int) -> float:
-    """Median milliseconds of `fn()` after warm-up."""
-    for _ in range(3):
-        fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def formula(q, k, v, causal: bool):
@@ -149,18 +126,18 @@ def main(argv=None) -> int:
                     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
                         return F.scaled_dot_product_attention(a, b, c, is_causal=causal)
 
-                row["stitchml_ms"] = timed(lambda: exe.run(feeds), device, reps)
+                row["stitchml_ms"] = median_ms(lambda: exe.run(feeds), device, reps)
                 if not backward:  # the probabilities rounded once to float16 (as FlashAttention does)
                     once, once_feeds, _ = stitch_graph(shape, dtype, causal, device, False, {"attention_split": False})
-                    row["stitchml_one_rounding_ms"] = timed(lambda: once.run(once_feeds), device, reps)
+                    row["stitchml_one_rounding_ms"] = median_ms(lambda: once.run(once_feeds), device, reps)
                     once = once_feeds = None
-                row["sdpa_ms"] = timed(torch_run(sdpa), device, reps)
-                row["torch_eager_formula_ms"] = timed(torch_run(lambda a, b, c: formula(a, b, c, causal)), device, reps)
+                row["sdpa_ms"] = median_ms(torch_run(sdpa), device, reps)
+                row["torch_eager_formula_ms"] = median_ms(torch_run(lambda a, b, c: formula(a, b, c, causal)), device, reps)
                 if compiled is not None:
-                    row["torch_compile_ms"] = timed(torch_run(lambda a, b, c: compiled(a, b, c, causal)), device, reps)
+                    row["torch_compile_ms"] = median_ms(torch_run(lambda a, b, c: compiled(a, b, c, causal)), device, reps)
                 jax_fn = jax_runner(shape, causal, backward) if device == "cuda" else None
                 if jax_fn is not None:
-                    row["jax_ms"] = timed(jax_fn, "cpu", reps)  # wall clock around block_until_ready
+                    row["jax_ms"] = median_ms(jax_fn, "cpu", reps)  # wall clock around block_until_ready
                 rows.append(row)
                 exe = feeds = outs = None  # free the arena before the next compile
                 if device == "cuda":

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -37,34 +36,13 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import stitchml as sm  # noqa: E402
+from timing import median_ms  # noqa: E402
 
 CONFIGS = [(8192, 1024, 4096, torch.bfloat16), (8192, 4096, 1024, torch.bfloat16), (8192, 1024, 4096, torch.float16)]
 QUICK = [(64, 32, 48, torch.bfloat16)]
 MODES = {"stitchml": None, "stitchml_fused": "fused", "stitchml_separate": "separate", "stitchml_off": False}
 EPS = 1e-5
 BUDGET_S = 60.0
-
-
-def timed(fn, device: str, reps: int) -> float:
-    """Median milliseconds of `fn()` after warm-up."""
-    for _ in range(3):
-        fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def layer_norm(x, gamma, beta, w):
@@ -162,7 +140,7 @@ def main(argv=None) -> int:
                 got = exe.run(feeds)[y].torch()
                 row[f"{column}_error"] = _error(got, want)
                 ok &= row[f"{column}_error"] <= tol
-                row[f"{column}_ms"] = timed(lambda: exe.run(feeds), device, reps)
+                row[f"{column}_ms"] = median_ms(lambda: exe.run(feeds), device, reps)
                 matmul = next(s for s in exe.steps if s.kind == "matmul")
                 row[f"{column}_steps"] = sum(1 for s in exe.steps if s.kind != "view")
                 if mode is None:
@@ -173,17 +151,17 @@ def main(argv=None) -> int:
                 if cuda:
                     torch.cuda.empty_cache()
             row["eager_error"] = _error(fn(*data), want)
-            row["torch_eager_ms"] = timed(lambda: fn(*data), device, reps)
+            row["torch_eager_ms"] = median_ms(lambda: fn(*data), device, reps)
             late = time.perf_counter() - start > BUDGET_S
             if compiled and not late:
                 row["torch_compile_error"] = _error(compiled[case](*data), want)
-                row["torch_compile_ms"] = timed(lambda: compiled[case](*data), device, reps)
+                row["torch_compile_ms"] = median_ms(lambda: compiled[case](*data), device, reps)
             runner = jax_runner(case, data) if cuda and not late else None
             if runner is not None:
                 run, out = runner
                 row["jax_error"] = _error(out, want)
                 ok &= row["jax_error"] <= tol
-                row["jax_ms"] = timed(run, "cpu", reps)
+                row["jax_ms"] = median_ms(run, "cpu", reps)
             if late:
                 row["note"] = "torch.compile and JAX left out: past the time budget"
             rows.append(row)

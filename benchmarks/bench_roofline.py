@@ -14,39 +14,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stitchml as sm  # noqa: E402
+from timing import median_ms  # noqa: E402
 
 
 def torch_block(x, w1, b1, w2):
     h = torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (x.shape[-1],)) @ w1 + b1, approximate="tanh")
     return torch.softmax(x + h @ w2, -1)
-
-
-def timed(fn, device: str, reps: int) -> float:
-    """Median milliseconds of `fn()` after warm-up (CUDA events on a GPU, the wall clock on the CPU)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -75,9 +54,9 @@ def main() -> None:
     torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol)
     report = exe.profile(feeds, repeats=reps)
     compiled = torch.compile(torch_block)
-    totals = {"stitchml": timed(lambda: exe.run(feeds), device, reps),
-              "torch eager": timed(lambda: torch_block(*feeds_t), device, reps),
-              "torch.compile": timed(lambda: compiled(*feeds_t), device, reps)}
+    totals = {"stitchml": median_ms(lambda: exe.run(feeds), device, reps),
+              "torch eager": median_ms(lambda: torch_block(*feeds_t), device, reps),
+              "torch.compile": median_ms(lambda: compiled(*feeds_t), device, reps)}
     print(f"{tokens} tokens x {width} features, {str(dtype).replace('torch.', '')}, {device}")
     print(report)
     print("whole block, median ms: " + ", ".join(f"{k} {v:.4f}" for k, v in totals.items()))

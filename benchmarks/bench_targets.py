@@ -33,6 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import stitchml as sm  # noqa: E402
+from timing import median_ms  # noqa: E402
 from bench_distributed import TorchCNN, cnn_graph, cnn_weights  # noqa: E402
 
 ROWS: list[dict] = []
@@ -80,27 +81,6 @@ def per_call_us(fn, dev, n: int, rounds: int = 5) -> float:
         sync(dev)
         times.append((time.perf_counter() - t) / n)
     return statistics.median(times) * 1e6
-
-
-def device_ms(fn, dev, warmup: int = 5, reps: int = 30) -> float:
-    """Median milliseconds per call between CUDA events (host clock on the CPU)."""
-    for _ in range(warmup):
-        fn()
-    sync(dev)
-    times = []
-    for _ in range(reps):
-        if dev.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -203,7 +183,7 @@ def cnn(dev: torch.device, quick: bool, explore: bool, with_compile: bool) -> No
         first = exe.run(feeds)[loss].item()
         err = abs(first - reference) / abs(reference)
         assert err < (1e-2 if options.get("allow_tf32") else 1e-4), (name, first, reference)
-        ms = device_ms(lambda: exe.run(feeds), dev, 3, reps)
+        ms = median_ms(lambda: exe.run(feeds), dev, reps)
         launchers = sorted({getattr(s.run, "launcher", None) for s in exe.steps} - {None})
         record("cnn", case, name, ms, "ms", loss_rel_err=f"{err:.1e}", kernels=exe.kernel_count,
                replay=exe._graph_state is not None, compile_s=round(time.perf_counter() - t0, 1),
@@ -249,7 +229,7 @@ def cnn(dev: torch.device, quick: bool, explore: bool, with_compile: bool) -> No
             first = step().item()
             err = abs(first - reference) / abs(reference)
             t0 = time.perf_counter()
-            ms = device_ms(step, dev, 3, reps)
+            ms = median_ms(step, dev, reps)
             record("cnn", case, name, ms, "ms", loss_rel_err=f"{err:.1e}", time_s=round(time.perf_counter() - t0, 1))
         finally:
             set_tf32(*saved)
@@ -267,7 +247,7 @@ def matmul(dev: torch.device, quick: bool, explore: bool) -> None:
     flops = 2 * n ** 3
     reps = 5 if quick else 20
     product = a.float() @ w.float() + bias.float()
-    bare = device_ms(lambda: a @ w, dev, 3, reps)
+    bare = median_ms(lambda: a @ w, dev, reps)
     record("matmul", case, "cuBLAS bare product", bare, "ms", tflops=round(flops / bare / 1e9))
     for approximate in ("none", "tanh"):
         ref = torch.nn.functional.gelu(product, approximate=approximate)
@@ -280,7 +260,7 @@ def matmul(dev: torch.device, quick: bool, explore: bool) -> None:
         exe = g.compile(feeds, [y], device=str(dev))
         err = rel_err(exe.run(feeds)[y].torch(), ref)
         chosen = [getattr(s.run, "chosen", None) for s in exe.steps if s.kind == "matmul"]
-        ms = device_ms(lambda: exe.run(feeds), dev, 3, reps)
+        ms = median_ms(lambda: exe.run(feeds), dev, reps)
         record("matmul", case, f"stitchml gelu({approximate})", ms, "ms", vs_bare=round(ms / bare, 3),
                rel_err=f"{err:.1e}", chose=chosen)
     if dev.type != "cuda":
@@ -303,7 +283,7 @@ def matmul(dev: torch.device, quick: bool, explore: bool) -> None:
             try:
                 out, fn = persistent_gelu(a, w, bias, *config)
                 err = rel_err(out, ref)
-                ms = device_ms(fn, dev, 3, reps) if err < 2e-2 else float("nan")
+                ms = median_ms(fn, dev, reps) if err < 2e-2 else float("nan")
                 record("matmul", case, f"triton persistent TMA gelu(erf) {config}", ms, "ms",
                        vs_bare=round(ms / bare, 3), rel_err=f"{err:.1e}")
             except Exception as e:  # noqa: BLE001  (a trial that does not compile is a finding)

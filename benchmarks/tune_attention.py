@@ -26,6 +26,7 @@ import time
 import torch
 import torch.nn.attention  # noqa: F401  (sdpa_kernel, to pin the flash backend)
 import torch.nn.functional as F
+from timing import median_ms  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from stitchml.codegen import attention, attention_backward  # noqa: E402
@@ -84,28 +85,6 @@ def _warm(job) -> tuple[str, float, str]:
         return source, time.perf_counter() - began, ""
     except Exception as e:  # noqa: BLE001  (a launch shape that does not compile is a finding)
         return source, time.perf_counter() - began, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
-
-
-def timed(fn, device: str, reps: int) -> float:
-    """Median milliseconds of `fn()` after warm-up."""
-    for _ in range(2):
-        fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 class Problem:
@@ -213,8 +192,8 @@ def main(argv=None) -> int:
                     torch.autograd.grad(o, leaves, problem.do)
             return run
 
-        row["sdpa_fwd_ms"] = timed(sdpa(False), device, reps)
-        row["sdpa_fwd_bwd_ms"] = timed(sdpa(True), device, reps)
+        row["sdpa_fwd_ms"] = median_ms(sdpa(False), device, reps, warmup=2)
+        row["sdpa_fwd_bwd_ms"] = median_ms(sdpa(True), device, reps, warmup=2)
         best: dict[str, tuple] = {}
         for j, (case, kernel, tile, split, src) in enumerate(plan):
             if case != i:
@@ -240,7 +219,7 @@ def main(argv=None) -> int:
                                  problem, before)()
                 run()
                 entry["errors"] = problem.errors(kernel)
-                entry["ms"] = timed(run, device, reps)
+                entry["ms"] = median_ms(run, device, reps, warmup=2)
             except Exception as e:  # noqa: BLE001  (out of shared memory and the like: the candidate is out)
                 entry["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
             row["candidates"].append(entry)
@@ -252,7 +231,7 @@ def main(argv=None) -> int:
             runs = [launcher(best[k][2], problem, k) for k in ("forward", "dq", "dkv")]
             row["best"] = {k: list(best[k][1].__dict__.values()) for k in best}
             row["stitchml_fwd_ms"] = best["forward"][0]
-            row["stitchml_fwd_bwd_ms"] = timed(lambda: [r() for r in runs], device, reps)
+            row["stitchml_fwd_bwd_ms"] = median_ms(lambda: [r() for r in runs], device, reps, warmup=2)
             row["best_errors"] = {**problem.errors("forward"), **problem.errors("dq"), **problem.errors("dkv")}
         rows.append(row)
         save()

@@ -176,6 +176,21 @@ def direct_convolution_fits(op: Operation) -> bool:
         and w[1] * w[2] * w[3] <= DIRECT_MAX_TAPS
 
 
+def _padded_copy(indent: str, src: str, c: int, h: int, w: int, top: int, left: int, ph: int, pw: int,
+                 xs: tuple) -> list[str]:
+    """C++ lines copying image `n` of `src` (NCHW strides `xs`) into the zero-padded block `xp`, whose rows
+    have the padded width `pw` and planes `ph` rows, `top` rows and `left` columns of padding before it."""
+    return [f"{indent}for (int64_t c = 0; c < {c}; ++c)",
+            f"{indent}    for (int64_t y = 0; y < {h}; ++y) {{",
+            f"{indent}        const int64_t py = y + {top};",
+            f"{indent}        if (py < 0 || py >= {ph}) continue;",
+            f"{indent}        for (int64_t x = 0; x < {w}; ++x) {{",
+            f"{indent}            const int64_t px = x + {left};",
+            f"{indent}            if (px >= 0 && px < {pw}) xp[(c * {ph} + py) * {pw}LL + px] = "
+            f"{src}[n * {xs[0]}LL + c * {xs[1]}LL + y * {xs[2]}LL + x * {xs[3]}LL];",
+            f"{indent}        }}", f"{indent}    }}"]
+
+
 def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
     """C++ for a small convolution2d (see `direct_convolution_fits`) writing a contiguous NCHW result.
 
@@ -204,15 +219,7 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
              f"        for (int64_t q = 0; q < {block}LL; ++q) xp[q] = 0;",
              "        #pragma omp for schedule(static)",
              f"        for (int64_t n = 0; n < {n}LL; ++n) {{",
-             f"            for (int64_t c = 0; c < {c}; ++c)",
-             f"                for (int64_t y = 0; y < {h}; ++y) {{",
-             f"                    const int64_t py = y + {top};",
-             f"                    if (py < 0 || py >= {ph}) continue;",
-             f"                    for (int64_t x = 0; x < {w}; ++x) {{",
-             f"                        const int64_t px = x + {left};",
-             f"                        if (px >= 0 && px < {pw}) xp[(c * {ph} + py) * {pw}LL + px] = "
-             f"in0[n * {xs[0]}LL + c * {xs[1]}LL + y * {xs[2]}LL + x * {xs[3]}LL];",
-             "                    }", "                }",
+             *_padded_copy(" " * 12, "in0", c, h, w, top, left, ph, pw, xs),
              f"            for (int64_t o = 0; o < {o}; ++o) {{",
              "                #pragma omp simd",
              f"                for (int64_t q = 0; q < {oh * pw}LL; ++q) acc[q] = 0;",
@@ -273,15 +280,7 @@ def direct_weights_gradient(name: str, op: Operation, in_layouts: list[Layout]) 
              f"            {t} acc[{taps}];",
              f"            for (int64_t k = 0; k < {taps}; ++k) acc[k] = 0;",
              f"            for (int64_t n = 0; n < {n}LL; ++n) {{",
-             f"                for (int64_t c = 0; c < {c}; ++c)",
-             f"                    for (int64_t y = 0; y < {h}; ++y) {{",
-             f"                        const int64_t py = y + {top};",
-             f"                        if (py < 0 || py >= {ph}) continue;",
-             f"                        for (int64_t x = 0; x < {w}; ++x) {{",
-             f"                            const int64_t px = x + {left};",
-             f"                            if (px >= 0 && px < {pw}) xp[(c * {ph} + py) * {pw}LL + px] = "
-             f"in1[n * {xs[0]}LL + c * {xs[1]}LL + y * {xs[2]}LL + x * {xs[3]}LL];",
-             "                        }", "                    }",
+             *_padded_copy(" " * 16, "in1", c, h, w, top, left, ph, pw, xs),
              f"                for (int64_t y = 0; y < {oh}; ++y)",
              f"                    for (int64_t x = 0; x < {ow}; ++x) "
              f"dyp[y * {pw}LL + x] = in0[n * {ds[0]}LL + o * {ds[1]}LL + y * {ds[2]}LL + x * {ds[3]}LL];",

@@ -139,9 +139,8 @@ def _run_time_loop(cx, body, args, n: int) -> list:
         bound = {body.input[0].name: i, body.input[1].name: c}
         bound.update({vi.name: x for vi, x in zip(body.input[2:], v)})
         outs = [_t(cx, o) for o in cx.run_subgraph(body, bound)]
-        nxt = [g.cast(g.reshape(outs[0], []), dtypes.bool_)] + [
-            x if x.dtype == w.dtype else g.cast(x, w.dtype) for x, w in zip(outs[1:n + 1], v)]
-        return [i + g.constant(np.array(1, np.int64)), *nxt]
+        go_on = g.cast(g.reshape(outs[0], []), dtypes.bool_)
+        return [i + g.constant(np.array(1, np.int64)), go_on, *outs[1:n + 1]]
 
     return list(g.while_loop(initial, before, after))[2:]
 
