@@ -180,14 +180,14 @@ def generate(name: str, body, layouts: list[Layout], hidden: int, batch: int, sm
     timeout = first + len(checks)  # the caller adds the step itself to its checks
     row_size = cfg.batch * block_n
     block_p = max(1, min(_pow2(cfg.programs), 16384 // row_size))
-    partial_at = "pid * ROW + rows[:, None] * BLOCK_N + cols[None, :]"
+    partial_at = "pid * (BLOCK_B * BLOCK_N) + rows[:, None] * BLOCK_N + cols[None, :]"
     body_of_draw = f"""row_in = in_rows
 col_in = col_ok
 both = in_rows[:, None] & col_ok[None, :]
 p = tl.zeros((BLOCK_B, BLOCK_N), {elem})
 for q0 in range(0, {cfg.programs}, BLOCK_P):
     qs = q0 + tl.arange(0, BLOCK_P)
-    part = tl.load(partial + qs[:, None, None] * ROW + rows[None, :, None] * BLOCK_N + cols[None, None, :],
+    part = tl.load(partial + qs[:, None, None] * (BLOCK_B * BLOCK_N) + rows[None, :, None] * BLOCK_N + cols[None, None, :],
                    mask=(qs < {cfg.programs})[:, None, None], other=0.0, cache_modifier=".cg")
     p += tl.sum(part, axis=0)
 """ + textwrap.dedent("\n".join(lines)) + "\n" + arg_max(z, "token_out", "")
@@ -220,7 +220,6 @@ def {name}({", ".join(args)}, BLOCK_B: tl.constexpr, U: tl.constexpr, BLOCK_K: t
         BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, STAGE: tl.constexpr, SPIN: tl.constexpr):
     # STAGE -1: every stage, with the barriers (persistent); 0, 1, 2: that stage alone (three launches)
     pid = tl.program_id(0)
-    ROW: tl.constexpr = BLOCK_B * BLOCK_N
     rows = tl.arange(0, BLOCK_B)
     rows64 = rows.to(tl.int64)
     in_rows = rows < {batch}
