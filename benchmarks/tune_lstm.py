@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, (options, chunk) in variants.items():
             row = {"batch": batch, "variant": name, "options": options, "chunk": chunk}
             try:
-                speed, greedy, sampled, step = run_variant(params, batch, length, options, chunk, args.device, warmup, reps)
+                speed, greedy, sampled, step = run_variant(params, batch, length, options, chunk, args.device,
+                                                           warmup, reps)
                 if reference is None:
                     reference = greedy, sampled
                 row.update(tokens_per_s=speed, greedy_equal=bool((greedy == reference[0]).all()),

@@ -66,10 +66,11 @@ class StepBlocks:
 
 
 def blocks(batch: int, hidden: int, sm_count: int, options: dict) -> StepBlocks:
-    """The smallest power-of-two units per program that needs at most `sm_count` programs (the barrier's
-    residency condition), unless options["lstm_step_units"] asks for more; lstm_step_depth and
-    lstm_step_warps set the tiles (benchmarks tune them)."""
-    units = max(_pow2(-(-hidden // sm_count)), options.get("lstm_step_units", 1))
+    """Units per program: a power of two, at least 8 (on an H200, 64 programs of 8 units of the 2x512
+    demo beat 128 of 4 by 10 %) and enough for at most `sm_count` programs (the barrier's residency
+    condition). Options lstm_step_units, lstm_step_depth and lstm_step_warps set the blocks (benchmarks
+    tune them; the pass refuses units that need more programs than SMs)."""
+    units = options.get("lstm_step_units", max(8, _pow2(-(-hidden // sm_count))))
     b = _pow2(batch)
     return StepBlocks(units, -(-hidden // units), b, options.get("lstm_step_depth", max(32, 128 // b)),
                       options.get("lstm_step_warps", 4))
@@ -103,8 +104,8 @@ def _cell(layer: int, spec, args: list[str], lays: list[Layout], hidden: int, ba
 
     def product(src: str, rows: str, ok: str, lay: Layout, weights: str, w_lay: Layout, extent: int, cache: str):
         load_w = "".join(
-            f"\n    w = tl.load({weights} + ks[None, :, None] * {w_lay.strides[0]} + ({k * hidden} + units)[None, None, :]"
-            f" * {w_lay.strides[1]}, mask=k_ok[None, :, None] & unit_ok[None, None, :], other=0.0)"
+            f"\n    w = tl.load({weights} + ks[None, :, None] * {w_lay.strides[0]}"
+            f" + ({k * hidden} + units)[None, None, :] * {w_lay.strides[1]}, mask=k_ok[None, :, None] & unit_ok[None, None, :], other=0.0)"
             f"\n    g{k} += v * w" for k in range(4))
         return f"""for k0 in tl.static_range(0, {extent}, BLOCK_K):
     ks = k0 + tl.arange(0, BLOCK_K)
@@ -187,8 +188,8 @@ both = in_rows[:, None] & col_ok[None, :]
 p = tl.zeros((BLOCK_B, BLOCK_N), {elem})
 for q0 in range(0, {cfg.programs}, BLOCK_P):
     qs = q0 + tl.arange(0, BLOCK_P)
-    part = tl.load(partial + qs[:, None, None] * (BLOCK_B * BLOCK_N) + rows[None, :, None] * BLOCK_N + cols[None, None, :],
-                   mask=(qs < {cfg.programs})[:, None, None], other=0.0, cache_modifier=".cg")
+    part = tl.load(partial + qs[:, None, None] * (BLOCK_B * BLOCK_N) + rows[None, :, None] * BLOCK_N
+                   + cols[None, None, :], mask=(qs < {cfg.programs})[:, None, None], other=0.0, cache_modifier=".cg")
     p += tl.sum(part, axis=0)
 """ + textwrap.dedent("\n".join(lines)) + "\n" + arg_max(z, "token_out", "")
 
