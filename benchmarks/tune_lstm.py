@@ -43,11 +43,12 @@ SMALL = {  # batch 1: matrix-vector products; hidden units per program, K depth,
     "step split": ({"lstm_step_fusion": "split"}, 16),
     "step": ({}, 16),
     "step chunk 64": ({}, 64),
-    "step w8": ({"lstm_step_warps": 8}, 16),
-    "step k64": ({"lstm_step_depth": 64}, 16),
     "step k256": ({"lstm_step_depth": 256}, 16),
     "step k512 w8": ({"lstm_step_depth": 512, "lstm_step_warps": 8}, 16),
-    "step u8": ({"lstm_step_units": 8}, 16),
+    "step u4": ({"lstm_step_units": 4}, 16),
+    "step u16": ({"lstm_step_units": 16}, 16),
+    "step u8 k64": ({"lstm_step_depth": 64}, 16),
+    "step u8 w8": ({"lstm_step_warps": 8}, 16),
 }
 MID = {  # batch 8: the largest the recurrent pass fuses
     "unfused": (UNFUSED, 16),
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="small model and runs: check that it works")
     parser.add_argument("--budget", type=float, default=115.0, help="seconds; contenders are skipped past it")
+    parser.add_argument("--only", nargs="+", help="run just these variants (by name; the first is the reference)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     start = time.perf_counter()
@@ -106,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:  # the dot tiles under the interpreter only where asked for: keep the check fast
         sizes = [(1, {k: SMALL[k] for k in ("unfused", "3 kernels", "step split")}),
                  (4, {k: LARGE[k] for k in ("unfused", "default")})]
+    if args.only:
+        sizes = [(b, {k: v[k] for k in args.only if k in v}) for b, v in sizes]
     print(f"{'batch':>5} {'variant':>16} {'tokens/s':>12} {'greedy = unfused':>17} {'sampled = unfused':>18}")
     for batch, variants in sizes:
         reference = None

@@ -21,6 +21,17 @@ debugger still run it op by op; the stitch pass leaves it alone):
   (B, N); one may be a gather at a scalar index along the first axis (the
   loop index picking this step's random draws), read in place.
 
+* template "lstm_step" (codegen/lstm_step.py): an lstm_cell whose h' is the x
+  of a second lstm_cell of the same width whose h' feeds a product_arg_max:
+  a token of a two-layer generator. The three matched fusions become one
+  whose body holds them as fusion ops. On CUDA that is one persistent kernel
+  per token (P <= SM count programs, a grid barrier between the layers, the
+  last program to finish draws the token); option `lstm_step_fusion`: True
+  (default; CUDA only, the interpreter cannot run a grid barrier and keeps the
+  three kernels, saying why), False, "split" (the same stages as three kernels
+  with no barrier, any backend) or "persistent" (forced: under the interpreter
+  its bounded wait gives up and the run raises, which the tests check).
+
 Every intermediate must be read by the pattern alone and be no output of the
 program (the kernels store h', c' and the index only). Recurrent steps at
 small batches are chains of tiny kernels whose count, not their work, sets
