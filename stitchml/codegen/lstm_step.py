@@ -68,8 +68,9 @@ class StepBlocks:
 def blocks(batch: int, hidden: int, sm_count: int, options: dict) -> StepBlocks:
     """Units per program: a power of two, at least 8 and enough for at most `sm_count` programs (the
     barrier's residency condition). On an H200 the 2x512 demo ran alike with 64 programs of 8 units and
-    128 of 4 (within the runs' spread), 20 % slower with 32 of 16; 8 keeps the barrier's arrivals few. Options lstm_step_units, lstm_step_depth and lstm_step_warps set the blocks (benchmarks
-    tune them; the pass refuses units that need more programs than SMs)."""
+    128 of 4 (within the runs' spread), 20 % slower with 32 of 16; 8 keeps the barrier's arrivals few.
+    Options lstm_step_units, lstm_step_depth and lstm_step_warps set the blocks (benchmarks tune them;
+    the pass refuses units that need more programs than SMs)."""
     units = options.get("lstm_step_units", max(8, _pow2(-(-hidden // sm_count))))
     b = _pow2(batch)
     return StepBlocks(units, -(-hidden // units), b, options.get("lstm_step_depth", max(32, 128 // b)),
@@ -78,18 +79,17 @@ def blocks(batch: int, hidden: int, sm_count: int, options: dict) -> StepBlocks:
 
 @dataclass
 class StepSources:
-    """The kernels of a step: `persistent` one launch, else three (`stages`); the sync buffer's and the
-    partial rows' sizes (elements) and dtype name of the partials; the gathers flagged (codes from
-    options["first_check"] on), then (persistent) the step's own code for a barrier that timed out."""
+    """The kernels of a step: persistent one launch, else three (`stages`); the partial rows' size
+    (elements) and dtype name; the gathers it flags (codes from options["first_check"] on; the next code,
+    a barrier that timed out, is the step's own: the caller appends the step to its checks)."""
 
     stages: list[KernelSource]
     partials: int
     partial_dtype: str
     checks: list
-    timeout_code: int | None
 
 
-def _cell(layer: int, spec, args: list[str], lays: list[Layout], hidden: int, batch: int, elem: str, code: int,
+def _cell(layer: int, spec, args: list[str], lays: list[Layout], hidden: int, elem: str, code: int,
           x_arg: str | None, part: str) -> str:
     """Stage code of one cell: `part` "all", "recurrent" (h · B into g0..g3 only) or "input" (x · A added,
     then the update and the stores). `x_arg`: x is that row-major (batch, H) buffer other programs wrote."""
@@ -105,7 +105,8 @@ def _cell(layer: int, spec, args: list[str], lays: list[Layout], hidden: int, ba
     def product(src: str, rows: str, ok: str, lay: Layout, weights: str, w_lay: Layout, extent: int, cache: str):
         load_w = "".join(
             f"\n    w = tl.load({weights} + ks[None, :, None] * {w_lay.strides[0]}"
-            f" + ({k * hidden} + units)[None, None, :] * {w_lay.strides[1]}, mask=k_ok[None, :, None] & unit_ok[None, None, :], other=0.0)"
+            f" + ({k * hidden} + units)[None, None, :] * {w_lay.strides[1]},"
+            f" mask=k_ok[None, :, None] & unit_ok[None, None, :], other=0.0)"
             f"\n    g{k} += v * w" for k in range(4))
         return f"""for k0 in tl.static_range(0, {extent}, BLOCK_K):
     ks = k0 + tl.arange(0, BLOCK_K)
@@ -114,7 +115,7 @@ def _cell(layer: int, spec, args: list[str], lays: list[Layout], hidden: int, ba
                 mask={ok}[:, None, None] & k_ok[None, :, None], other=0.0{cache}){load_w}"""
 
     if part in ("all", "recurrent"):
-        lines.append(product(h, "rows64 * " + str(h_lay.strides[0]), "in_rows", h_lay, b, b_lay, b_lay.shape[0], ""))
+        lines.append(product(h, f"rows64 * {h_lay.strides[0]}", "in_rows", h_lay, b, b_lay, b_lay.shape[0], ""))
     if part in ("all", "input"):
         if index is not None:
             (i_arg, i_lay) = index
@@ -164,9 +165,9 @@ def generate(name: str, body, layouts: list[Layout], hidden: int, batch: int, sm
     a2, l2 = cell_args(cell2)
     l2[0] = Layout((batch, hidden), (hidden, 1))
     spec1, spec2 = cell1.attrs["body"].notes["lstm_cell"], cell2.attrs["body"].notes["lstm_cell"]
-    stage0 = _cell(0, spec1, a1, l1, hidden, batch, elem, first, None, "all")
-    recurrent2 = _cell(1, spec2, a2, l2, hidden, batch, elem, first, None, "recurrent")
-    input2 = _cell(1, spec2, a2, l2, hidden, batch, elem, first, h1_out, "input")
+    stage0 = _cell(0, spec1, a1, l1, hidden, elem, first, None, "all")
+    recurrent2 = _cell(1, spec2, a2, l2, hidden, elem, first, None, "recurrent")
+    input2 = _cell(1, spec2, a2, l2, hidden, elem, first, h1_out, "input")
     # the draw's body: its placeholders are the fusion's inputs; the product's first operand is h2' (registers)
     inner = draw.attrs["body"]
     inner_ph = [op.outputs[0] for op in inner.operations if op.op == "placeholder"]
@@ -263,4 +264,4 @@ def {name}({", ".join(args)}, BLOCK_B: tl.constexpr, U: tl.constexpr, BLOCK_K: t
     else:
         stages = [KernelSource(name, src, grid, cfg.warps, {**base, "STAGE": k}, "lstm_step")
                   for k, grid in enumerate([(cfg.programs,), (cfg.programs,), (1,)])]
-    return StepSources(stages, cfg.programs * row_size, dtype, checks, timeout)
+    return StepSources(stages, cfg.programs * row_size, dtype, checks)
