@@ -105,3 +105,20 @@ def test_the_pass_says_why_the_step_is_not_fused():
     assert "lstm_step not applied: turned off (option lstm_step_fusion)" in exe.fusion_report()
     with pytest.raises(sm.GraphError, match="lstm_step_fusion expects True, False, 'persistent' or 'split', got 2"):
         g.compile(feeds, outs, device="cpu", options={"lstm_step_fusion": 2})
+
+
+def test_a_second_layer_reading_the_first_layers_cell_state_is_left_as_three_kernels():
+    """Layer 2's cell state is layer 1's c': the step would read it where another program writes it."""
+    g = sm.Graph()
+    x, h, c = (g.placeholder((1, 8), sm.float32, name=n) for n in "xhc")
+    w, v = (g.placeholder((32, 8), sm.float32, name=n) for n in "wv")
+    out = g.placeholder((8, 5), sm.float32, name="out")
+    h1, c1 = g.lstm_cell(x, h, c, w, w)
+    h2, c2 = g.lstm_cell(h1, h, c1, v, v)
+    token = g.reduction_arg_maximum(g.matrix_multiplication(h2, out), axis=-1)
+    rng = np.random.default_rng(7)
+    feeds = {t: rng.standard_normal(t.shape).astype(np.float32) for t in (x, h, c, w, v, out)}
+    exe = g.compile(feeds, [h2, c2, token], device="cpu", options={"lstm_step_fusion": "split"})
+    assert _kinds(exe) == ["lstm_cell", "lstm_cell", "product_arg_max"]
+    assert "lstm_step not applied: an operand of the later kernels is computed from a cell's results" in \
+        exe.fusion_report()

@@ -261,7 +261,6 @@ def _chain(found: dict[int, tuple], program: Program) -> list[tuple[int, int, in
                 if e3[2][0] is not e2[3][0]:
                     continue
                 h1, h2 = e1[3][0], e2[3][0]
-                links = {h1.id, h2.id}
                 tainted = {t.id for t in e1[3] + e2[3]}  # what the cells' results feed, outside the kernels
                 inside = {o.id for e in (e1, e2, e3) for o in e[1]}
                 for op in program.operations:
@@ -269,7 +268,7 @@ def _chain(found: dict[int, tuple], program: Program) -> list[tuple[int, int, in
                         tainted |= {t.id for t in op.outputs}
                 if h1.shape != h2.shape or h1.dtype != h2.dtype:
                     why = f"the layers' states {h1.shape} {h1.dtype.name} and {h2.shape} {h2.dtype.name} differ"
-                elif any(t.id in tainted for e in (e1, e2, e3) for t in e[2] if t.id not in links):
+                elif any(t.id in tainted for t in e1[2] + e2[2][1:] + e3[2][1:]):  # only x and h read h1', h2'
                     why = "an operand of the later kernels is computed from a cell's results"
                 else:
                     chains.append((k1, k2, k3))
@@ -277,8 +276,7 @@ def _chain(found: dict[int, tuple], program: Program) -> list[tuple[int, int, in
 
 
 def _merge_steps(found: dict[int, tuple], program: Program, position: dict[int, int], mode: str, ctx,
-                 options: dict,
-                 report: list[str]) -> None:
+                 options: dict, report: list[str]) -> None:
     """Replace each (layer 1, layer 2, draw) chain in `found` by one lstm_step entry (codegen/lstm_step.py)."""
     chains = _chain(found, program)
     if isinstance(chains, str):
@@ -286,6 +284,8 @@ def _merge_steps(found: dict[int, tuple], program: Program, position: dict[int, 
         return
     sm_count = _sm_count(ctx, options)
     for keys in chains:
+        if any(k not in found for k in keys):  # a kernel of an earlier chain
+            continue
         parts = [found.pop(k) for k in keys]
         hidden, batch = parts[0][3][0].shape[1], parts[0][3][0].shape[0]
         cfg = lstm_step.blocks(batch, hidden, sm_count, options)
