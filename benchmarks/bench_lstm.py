@@ -8,8 +8,8 @@ random (the speed does not depend on them), every contender sampling with the sa
 (Gumbel-max at temperature 0.8, the draws made on the device, no host read per token):
 
 * stitchml: `stitchml.demos.lstm.build_generator`, the whole loop one compiled graph run
-  (for_loop; on CUDA its body replayed from CUDA graphs; up to batch 8 a token is four kernels, one
-  per LSTM layer and one for the output layer and the draw, passes/recurrent.py);
+  (for_loop; on CUDA its body replayed from CUDA graphs; up to batch 8 a token is one persistent kernel
+  for both LSTM layers, the output layer and the draw, and one writing the token, passes/recurrent.py);
 * torch-eager-cudnn: nn.LSTM (cuDNN) called once per token from a Python loop;
 * torch-compile: the same step written with matmuls and pointwise ops, torch.compile'd, Python loop;
 * torch-cuda-graph: one token step (nn.LSTM) captured as a CUDA graph, replayed once per token.

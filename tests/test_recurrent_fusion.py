@@ -144,11 +144,13 @@ def test_the_arg_maximum_of_a_product_is_one_kernel_with_torchs_ties_and_nans(op
 
 def test_the_demo_samples_a_token_in_four_kernels_as_the_unfused_compile_does():
     """The generation loop's body: two LSTM cells, the output layer's draw, the token's write; greedy and
-    sampled text (the same draws) equal the unfused compile's."""
+    sampled text (the same draws) equal the unfused compile's, and so do the generation step's three
+    stages (codegen/lstm_step.py; its persistent form needs CUDA: benchmarks/tune_lstm.py checks it)."""
     params = lstm.init_parameters(11, 8, 4, seed=3)
     prompts = np.array([[1, 4, 2], [6, 0, 5]], np.int64)
     runs = {}
-    for name, options in (("fused", {}), ("unfused", {"lstm_cell_fusion": False, "product_arg_max_fusion": False})):
+    for name, options in (("fused", {}), ("unfused", {"lstm_cell_fusion": False, "product_arg_max_fusion": False}),
+                          ("step", {"lstm_step_fusion": "split", "lstm_step_units": 4})):
         gen = lstm.build_generator(params, batch=2, prompt_length=3, length=5, seed=4)
         types = {gen.prompt: sm.TensorType((2, 3), sm.int64), gen.temperature: sm.TensorType((), sm.float32)}
         exe = gen.graph.compile(types, [gen.tokens], device="cpu", options=options)
@@ -157,5 +159,10 @@ def test_the_demo_samples_a_token_in_four_kernels_as_the_unfused_compile_does():
         report = exe.fusion_report()
         if name == "fused":  # both loops' cells (reading the prompt, generating) and the draw
             assert report.count("lstm_cell applied") == 4 and report.count("product_arg_max applied") == 1, report
-    for fused, unfused in zip(runs["fused"], runs["unfused"]):
-        np.testing.assert_array_equal(fused, unfused)
+            assert "lstm_step not applied: its grid barrier needs every program resident" in report
+        if name == "step":
+            assert "lstm_step applied: both LSTM layers and the draw of a token in three kernels (split), 2 " \
+                   "programs of 4 hidden units" in report, report
+    for name in ("fused", "step"):
+        for got, unfused in zip(runs[name], runs["unfused"]):
+            np.testing.assert_array_equal(got, unfused)

@@ -11,8 +11,9 @@ ops), the output layer, softmax cross entropy and Adam. Generation is one run of
 a `for_loop` reads the prompt into the state, a second `for_loop` embeds the last token, steps both
 layers, divides the logits by the temperature, samples (Gumbel-max on `random_uniform` draws made
 before the loop; temperature 0 takes the arg maximum) and feeds the token back. Compiled at a small
-batch, a token is four kernels: one per LSTM layer, one for the output layer and the draw, one writing
-the token.
+batch on CUDA, a token is two kernels: one persistent kernel for both LSTM layers, the output layer and
+the draw, and one writing the token (under the CPU's interpreter four: one per layer, one for the draw,
+one writing the token).
 """
 from __future__ import annotations
 
@@ -245,8 +246,8 @@ def build_generator(params: dict[str, np.ndarray], batch: int, prompt_length: in
     scale = g.select(sampling, 1.0 / g.maximum(temperature, 1e-6), 1.0)
     columns = g.constant(np.arange(length, dtype=np.int32))
     if batch <= FUSED_BATCH:
-        # Each layer's lstm_cell and the output layer's product with the draw become one kernel each
-        # (passes/recurrent.py): four launches per token.
+        # Both layers' lstm_cell and the output layer's product with the draw become one kernel on CUDA
+        # (passes/recurrent.py, lstm_step), one kernel each elsewhere.
         def step(token, state):
             return lstm_step(g, g.gather(weights["embedding"], token, axis=0), state, weights)
     else:

@@ -35,8 +35,8 @@ import logging
 
 import torch
 
-from ..codegen import (attention, attention_backward, cpu, cpu_window, lstm, matmul, pointwise, pooling, product_argmax,
-                       reduction)
+from ..codegen import (attention, attention_backward, cpu, cpu_window, lstm, lstm_step, matmul, pointwise, pooling,
+                       product_argmax, reduction)
 from ..runtime import choices, native_conv
 from ..codegen.common import Layout
 from ..dtypes import float32
@@ -46,7 +46,7 @@ from ..ir import Operation, built_at
 from ..registry import lookup
 from ..registry import CONTRACTION
 from ..runtime.launch import (Carve, Chain, CublasLtCall, FreshOutputs, KernelLaunch, LaunchPlan, ReferenceCall, TF32,
-                              VendorCall, ViewOf)
+                              VendorCall, ViewOf, Workspace)
 from ..runtime.steps import Step
 from .control import CONTROL_FLOW, control_step
 from .memory import _is_view, prologue_mode, separate_scratch
@@ -254,6 +254,8 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
                                  op.inputs[0].dtype.name, interpret, options.get("attention_split", True),
                                  lse=len(op.outputs) == 2)
         return Step(op.name, template, KernelLaunch(src, ins, outs), src.source)
+    if template == "lstm_step":
+        return _generation_step(op, plan, ins, outs, interpret, options, flags, new_slot)
     if template in ("lstm_cell", "product_arg_max"):
         return _recurrent_step(op, template, plan, ins, outs, interpret, options, flags)
     if template == "attention_backward":
@@ -299,6 +301,25 @@ def _recurrent_step(op: Operation, template: str, plan, ins: list[int], outs: li
         flagged = src.checks
     checks.extend(flagged)
     return Step(op.name, template, KernelLaunch(src, ins, outs + ([flag_slot] if flagged else [])), src.source)
+
+
+def _generation_step(op: Operation, plan, ins: list[int], outs: list[int], interpret: bool, options: dict,
+                     flags: tuple[list[Operation], int], new_slot) -> Step:
+    """Both LSTM layers and the draw of a token (passes/recurrent.py "lstm_step"): one persistent kernel, or
+    its three stages; its sync words and partial rows live in a workspace of the step's own."""
+    body = op.attrs["body"]
+    checks, flag_slot = flags
+    notes = body.notes["lstm_step"]
+    h = op.outputs[0]
+    src = lstm_step.generate(op.name, body, _layouts(op, plan), h.shape[1], h.shape[0], notes["sm_count"],
+                             notes["persistent"], interpret, options)
+    checks.extend(src.checks)
+    checks.append(op)  # a barrier that timed out (its message: the body's notes["flagged"])
+    sync, partial = new_slot(), new_slot()
+    run = Chain(*(KernelLaunch(s, ins, outs + [partial, sync, flag_slot]) for s in src.stages))
+    workspace = [(sync, (lstm_step.SYNC_WORDS,), torch.int32),
+                 (partial, (src.partials,), getattr(torch, src.partial_dtype))]
+    return Step(op.name, "lstm_step", Workspace(workspace, ins[0], run), src.stages[0].source)
 
 
 def _prologue_step(op: Operation, plan, ins: list[int], outs: list[int], scratch: int | None, backend: str,

@@ -21,6 +21,17 @@ debugger still run it op by op; the stitch pass leaves it alone):
   (B, N); one may be a gather at a scalar index along the first axis (the
   loop index picking this step's random draws), read in place.
 
+* template "lstm_step" (codegen/lstm_step.py): an lstm_cell whose h' is the x
+  of a second lstm_cell of the same width whose h' feeds a product_arg_max:
+  a token of a two-layer generator. The three matched fusions become one
+  whose body holds them as fusion ops. On CUDA that is one persistent kernel
+  per token (P <= SM count programs, a grid barrier between the layers, the
+  last program to finish draws the token); option `lstm_step_fusion`: True
+  (default; CUDA only, the interpreter cannot run a grid barrier and keeps the
+  three kernels, saying why), False, "split" (the same stages as three kernels
+  with no barrier, any backend) or "persistent" (forced: under the interpreter
+  its bounded wait gives up and the run raises, which the tests check).
+
 Every intermediate must be read by the pattern alone and be no output of the
 program (the kernels store h', c' and the index only). Recurrent steps at
 small batches are chains of tiny kernels whose count, not their work, sets
@@ -37,6 +48,7 @@ kernels.
 """
 from __future__ import annotations
 
+from ..codegen import lstm_step
 from ..codegen.lstm import LstmSpec
 from ..codegen.product_argmax import MAX_COLUMNS
 from ..codegen.common import checks_divisor, triton_template
@@ -205,6 +217,114 @@ def _body(ops: list[Operation], inputs: list[Tensor], outputs: list[Tensor], pos
     return Program(g, [inner[t.id] for t in outputs], notes)
 
 
+STEP_TIMEOUT = ("a grid barrier of the persistent generation step timed out (its programs were not all resident "
+                "on the GPU at once; a later run of this executable raises too): compile with "
+                "options={'lstm_step_fusion': False}")
+
+
+def _step_mode(ctx, options: dict) -> str:
+    """How the lstm_step fusion runs: "persistent", "split" (three kernels), or why it does not apply."""
+    mode = options.get("lstm_step_fusion", True)
+    if mode is False:
+        return "turned off (option lstm_step_fusion)"
+    if mode not in (True, "persistent", "split"):
+        raise CompileError(f"recurrent: option lstm_step_fusion expects True, False, 'persistent' or 'split', "
+                           f"got {mode!r}")
+    backend = ctx.backend if ctx is not None else "interpret"
+    if mode is True and backend != "triton":
+        return ("its grid barrier needs every program resident at once, which only a CUDA device promises "
+                "(the interpreter runs programs one after another); option lstm_step_fusion='split' runs its "
+                "stages as three kernels")
+    return "split" if mode == "split" else "persistent"
+
+
+def _sm_count(ctx, options: dict) -> int:
+    if "sm_count" in options:
+        return int(options["sm_count"])
+    if ctx is not None and ctx.backend == "triton":
+        import torch
+
+        return torch.cuda.get_device_properties(ctx.device).multi_processor_count
+    return 132
+
+
+def _chain(found: dict[int, tuple], program: Program) -> list[tuple[int, int, int]] | str:
+    """The (layer 1, layer 2, draw) keys of `found` that make a generation step, or why there is none."""
+    cells = {k: v for k, v in found.items() if v[0] == "lstm_cell"}
+    draws = {k: v for k, v in found.items() if v[0] == "product_arg_max"}
+    chains, why = [], "no lstm_cell whose h' feeds another lstm_cell's x whose h' feeds a product's arg maximum"
+    for k1, e1 in cells.items():
+        for k2, e2 in cells.items():
+            if e2[2][0] is not e1[3][0] or e2[4]["lstm_cell"].gather:
+                continue
+            for k3, e3 in draws.items():
+                if e3[2][0] is not e2[3][0]:
+                    continue
+                h1, h2 = e1[3][0], e2[3][0]
+                tainted = {t.id for t in e1[3] + e2[3]}  # what the cells' results feed, outside the kernels
+                inside = {o.id for e in (e1, e2, e3) for o in e[1]}
+                for op in program.operations:
+                    if op.id not in inside and any(t.id in tainted for t in op.inputs):
+                        tainted |= {t.id for t in op.outputs}
+                if h1.shape != h2.shape or h1.dtype != h2.dtype:
+                    why = f"the layers' states {h1.shape} {h1.dtype.name} and {h2.shape} {h2.dtype.name} differ"
+                elif any(t.id in tainted for t in e1[2] + e2[2][1:] + e3[2][1:]):  # only x and h read h1', h2'
+                    why = "an operand of the later kernels is computed from a cell's results"
+                else:
+                    chains.append((k1, k2, k3))
+    return chains or why
+
+
+def _merge_steps(found: dict[int, tuple], program: Program, position: dict[int, int], mode: str, ctx,
+                 options: dict, report: list[str]) -> None:
+    """Replace each (layer 1, layer 2, draw) chain in `found` by one lstm_step entry (codegen/lstm_step.py)."""
+    chains = _chain(found, program)
+    if isinstance(chains, str):
+        report.append(f"lstm_step not applied: {chains}")
+        return
+    sm_count = _sm_count(ctx, options)
+    for keys in chains:
+        if any(k not in found for k in keys):  # a kernel of an earlier chain
+            continue
+        parts = [found.pop(k) for k in keys]
+        hidden, batch = parts[0][3][0].shape[1], parts[0][3][0].shape[0]
+        cfg = lstm_step.blocks(batch, hidden, sm_count, options)
+        if mode == "persistent" and cfg.programs > sm_count:
+            report.append(f"lstm_step not applied: {cfg.programs} programs of {cfg.units} units exceed the "
+                          f"{sm_count} SMs the grid barrier needs them resident on")
+            found.update(zip(keys, parts))
+            continue
+        links = {parts[0][3][0].id, parts[1][3][0].id}
+        inputs: list[Tensor] = []
+        for t in (t for p in parts for t in p[2]):
+            if t.id not in links and all(t is not x for x in inputs):
+                inputs.append(t)
+        outputs = parts[0][3] + parts[1][3] + parts[2][3]
+        notes = {"lstm_step": {"persistent": mode == "persistent", "sm_count": sm_count},
+                 "flagged": STEP_TIMEOUT}
+        ops = [o for p in parts for o in p[1]]
+        found[max(keys, key=lambda k: position[k])] = ("lstm_step", ops, inputs, outputs, notes, parts)
+        kind = ("one persistent kernel, a grid barrier between the layers" if mode == "persistent"
+                else "three kernels (split)")
+        report.append(f"lstm_step applied: both LSTM layers and the draw of a token in {kind}, {cfg.programs} "
+                      f"programs of {cfg.units} hidden units")
+
+
+def _step_body(parts: list[tuple], inputs: list[Tensor], outputs: list[Tensor], position: dict[int, int],
+               notes: dict) -> Program:
+    """An lstm_step's body: placeholders for `inputs`, then the three parts as fusion ops of their own."""
+    g = Graph("recurrent")
+    inner = {t.id: g.placeholder(t.shape, t.dtype, name=t.name) for t in inputs}
+    for template, ops, ins, outs, part_notes, _ in parts:
+        name = f"{template}_{max(ops, key=lambda o: position[o.id]).name}"
+        fused = g._emit("fusion", [inner[t.id] for t in ins],
+                        {"body": _body(ops, ins, outs, position, part_notes), "template": template, "name": name},
+                        name)
+        for old, new in zip(outs, fused.outputs):
+            inner[old.id] = new
+    return Program(g, [inner[t.id] for t in outputs], notes)
+
+
 def recurrent(program: Program, ctx) -> Program:
     """The pass (see the module docstring)."""
     options = ctx.options if ctx is not None else {}
@@ -215,7 +335,8 @@ def recurrent(program: Program, ctx) -> Program:
     max_batch = options.get("recurrent_max_batch", MAX_BATCH)
     uses = _Uses(program)
     position = {op.id: i for i, op in enumerate(program.operations)}
-    found: dict[int, tuple] = {}  # id of the last matched op -> (template, ops, inputs, outputs, notes)
+    # id of the last matched op -> (template, ops, inputs, outputs, notes, the parts of an lstm_step or None)
+    found: dict[int, tuple] = {}
     absorbed: set[int] = set()
     report: list[str] = []
     for op in program.operations:
@@ -237,8 +358,14 @@ def recurrent(program: Program, ctx) -> Program:
             continue
         absorbed |= {o.id for o in ops}
         last = max(ops, key=lambda o: position[o.id])
-        found[last.id] = (template, ops, inputs, outputs, notes)
+        found[last.id] = (template, ops, inputs, outputs, notes, None)
         report.append(f"{template} applied at {op.name}: {len(ops)} ops in one kernel")
+    if found:
+        mode = _step_mode(ctx, options)
+        if mode in ("persistent", "split"):
+            _merge_steps(found, program, position, mode, ctx, options, report)
+        elif any(e[0] == "lstm_cell" for e in found.values()):
+            report.append(f"lstm_step not applied: {mode}")
     if ctx is not None:
         ctx.recurrent_report = report
     if not found:
@@ -249,9 +376,10 @@ def recurrent(program: Program, ctx) -> Program:
 
     def emit(op: Operation) -> None:
         if op.id in found:
-            template, ops, inputs, outputs, notes = found[op.id]
+            template, ops, inputs, outputs, notes, parts = found[op.id]
             name = f"{template}_{op.name}"
-            body = _body(ops, inputs, outputs, position, notes)
+            body = (_step_body(parts, inputs, outputs, position, notes) if parts else
+                    _body(ops, inputs, outputs, position, notes))
             fused = g._emit("fusion", [mapping[t.id] for t in inputs], {"body": body, "template": template,
                                                                        "name": name}, name)
             for old, new in zip(outputs, fused.outputs):

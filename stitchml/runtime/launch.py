@@ -13,7 +13,8 @@ callable `fn(env)` over the environment list of value slots:
 * `FreshOutputs`: a generated kernel in place of an op's library call (the
   gradient of a max pooling whose windows tile its input);
 * `Chain`: several of these in order (a vendor call, then its epilogue);
-* `Carve`: temporaries cut from a kernel's scratch for the steps it runs.
+* `Carve`: temporaries cut from a kernel's scratch for the steps it runs;
+* `Workspace`: buffers a step keeps for itself across runs (a grid barrier's).
 
 They hold the callables and attributes they need, not the ops, so the
 runtime knows nothing of how a program was made; the op names and the lines
@@ -224,6 +225,24 @@ class Carve:
         for slot, start, nbytes, dtype, shape in self.parts:
             env[slot] = buf[start:start + nbytes].view(dtype).view(shape)
         self.fn(env)
+
+
+class Workspace:
+    """Bind buffers of a step's own to slots, then run `fn`: memory that lives as long as the step and
+    starts zeroed (a grid barrier's counters, which every launch leaves as it found them). `buffers` holds
+    (slot, shape, torch dtype); they are made on the device of the tensor at slot `like` on first use."""
+
+    def __init__(self, buffers: list[tuple[int, tuple, torch.dtype]], like: int, fn: Callable[[list], None]):
+        self.buffers, self.like, self.fns = buffers, like, (fn,)
+        self.held: list[torch.Tensor] | None = None
+
+    def __call__(self, env: list) -> None:
+        if self.held is None:
+            device = env[self.like].device
+            self.held = [torch.zeros(shape, dtype=dtype, device=device) for _, shape, dtype in self.buffers]
+        for (slot, _, _), buf in zip(self.buffers, self.held):
+            env[slot] = buf
+        self.fns[0](env)
 
 
 class VendorCall:

@@ -78,4 +78,6 @@ def raise_flagged(env: list, checks: list[Operation], flag_slot: int) -> None:
     op = checks[code]
     shapes = ", ".join(f"{t.name}: {tuple(t.shape)} {t.dtype.torch}" for t in op.inputs)
     what = "an index out of range" if op.op == "gather" else "integer division by zero"
+    if op.op == "fusion":  # a kernel's own condition, worded by its body's notes
+        what = op.attrs["body"].notes.get("flagged", what)
     raise ExecutionError(f"{built_at(op)} failed on inputs [{shapes}]: {what}")
