@@ -85,7 +85,11 @@ DECODE_VARIANTS = [
     ("512x2w/p4 g4", None, 512, 2, 4, 1, 4, "float16", 7),
     ("128x1w/p16 g4", None, 128, 1, 16, 1, 4, "float16", 7),
     ("256x4w/p8 g2", None, 256, 4, 8, 1, 2, "float16", 7),
+    ("128x1w/p12 g4", None, 128, 1, 12, 1, 4, "float16", 7),
+    ("256x2w/p8s2 g4", None, 256, 2, 8, 2, 4, "float16", 7),
     ("default, float16-sums", None, None, None, None, 1, None, "float16-sums", 7),
+    ("float16-sums 256x2w/p12 g4", None, 256, 2, 12, 1, 4, "float16-sums", 7),
+    ("float16-sums 256x2w g4 (a program a block)", None, 256, 2, None, 1, 4, "float16-sums", 7),
     ("default, levels 9 (float32 lanes)", None, None, None, None, 1, None, "float16", 9),
 ]
 
