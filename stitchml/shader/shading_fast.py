@@ -10,6 +10,12 @@ instructions per texel):
   so every tap weight is a whole number of 64ths. The four taps are summed as integers, two channels
   per 32-bit lane pair (SWAR): a signed byte b is biased to b + 128, so a lane's weighted sum stays
   under 64 * 255 < 2**16 and no carry crosses lanes. Four channels cost one 32-bit load per tap.
+* Latents within [-8, 8] (levels <= 8) leave every lane's tap sum within 1024 64ths of its lowest value:
+  with 0x6400 added (folded into the sums' starting value), a lane read as a half is 1024 + its offset,
+  exactly, and one fma.rn.f16x2 turns a lane pair into the two decoder inputs. Larger levels go through
+  float32, one lane at a time (2**23 + lane read as a float). The decoder sees the same values.
+* Latent words are addressed from row pointers: a column's pointer is one wide multiply-add, and the
+  words of a column are constant offsets from it.
 * Per-texel values (tap indices, weights) are one-dimensional, so each is computed once per texel
   rather than once per channel; the 16 channels are joined in registers, and the first layer's weight
   rows are permuted on load to match the joined order.
