@@ -404,9 +404,9 @@ def shade_words_kernel(lat_ptr, w_ptr, out_ptr, height, width, coarse_word, BLOC
     w0, b0, w1, b1, w2, b2, w3, b3 = mlp_load(w_ptr, MLP_LAYERS, MLP_P0, MLP_P1, MLP_P2, MLP_P3, MLP_P4)
     # The inputs arrive as LEVELS * value; 1 / LEVELS goes into the first layer's weights (rounded to
     # half once), which saves a multiply per input.
-    # Latents within [-8, 8] leave the integer tap sums under 2048 64ths from the lowest: converted two at a
-    # time as halves (1024 + sum read as a half, then one fma.rn.f16x2), else one at a time through float32.
-    # Either way the decoder sees the same values.
+    # Latents within [-LEVELS, LEVELS], LEVELS <= 8, keep a lane's tap sum within 1024 64ths of its lowest:
+    # converted two at a time as halves (1024 + offset read as a half is exact; then one fma.rn.f16x2), else
+    # one at a time through float32. Either way the decoder sees the same values.
     HALF: tl.constexpr = LEVELS <= 8
     # what each 16-bit lane adds to its tap sum for the half conversion: 0x6400 + 64 * LEVELS less the
     # bytes' bias of 128 * 64
