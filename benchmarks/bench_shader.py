@@ -151,8 +151,7 @@ def bench_mlp(widths, acts, rows: int, device: str, precision: str = "float16", 
 
 
 # The shading kernel's candidates: (rows per block, warps, programs per SM or None, stages, texels per group).
-DECODE_SETTINGS = [(256, 4, None, 1, 1), (256, 4, None, 1, 2), (256, 4, 8, 2, 2), (256, 2, None, 1, 4),
-                   (256, 2, 8, 1, 4), (128, 2, None, 1, 2)]
+DECODE_SETTINGS = [(256, 2, 6, 1, 4), (256, 2, None, 1, 4), (512, 2, 4, 1, 4), (128, 1, 16, 1, 4), (256, 4, 8, 1, 2)]
 
 
 def bench_decode(height: int, width: int, device: str) -> dict:

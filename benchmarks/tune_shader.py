@@ -4,10 +4,12 @@ training step; numbers in benchmarks/RESULTS.md).
 
     $ PYTHONPATH=$PWD python benchmarks/tune_shader.py --json tune.json          # CUDA, ~3 minutes
     $ PYTHONPATH=$PWD TRITON_INTERPRET=1 python benchmarks/tune_shader.py --device cpu --quick
+    $ for i in 0 1 2 3; do python benchmarks/tune_shader.py --only decode --warm --shard $i/4 & done; wait
 
 Parts: "decode", the neural-material shading kernel at 3840x2160 (4 + 12 int8 latent channels,
-16->32->6, 8 half channels out) at several launch settings with packed and plain stores, smaller
-decoders and the demo's layout, the same decoder on plain features, a copy of the bytes; "mlp",
+16->32->6, 8 half channels out) at the candidates of DECODE_VARIANTS (launch settings, half sums, the
+float32 lane conversion of levels above 8, optionally an earlier kernel: --previous), the byte-gather
+kernel, the same decoder on plain features, a copy of the bytes; "mlp",
 16->64->64->8 at 1080p through `mlp_rows` at several settings, with float32 sums and with half sums
 (precision "float16-sums"), with eager and torch.compile; "train", `bench_material_training`'s step with
 resize's GPU path and without it. GPU times are CUDA-graph replays (bench_shader.median_us).
@@ -70,72 +72,127 @@ def _reference_decode(latents, h, w, fine, coarse, levels, spec, weights, device
     return torch.cat([y[:, :3].clamp(0, 1), normal, y[:, 5:6].clamp(0, 1), torch.zeros_like(z)], 1), x
 
 
-def part_decode(device: str, quick: bool, log: dict) -> None:
+# Decode candidates: (label, kernel module or None for the installed one, texels per block, warps, programs
+# per SM or None, pipeline stages, texels per group, decoder precision, levels).
+DECODE_VARIANTS = [
+    ("default", None, None, None, None, 1, None, "float16", 7),
+    ("previous kernel 256x2w/p8 g4", "previous", 256, 2, 8, 1, 4, "float16", 7),
+    ("256x2w/p6 g4", None, 256, 2, 6, 1, 4, "float16", 7),
+    ("256x2w/p4 g4", None, 256, 2, 4, 1, 4, "float16", 7),
+    ("256x2w/p12 g4", None, 256, 2, 12, 1, 4, "float16", 7),
+    ("256x2w/p6s2 g4", None, 256, 2, 6, 2, 4, "float16", 7),
+    ("256x2w g4 (a program a block)", None, 256, 2, None, 1, 4, "float16", 7),
+    ("512x2w/p4 g4", None, 512, 2, 4, 1, 4, "float16", 7),
+    ("128x1w/p16 g4", None, 128, 1, 16, 1, 4, "float16", 7),
+    ("256x4w/p8 g2", None, 256, 4, 8, 1, 2, "float16", 7),
+    ("128x1w/p12 g4", None, 128, 1, 12, 1, 4, "float16", 7),
+    ("256x2w/p8s2 g4", None, 256, 2, 8, 2, 4, "float16", 7),
+    ("default, float16-sums", None, None, None, None, 1, None, "float16-sums", 7),
+    ("float16-sums 256x2w/p12 g4", None, 256, 2, 12, 1, 4, "float16-sums", 7),
+    ("float16-sums 256x2w g4 (a program a block)", None, 256, 2, None, 1, 4, "float16-sums", 7),
+    ("default, levels 9 (float32 lanes)", None, None, None, None, 1, None, "float16", 9),
+]
+
+
+def _decode_variants(quick: bool, shard: tuple[int, int]) -> list:
+    """The variants of `shard` (i, n): all for n = 1; else none for i = 0 (which warms the byte-gather and
+    plain-feature kernels) and every (n - 1)-th from i - 1 for the others."""
+    variants = DECODE_VARIANTS[:2] + DECODE_VARIANTS[-2:] if quick else DECODE_VARIANTS
+    i, n = shard
+    return variants if n == 1 else [] if i == 0 else variants[i - 1::n - 1]
+
+
+def part_decode(device: str, quick: bool, log: dict, previous: str | None = None,
+                shard: tuple[int, int] = (0, 1)) -> None:
+    """The shading kernel at 3840x2160 (4 + 12 int8 latent channels in [-7, 7], 16->32->6, 8 half channels)
+    at the candidates of DECODE_VARIANTS, each checked against float64 (colour and roughness; normals
+    reported) and against the default's bits, then timed; the byte-gather kernel, the same decoder on
+    plain fp16 features and a copy of the bytes. `previous`: a module holding an earlier `shade_words_kernel`
+    (same arguments), timed through `shade` in its place."""
+    import importlib
+
     from stitchml.shader import MLPSpec, shading
 
     measure = timer(device)
     h, w = (8, 256) if quick else (2160, 3840)
+    fine, coarse = 4, 12
     sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 1
+    n = (h // 2) * (w // 2) * fine + (h // 4) * (w // 4) * coarse
+    latents = torch.randint(-7, 8, (n,), dtype=torch.int8, generator=torch.Generator().manual_seed(2)).to(device)
+    out = torch.empty(h * w, 8, dtype=torch.float16, device=device)
+    installed = shading.shading_fast
+    refs: dict = {}
     rows = []
-    layouts = [(4, 12, 32, "bench"), (4, 12, 16, "hidden 16"), (4, 8, 32, "4+8"), (4, 4, 32, "4+4"),
-               (4, 6, 32, "demo 4+6 (byte gather)"),
-               (4, 12, 64, "hidden 64")]
-    # (rows per block, warps, programs per SM or None, stages, packed stores (None: default), texels per group)
-    settings = [(256, 4, None, 1, None, 1), (256, 4, None, 1, False, 1), (256, 8, None, 1, None, 1),
-                (256, 4, None, 1, None, 2), (256, 4, 8, 1, None, 2), (256, 4, 4, 2, None, 2), (256, 4, 8, 2, None, 2),
-                (256, 2, None, 1, None, 4), (256, 2, 8, 1, None, 4), (256, 2, 16, 1, None, 4),
-                (256, 2, 8, 2, None, 4), (256, 2, None, 1, False, 4), (128, 2, None, 1, None, 2),
-                (128, 2, 16, 2, None, 2), (128, 1, None, 1, None, 4), (256, 4, None, 1, None, 4)]
-    if quick:
-        layouts, settings = layouts[:1] + layouts[4:5], settings[:1] + settings[7:8]
-    for fine, coarse, hidden, name in layouts:
-        levels = 7
-        spec = MLPSpec((fine + coarse, hidden, 6), ("relu", "none"), "float16", "program")
+    base = None
+    for label, module, block, warps, per_sm, stages, group, precision, levels in _decode_variants(quick, shard):
+        if module == "previous" and not previous:
+            continue
+        spec = MLPSpec((fine + coarse, 32, 6), ("relu", "none"), precision, "program")
         weights = _weights(spec, 1)
-        n = (h // 2) * (w // 2) * fine + (h // 4) * (w // 4) * coarse
-        gen = torch.Generator().manual_seed(2)
-        latents = torch.randint(-levels, levels + 1, (n,), dtype=torch.int8, generator=gen).to(device)
         packed = spec.pack(weights, device)
-        ref, feats = _reference_decode(latents, h, w, fine, coarse, levels, spec, weights, device)
-        out = torch.empty(h * w, 8, dtype=torch.float16, device=device)
-        for block, warps, per_sm, stages, pack, group in settings if name == "bench" else \
-                [settings[0], (256, 4, None, 1, None, 2), (256, 2, None, 1, None, 4)][:1 if "gather" in name else 3]:
-            label = f"{block}x{warps}w" + (f"/p{per_sm}s{stages}" if per_sm else "") + f" g{group}" + \
-                ("" if pack is None else " unpacked")
 
-            def call(b=block, nw=warps, p=per_sm, s=stages, pk=pack, g=group):
-                shading.shade(latents, packed, (h, w), fine, coarse, levels, spec, block=b if "gather" not in name
-                              else 128, num_warps=nw, programs=p and p * sms, stages=s, out=out, packed_store=pk,
-                              group=g)
-            try:
-                out.fill_(float("nan"))
-                call()
-                # colour and roughness; the normals, rebuilt from x and y, amplify the decoder's half roundings
-                # wherever x² + y² nears 1 (plain features show the same), so they are reported, not checked
-                err = (out[:, [0, 1, 2, 6, 7]].double() - ref[:, [0, 1, 2, 6, 7]]).abs().max().item()
-                err_normal = (out[:, 3:6].double() - ref[:, 3:6]).abs().max().item()
-                t = measure(call) if err < 6e-3 and torch.isfinite(out).all() else float("nan")
-            except Exception as e:  # noqa: BLE001  (one setting failing leaves the others)
-                print(f"  decode {name} {label}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        def call(b=block, nw=warps, p=per_sm, s=stages, g=group, net=spec, pk=packed, lv=levels):
+            shading.shade(latents, pk, (h, w), fine, coarse, lv, net, block=b, num_warps=nw,
+                          programs=p and p * sms, stages=s, out=out, group=g)
+        try:
+            shading.shading_fast = importlib.import_module(previous) if module == "previous" else installed
+            out.fill_(float("nan"))
+            call()
+            if WARM:
                 continue
-            rows.append({"layout": name, "setting": label, "us": t, "err": err, "err_normal": err_normal})
-            print(f"  decode {h}x{w} {name:<24} {label:<22} {t:9.1f} us  max err vs fp64 {err:.1e} "
-                  f"(normals {err_normal:.1e})", flush=True)
-        if name == "bench":
-            plain_in = torch.zeros(h * w, 16, dtype=torch.float16, device=device)
-            plain_in[:, :fine + coarse] = feats.half()
-            for block, warps, per_sm, stages in [(128, 4, None, 1), (128, 4, 8, 3), (256, 4, 4, 3)][:1 if quick else 3]:
-                t = measure(lambda b=block, nw=warps, p=per_sm, s=stages: shading.shade_plain(
-                    plain_in, packed, spec, block=b, num_warps=nw, programs=p and p * sms, stages=s, out=out))
-                err = (out.double() - ref).abs().max().item()
-                rows.append({"layout": "plain features", "setting": f"{block}x{warps}w/p{per_sm}s{stages}", "us": t,
-                             "err": err})
-                print(f"  plain features {block}x{warps}w/p{per_sm}s{stages}: {t:.1f} us err {err:.1e}", flush=True)
-            src = torch.empty((h * w * 16 + n) // 4, dtype=torch.int8, device=device)
-            dst = torch.empty_like(src)
-            copy = measure(lambda: dst.copy_(src))
-            rows.append({"layout": "copy of the decode's bytes", "setting": "", "us": copy})
-            print(f"  copy of its bytes ({(h * w * 16 + n) / 1e6:.0f} MB): {copy:.1f} us", flush=True)
+            if levels not in refs:
+                refs[levels] = _reference_decode(latents, h, w, fine, coarse, levels, spec, weights, device)[0]
+            ref = refs[levels]
+            # colour and roughness; the normals, rebuilt from x and y, amplify the decoder's half roundings
+            # wherever x² + y² nears 1, so they are reported, not checked
+            err = (out[:, [0, 1, 2, 6, 7]].double() - ref[:, [0, 1, 2, 6, 7]]).abs().max().item()
+            err_normal = (out[:, 3:6].double() - ref[:, 3:6]).abs().max().item()
+            if base is None and label == "default":
+                base = out.clone()
+            same = torch.equal(out, base) if base is not None and precision == "float16" and levels == 7 else None
+            t = measure(call) if err < 6e-3 and torch.isfinite(out).all() else float("nan")
+        except Exception as e:  # noqa: BLE001  (one setting failing leaves the others)
+            print(f"  decode {label}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            continue
+        finally:
+            shading.shading_fast = installed
+        rows.append({"variant": label, "us": t, "err": err, "err_normal": err_normal, "same_bits_as_default": same})
+        print(f"  decode {h}x{w} {label:<36} {t:8.1f} us  max err vs fp64 {err:.1e} (normals {err_normal:.1e})"
+              f"{'' if same is None else '  same bits as default: ' + str(same)}", flush=True)
+    if WARM and shard[0] != 0:
+        return
+    spec = MLPSpec((fine + coarse, 32, 6), ("relu", "none"), "float16", "program")
+    weights = _weights(spec, 1)
+    packed = spec.pack(weights, device)
+    gather_out = torch.empty_like(out)
+
+    def gather():
+        shading._shade_kernel[(16 * sms,)](
+            latents, packed, gather_out, h, w, (h // 2) * (w // 2) * fine, BLOCK=64, C_FINE=fine, C_COARSE=coarse,
+            LEVELS=7, OUT_P=spec.padded[-1], num_warps=4, **spec.constexprs("MLP_"))
+    gather()
+    if base is not None:
+        # the same tap sums; the decoder's float32 sums may round otherwise (a half ulp, which the rebuilt
+        # normal can amplify at a rare texel)
+        off = ((gather_out.float() - base.float()).abs() > 2e-3).float().mean().item()
+        diff = (gather_out.float() - base.float()).abs().max().item()
+        t = measure(gather)
+        rows.append({"variant": "byte-gather kernel", "us": t, "max_diff_vs_default": diff, "share_off": off})
+        print(f"  byte-gather kernel {t:.1f} us; default against it: max diff {diff:.1e}, {off:.1e} of channels "
+              f"off by > 2e-3", flush=True)
+    feats = torch.zeros(h * w, 16, dtype=torch.float16, device=device)
+    feats[:] = (torch.rand(h * w, 16, device=device, generator=torch.Generator(device).manual_seed(4)) * 2 - 1)
+    for block, warps, per_sm, stages in [(128, 4, None, 1), (128, 4, 8, 3), (256, 4, 4, 3)][:1 if quick else 3]:
+        t = measure(lambda b=block, nw=warps, p=per_sm, s=stages: shading.shade_plain(
+            feats, packed, spec, block=b, num_warps=nw, programs=p and p * sms, stages=s, out=out))
+        rows.append({"variant": f"plain features {block}x{warps}w/p{per_sm}s{stages}", "us": t})
+        print(f"  plain features {block}x{warps}w/p{per_sm}s{stages}: {t:.1f} us", flush=True)
+    # read and written: as many bytes in all as the decode reads (n) and writes (16 a texel)
+    src = torch.empty((h * w * 16 + n) // 2, dtype=torch.int8, device=device)
+    dst = torch.empty_like(src)
+    copy = measure(lambda: dst.copy_(src))
+    rows.append({"variant": "copy of the decode's bytes", "us": copy})
+    print(f"  copy of its bytes ({(h * w * 16 + n) / 1e6:.0f} MB): {copy:.1f} us", flush=True)
     log["decode"] = {"height": h, "width": w, "rows": rows}
 
 
@@ -262,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, two settings (to check the script)")
     parser.add_argument("--only", nargs="+", choices=["decode", "mlp", "train"], default=["decode", "mlp", "train"])
     parser.add_argument("--json", help="write the results here (after every part)")
+    parser.add_argument("--previous", metavar="MODULE",
+                        help="decode: also time this module's shade_words_kernel (an earlier version, importable)")
+    parser.add_argument("--shard", default="0/1", metavar="I/N",
+                        help="with --warm: one of N parts of the decode variants (warm in N processes side by side)")
     parser.add_argument("--warm", action="store_true",
                         help="run every variant once and time nothing: fills the compile caches (run the parts "
                              "side by side with --warm, then time them one after another)")
@@ -278,7 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     for part in args.only:
         start = time.perf_counter()
         try:
-            {"decode": part_decode, "mlp": part_mlp, "train": part_train}[part](args.device, args.quick, log)
+            if part == "decode":
+                i, n = (int(v) for v in args.shard.split("/"))
+                part_decode(args.device, args.quick, log, args.previous, (i, n))
+            else:
+                {"mlp": part_mlp, "train": part_train}[part](args.device, args.quick, log)
         except Exception as e:  # noqa: BLE001  (the other parts still run)
             import traceback
 

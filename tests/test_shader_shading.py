@@ -112,6 +112,36 @@ def test_grouped_sampling_is_the_per_texel_decode(height, width, fine, coarse, b
         shading.shade(latents, spec.pack(weights, DEVICE), (height, width), fine, coarse, 15, spec, group=3)
 
 
+@pytest.mark.parametrize("height,width,fine,coarse,block,group", [
+    (8, 32, 4, 12, 16, 4),  # fours; edges inside groups
+    (12, 32, 8, 4, 32, 2),  # pairs, two fine words
+    (12, 20, 4, 4, 32, 1),  # blocks across rows: texels one at a time
+])
+def test_half_conversion_is_the_float_conversion(height, width, fine, coarse, block, group):
+    """Latents within [-8, 8] are converted two at a time as halves; the decoder gets the same values as
+    through float32: decoding with levels 8 equals decoding with levels 16 and the first layer's weights
+    doubled, bit for bit (the kernel scales those by 1 / levels, exactly), and both match float64. The
+    extremes (+-8: 16-bit lanes at 1024 + 0 and 1024 + 1024) are in every tap."""
+    spec, weights = _decoder(fine + coarse, seed=height * width)
+    n = (height // 2) * (width // 2) * fine + (height // 4) * (width // 4) * coarse
+    latents = torch.randint(-8, 9, (n,), dtype=torch.int8, generator=torch.Generator().manual_seed(7))
+    latents[::5], latents[1::5] = 8, -8
+    doubled = [(weights[0][0] * 2, weights[0][1])] + weights[1:]
+    outs = []
+    for levels, w in [(8, weights), (16, doubled)]:
+        out = torch.full((height * width, 8), float("nan"), dtype=torch.float16, device=DEVICE)
+        shading.shade(latents.to(DEVICE), spec.pack(w, DEVICE), (height, width), fine, coarse, levels, spec,
+                      block=block, num_warps=1, group=group, out=out)
+        outs.append(out.cpu())
+    assert torch.equal(outs[0], outs[1])
+    ref = _reference(_features(latents, (height, width), fine, coarse, 8), spec, weights).numpy()
+    got = outs[0].double().numpy()
+    # z = sqrt(1 - x² - y²) turns an error e in x² + y² near 1 into up to sqrt(e): z is compared squared
+    others = [0, 1, 2, 3, 4, 6, 7]
+    np.testing.assert_allclose(got[:, others], ref[:, others], atol=4e-3)
+    np.testing.assert_allclose(got[:, 5] ** 2, ref[:, 5] ** 2, atol=4e-3)
+
+
 def test_shade_plain_matches_the_float64_decode():
     spec, weights = _decoder(16, seed=5)
     # in [-1, 1] like sampled latents / levels

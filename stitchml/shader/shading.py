@@ -22,8 +22,9 @@ CHANNELS = 8  # written per texel: base color RGB, normal xyz, roughness, zero
 def default_group(block: int, num_warps: int) -> int:
     """Texels the word kernel samples together by default (`shade`'s group): the most, of 1, 2 and 4,
     that leave a group per thread. Fewer groups than threads would repeat each group's work on several
-    threads and move it through shared memory (sm_90 SASS from Triton 3.6: 582 instructions a texel for
-    fours at 256 texels x 4 warps, against 304 for pairs, 358 for single texels, 240 for fours at 2 warps)."""
+    threads and move it through shared memory (sm_90 SASS from Triton 3.6, before the half conversion:
+    582 instructions a texel for fours at 256 texels x 4 warps, against 304 for pairs, 358 for single
+    texels, 240 for fours at 2 warps; with it, pairs at 4 warps 256, fours at 2 warps 214)."""
     return max(g for g in (1, 2, 4) if g == 1 or block // g >= 32 * num_warps)
 
 
@@ -113,15 +114,18 @@ def shade(latents: torch.Tensor, packed: torch.Tensor, size: int | tuple[int, in
     `spec.pack(...)` of a decoder taking fine + coarse inputs and giving 6 outputs. `programs` caps the
     grid: persistent programs load the decoder once and loop over blocks of `block` texels (default
     256 on the fast path, else 128), prefetching with `stages` pipeline stages (the fast kernel only).
-    On the fast path the defaults are the fastest measured on an H200 (3840x2160: 130 µs against 150 µs
-    for pairs of texels at 4 warps and one program per block): 2 warps (`num_warps`, else 4), 8 programs
-    per multiprocessor on CUDA (`programs`), and texels in fours (`group`). When both channel counts are multiples of 4 and the decoder's padded widths
-    allow (`shading_fast.fits`), the latents are read as 32-bit words and filtered as integers
+    On the fast path the defaults are the fastest measured on an H200 at 3840x2160 (`tune_shader.py`):
+    256 texels (`block`), 8 programs per multiprocessor on CUDA (`programs`), and 4 warps when `levels`
+    is at most 8, else 2 (`num_warps`; 4 off the fast path), with the group `default_group` gives:
+    pairs of texels at 4 warps (119 µs against 130 µs for the previous kernel's best), fours at 2
+    warps (131 µs). When both channel counts are multiples of 4 and the decoder's padded widths allow
+    (`shading_fast.fits`), the latents are read as 32-bit words and filtered as integers
     (`shading_fast.shade_words_kernel`); the results are the same. There, half-precision outputs are
     stored two channels to a 32-bit word (`packed_store`, default: when `out` is float16), and when
     `block` divides the width, `group` (2 or 4; 1 turns it off; default `default_group`) consecutive
-    texels are sampled together, sharing the latent columns they fall between: fours at the default 256
-    texels and 2 warps.
+    texels are sampled together, sharing the latent columns they fall between. Latents are expected
+    within [-levels, levels]; with levels at most 8 the fast path converts the filtered sums to the
+    decoder's halves two at a time and relies on it (a latent outside the range gives other values).
     """
     height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
     n_fine, n_coarse = (height // 2) * (width // 2) * fine, (height // 4) * (width // 4) * coarse
@@ -138,7 +142,9 @@ def shade(latents: torch.Tensor, packed: torch.Tensor, size: int | tuple[int, in
         raise ShapeError(f"shade: expected a contiguous output ({texels}, {CHANNELS}), got {tuple(out.shape)}")
     fast = shading_fast.fits(spec, fine, coarse) and latents.data_ptr() % 4 == 0
     block = block or (256 if fast else 128)
-    num_warps = num_warps or (2 if fast else 4)
+    # levels <= 8: the half conversion, whose dot at 4 warps (wgmma) measured 119 µs against 203 µs at 2
+    # (mma.sync); above 8 the float32 lanes measured 131 µs at 2 warps with fours
+    num_warps = num_warps or (2 if fast and levels > 8 else 4)
     if programs is None and fast and latents.is_cuda:
         programs = 8 * torch.cuda.get_device_properties(latents.device).multi_processor_count
     blocks = triton.cdiv(texels, block)

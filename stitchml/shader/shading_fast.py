@@ -10,6 +10,12 @@ instructions per texel):
   so every tap weight is a whole number of 64ths. The four taps are summed as integers, two channels
   per 32-bit lane pair (SWAR): a signed byte b is biased to b + 128, so a lane's weighted sum stays
   under 64 * 255 < 2**16 and no carry crosses lanes. Four channels cost one 32-bit load per tap.
+* Latents within [-8, 8] (levels <= 8) leave every lane's tap sum within 1024 64ths of its lowest value:
+  with 0x6400 added (folded into the sums' starting value), a lane read as a half is 1024 + its offset,
+  exactly, and one fma.rn.f16x2 turns a lane pair into the two decoder inputs. Larger levels go through
+  float32, one lane at a time (2**23 + lane read as a float). The decoder sees the same values.
+* Latent words are addressed from row pointers: a column's pointer is one wide multiply-add, and the
+  words of a column are constant offsets from it.
 * Per-texel values (tap indices, weights) are one-dimensional, so each is computed once per texel
   rather than once per channel; the 16 channels are joined in registers, and the first layer's weight
   rows are permuted on load to match the joined order.
@@ -40,11 +46,15 @@ def fits(spec: MLPSpec, fine: int, coarse: int) -> bool:
 
 
 @triton.jit
-def _input_rows(w_ptr, P1: tl.constexpr):
-    """The first layer's (16, P1) weights with rows in the order `_latent_inputs` joins the channels:
-    row m holds channel 8 * (m & 1) + 4 * ((m >> 1) & 1) + 2 * (m >> 3) + ((m >> 2) & 1)."""
+def _input_rows(w_ptr, P1: tl.constexpr, HALF: tl.constexpr):
+    """The first layer's (16, P1) weights with rows in the order `_texel_vector` joins the channels: row m
+    holds channel 8 * (m & 1) + 4 * ((m >> 1) & 1) + 2 * (m >> 3) + ((m >> 2) & 1) (float lanes), or
+    8 * ((m >> 1) & 1) + 4 * ((m >> 2) & 1) + 2 * (m & 1) + (m >> 3) (half lanes)."""
     m = tl.arange(0, 16)
-    c = 8 * (m & 1) + 4 * ((m >> 1) & 1) + 2 * (m >> 3) + ((m >> 2) & 1)
+    if HALF:
+        c = 8 * ((m >> 1) & 1) + 4 * ((m >> 2) & 1) + 2 * (m & 1) + (m >> 3)
+    else:
+        c = 8 * (m & 1) + 4 * ((m >> 1) & 1) + 2 * (m >> 3) + ((m >> 2) & 1)
     return tl.load(w_ptr + c[:, None] * P1 + tl.arange(0, P1)[None, :])
 
 
@@ -75,49 +85,29 @@ def _biased_lanes(u, w, lo, hi):
 
 
 @triton.jit
-def _word(words, J: tl.constexpr, FW: tl.constexpr, CW: tl.constexpr, f00, f01, f10, f11, c00, c01, c10, c11,
-          g00, g01, g10, g11, h00, h01, h10, h11):
-    """The weighted tap sums of latent word J (fine words first, then coarse) for its bytes 0, 2, 1, 3,
-    each biased by 128 and summed in 64ths (integers summed two to an int32, SWAR), as float32 values
-    2**23 + sum. f.., c..: word offsets of the fine and coarse taps; g.., h..: their weights in 64ths."""
-    lo = tl.zeros(f00.shape, tl.int32)
-    hi = tl.zeros(f00.shape, tl.int32)
+def _word(J: tl.constexpr, FW: tl.constexpr, CW: tl.constexpr, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10,
+          g11, h00, h01, h10, h11, KLANE: tl.constexpr):
+    """The weighted tap sums (lo: bytes 0 and 2, hi: bytes 1 and 3, each biased by 128, in 64ths, plus
+    KLANE per lane) of latent word J (fine words first, then coarse), two 16-bit lanes to an int32 (SWAR).
+    f.., c..: pointers to the first fine and coarse word of each tap; g.., h..: their weights in 64ths."""
+    lo = tl.full(f00.shape, KLANE * 65537, tl.int32)
+    hi = lo
     if J < FW:
-        for tap in tl.static_range(4):
-            if tap == 0:
-                u = tl.load(words + f00 + J)
-                w = g00
-            elif tap == 1:
-                u = tl.load(words + f01 + J)
-                w = g01
-            elif tap == 2:
-                u = tl.load(words + f10 + J)
-                w = g10
-            else:
-                u = tl.load(words + f11 + J)
-                w = g11
-            lo, hi = _biased_lanes(u, w, lo, hi)
+        lo, hi = _biased_lanes(tl.load(f00 + J), g00, lo, hi)
+        lo, hi = _biased_lanes(tl.load(f01 + J), g01, lo, hi)
+        lo, hi = _biased_lanes(tl.load(f10 + J), g10, lo, hi)
+        lo, hi = _biased_lanes(tl.load(f11 + J), g11, lo, hi)
     elif J < FW + CW:
-        for tap in tl.static_range(4):
-            if tap == 0:
-                u = tl.load(words + c00 + (J - FW))
-                w = h00
-            elif tap == 1:
-                u = tl.load(words + c01 + (J - FW))
-                w = h01
-            elif tap == 2:
-                u = tl.load(words + c10 + (J - FW))
-                w = h10
-            else:
-                u = tl.load(words + c11 + (J - FW))
-                w = h11
-            lo, hi = _biased_lanes(u, w, lo, hi)
-    # Words past the channels stay 0: finite inputs that meet the zero rows the packing pads with.
-    return _lanes(lo, hi)
+        lo, hi = _biased_lanes(tl.load(c00 + (J - FW)), h00, lo, hi)
+        lo, hi = _biased_lanes(tl.load(c01 + (J - FW)), h01, lo, hi)
+        lo, hi = _biased_lanes(tl.load(c10 + (J - FW)), h10, lo, hi)
+        lo, hi = _biased_lanes(tl.load(c11 + (J - FW)), h11, lo, hi)
+    # Words past the channels give finite inputs that meet the zero rows the packing pads with.
+    return lo, hi
 
 
 @triton.jit
-def _lanes(lo, hi):
+def _float_lanes(lo, hi):
     """The four 16-bit lanes of `lo` and `hi` as floats 2**23 + lane, shape (..., 2, 2): [lane, lo or hi],
     i.e. byte 2 * lane + (hi) of the latent word."""
     if _PTX:
@@ -144,67 +134,109 @@ def _float_lane(word, HIGH: tl.constexpr):
 
 
 @triton.jit
-def _ylerp(words, top, bottom, a, b):
-    """One latent word at two rows (word offsets `top`, `bottom`), its bytes biased and blended a : b
-    along y, as 16-bit lanes: (bytes 0 and 2, bytes 1 and 3)."""
-    lo_t, hi_t = _biased_lanes(tl.load(words + top), a, 0, 0)
-    return _biased_lanes(tl.load(words + bottom), b, lo_t, hi_t)
+def _half_lanes(word, LEVELS: tl.constexpr):
+    """The two 16-bit lanes of `word`, each 1024 + 64 * (LEVELS + value) with the value in [-LEVELS,
+    LEVELS] (LEVELS <= 8) and read as a half (bits 0x6400 + lane: exact below 2048), as the halves
+    lane / 64 - 16 - LEVELS: the value, exactly. On the GPU one fma.rn.f16x2 for both lanes."""
+    if _PTX:
+        # 1/64 in both halves; -(16 + LEVELS) as a half is 0xCC00 + 64 * LEVELS, in both (as an int32)
+        scale = tl.full(word.shape, 0x24002400, tl.int32)
+        shift = tl.full(word.shape, (0xCC00 + 64 * LEVELS) * 65537 - 4294967296, tl.int32)
+        low, high = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; fma.rn.f16x2 t, $2, $3, $4; mov.b32 {$0, $1}, t; }", "=h,=h,r,r,r", [word, scale, shift],
+            dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+    else:
+        low = (word & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        high = ((word >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        low = (low * (1.0 / 64) - (16.0 + LEVELS)).to(tl.float16)
+        high = (high * (1.0 / 64) - (16.0 + LEVELS)).to(tl.float16)
+    return low, high
 
 
 @triton.jit
-def _joined(q0, q1, q2, q3):
-    """One texel's 16 inputs (..., 16) from its four words' `_lanes`, in `_input_rows`' order."""
-    return tl.reshape(tl.join(tl.join(q0, q1), tl.join(q2, q3)), (q0.shape[0], 16))
+def _texel_vector(lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3, HALF: tl.constexpr, LEVELS: tl.constexpr):
+    """A texel's 16 decoder inputs (..., 16) from its four words' tap sums, in `_input_rows`' order: the
+    latent values (levels, not yet / LEVELS), as float32 (float lanes) or halves (HALF)."""
+    if HALF:
+        # the two lanes of one conversion sit side by side (the last join), ready to pack two to a register
+        a0, b0 = _half_lanes(lo0, LEVELS)
+        c0, d0 = _half_lanes(hi0, LEVELS)
+        a1, b1 = _half_lanes(lo1, LEVELS)
+        c1, d1 = _half_lanes(hi1, LEVELS)
+        a2, b2 = _half_lanes(lo2, LEVELS)
+        c2, d2 = _half_lanes(hi2, LEVELS)
+        a3, b3 = _half_lanes(lo3, LEVELS)
+        c3, d3 = _half_lanes(hi3, LEVELS)
+        first = tl.join(tl.join(tl.join(a0, c0), tl.join(a1, c1)), tl.join(tl.join(a2, c2), tl.join(a3, c3)))
+        second = tl.join(tl.join(tl.join(b0, d0), tl.join(b1, d1)), tl.join(tl.join(b2, d2), tl.join(b3, d3)))
+        x = tl.reshape(tl.join(first, second), (lo0.shape[0], 16))
+    else:
+        q0 = _float_lanes(lo0, hi0)
+        q1 = _float_lanes(lo1, hi1)
+        q2 = _float_lanes(lo2, hi2)
+        q3 = _float_lanes(lo3, hi3)
+        # 2**23 + lane, read as a float, is exact; / 64 - (2**23 + 128 * 64) / 64 is exact too (one fma)
+        x = tl.reshape(tl.join(tl.join(q0, q1), tl.join(q2, q3)), (lo0.shape[0], 16)) * (1.0 / 64) - 131200.0
+    return x
 
 
 @triton.jit
-def _group_word(words, J: tl.constexpr, FW: tl.constexpr, CW: tl.constexpr, GROUP: tl.constexpr, ft, fb, ca, cb,
-                F0, F1, F2, F3, C0, C1, C2, fa, wa, wb, k1a, k1b):
-    """Latent word J of the GROUP texels of each group, as `_lanes` per texel (q0, q1, q2, q3; the last
-    two only for GROUP 4). Columns are y-blended once per group and shared: F0.. fine and C0.. coarse
-    column offsets; ft, fb / ca, cb: the two rows' word offsets; fa / wa: the second row's weight (quarters /
-    eighths; the first row's is 4 - fa / 8 - wa). Along x
-    the fine weights are constants (in 16ths of the quarters: 64ths in all); the coarse ones too for
-    GROUP 4, per group (k1a, k1b for the second texel, wa.. reused) for GROUP 2."""
+def _ylerp(top, bottom, a, b, START: tl.constexpr):
+    """One latent word at two rows (pointers `top`, `bottom`), its bytes biased and blended a : b along y,
+    from START, as 16-bit lanes: (bytes 0 and 2, bytes 1 and 3)."""
+    lo_t, hi_t = _biased_lanes(tl.load(top), a, START, START)
+    return _biased_lanes(tl.load(bottom), b, lo_t, hi_t)
+
+
+@triton.jit
+def _group_word(J: tl.constexpr, FW: tl.constexpr, CW: tl.constexpr, GROUP: tl.constexpr, T0, T1, T2, T3, B0, B1,
+                B2, B3, S0, S1, S2, R0, R1, R2, fa, wa, wb, k1a, k1b, KLANE: tl.constexpr):
+    """Latent word J of the GROUP texels of each group as tap sums (lo, hi) per texel (texels 2 and 3
+    only for GROUP 4). Columns are y-blended once per group and shared: T0.. / B0.. point to the fine
+    columns' first word in the top / bottom row, S0.. / R0.. to the coarse ones'; fa / wa: the bottom
+    row's weight (quarters / eighths; the top row's is 4 - fa / 8 - wa). Along x the fine weights are
+    constants (in 16ths of the quarters: 64ths in all); the coarse ones too for GROUP 4, per group (k1a,
+    k1b for the second texel, wb for the first) for GROUP 2."""
     if J < FW:
-        l0, h0 = _ylerp(words, ft + F0 * FW + J, fb + F0 * FW + J, 4 - fa, fa)
-        l1, h1 = _ylerp(words, ft + F1 * FW + J, fb + F1 * FW + J, 4 - fa, fa)
-        l2, h2 = _ylerp(words, ft + F2 * FW + J, fb + F2 * FW + J, 4 - fa, fa)
+        start: tl.constexpr = (KLANE // 16) * 65537  # the x weights sum to 16
+        l0, h0 = _ylerp(T0 + J, B0 + J, 4 - fa, fa, start)
+        l1, h1 = _ylerp(T1 + J, B1 + J, 4 - fa, fa, start)
+        l2, h2 = _ylerp(T2 + J, B2 + J, 4 - fa, fa, start)
         # texel k: columns (k + 1) >> 1 and the next; the upper weighs 3/4 for even k, 1/4 for odd
-        q0 = _lanes(l0 * 4 + l1 * 12, h0 * 4 + h1 * 12)
-        q1 = _lanes(l1 * 12 + l2 * 4, h1 * 12 + h2 * 4)
-        q2 = q0
-        q3 = q0
+        x0, y0 = l0 * 4 + l1 * 12, h0 * 4 + h1 * 12
+        x1, y1 = l1 * 12 + l2 * 4, h1 * 12 + h2 * 4
+        x2, y2, x3, y3 = x0, y0, x0, y0
         if GROUP == 4:
-            l3, h3 = _ylerp(words, ft + F3 * FW + J, fb + F3 * FW + J, 4 - fa, fa)
-            q2 = _lanes(l1 * 4 + l2 * 12, h1 * 4 + h2 * 12)
-            q3 = _lanes(l2 * 12 + l3 * 4, h2 * 12 + h3 * 4)
+            l3, h3 = _ylerp(T3 + J, B3 + J, 4 - fa, fa, start)
+            x2, y2 = l1 * 4 + l2 * 12, h1 * 4 + h2 * 12
+            x3, y3 = l2 * 12 + l3 * 4, h2 * 12 + h3 * 4
     elif J < FW + CW:
-        l0, h0 = _ylerp(words, ca + C0 * CW + (J - FW), cb + C0 * CW + (J - FW), 8 - wa, wa)
-        l1, h1 = _ylerp(words, ca + C1 * CW + (J - FW), cb + C1 * CW + (J - FW), 8 - wa, wa)
+        start: tl.constexpr = (KLANE // 8) * 65537  # the x weights sum to 8
+        l0, h0 = _ylerp(S0 + (J - FW), R0 + (J - FW), 8 - wa, wa, start)
+        l1, h1 = _ylerp(S1 + (J - FW), R1 + (J - FW), 8 - wa, wa, start)
         if GROUP == 4:
             # texel k: columns k >> 1 and the next; upper weights 5, 7, 1, 3 eighths
-            l2, h2 = _ylerp(words, ca + C2 * CW + (J - FW), cb + C2 * CW + (J - FW), 8 - wa, wa)
-            q0 = _lanes(l0 * 3 + l1 * 5, h0 * 3 + h1 * 5)
-            q1 = _lanes(l0 + l1 * 7, h0 + h1 * 7)
-            q2 = _lanes(l1 * 7 + l2, h1 * 7 + h2)
-            q3 = _lanes(l1 * 5 + l2 * 3, h1 * 5 + h2 * 3)
+            l2, h2 = _ylerp(S2 + (J - FW), R2 + (J - FW), 8 - wa, wa, start)
+            x0, y0 = l0 * 3 + l1 * 5, h0 * 3 + h1 * 5
+            x1, y1 = l0 + l1 * 7, h0 + h1 * 7
+            x2, y2 = l1 * 7 + l2, h1 * 7 + h2
+            x3, y3 = l1 * 5 + l2 * 3, h1 * 5 + h2 * 3
         else:
             # both texels of a pair share their two columns; the weights depend on the pair's phase
-            q0 = _lanes(l0 * (8 - wb) + l1 * wb, h0 * (8 - wb) + h1 * wb)
-            q1 = _lanes(l0 * k1a + l1 * k1b, h0 * k1a + h1 * k1b)
-            q2 = q0
-            q3 = q0
+            x0, y0 = l0 * (8 - wb) + l1 * wb, h0 * (8 - wb) + h1 * wb
+            x1, y1 = l0 * k1a + l1 * k1b, h0 * k1a + h1 * k1b
+            x2, y2, x3, y3 = x0, y0, x0, y0
     else:
-        q0 = _lanes(tl.zeros(F0.shape, tl.int32), tl.zeros(F0.shape, tl.int32))
-        q1, q2, q3 = q0, q0, q0
-    return q0, q1, q2, q3
+        x0 = tl.zeros(wb.shape, tl.int32)
+        y0, x1, y1, x2, y2, x3, y3 = x0, x0, x0, x0, x0, x0, x0
+    return x0, y0, x1, y1, x2, y2, x3, y3
 
 
 @triton.jit
 def _texel_inputs(words, py, px, fine_h, fine_w, coarse_h, coarse_w, coarse_word, FW: tl.constexpr,
-                  CW: tl.constexpr):
-    """`_lanes` of the texels (py, px) as (BLOCK, 16), each texel's four taps on its own."""
+                  CW: tl.constexpr, HALF: tl.constexpr, LEVELS: tl.constexpr, KLANE: tl.constexpr):
+    """The decoder inputs of the texels (py, px) as (BLOCK, 16) (`_texel_vector`), each texel's four taps
+    on its own."""
     # Half-pixel centres: at scale 1/2 the lower tap is (p - 1) >> 1 and the upper one weighs
     # ((p - 1) & 1) / 2 + 1/4; at 1/4, (p - 2) >> 2 and ((p - 2) & 3) / 4 + 1/8. Edges repeat.
     fy = py - 1
@@ -223,14 +255,15 @@ def _texel_inputs(words, py, px, fine_h, fine_w, coarse_h, coarse_w, coarse_word
     fwx = (fx & 1) * 2 + 1
     cwy = (cy & 3) * 2 + 1  # in eighths
     cwx = (cx & 3) * 2 + 1
-    f00 = (fr0 + fc0) * FW
-    f01 = (fr0 + fc1) * FW
-    f10 = (fr1 + fc0) * FW
-    f11 = (fr1 + fc1) * FW
-    c00 = coarse_word + (cr0 + cc0) * CW
-    c01 = coarse_word + (cr0 + cc1) * CW
-    c10 = coarse_word + (cr1 + cc0) * CW
-    c11 = coarse_word + (cr1 + cc1) * CW
+    f00 = words + (fr0 + fc0) * FW
+    f01 = words + (fr0 + fc1) * FW
+    f10 = words + (fr1 + fc0) * FW
+    f11 = words + (fr1 + fc1) * FW
+    coarse = words + coarse_word
+    c00 = coarse + (cr0 + cc0) * CW
+    c01 = coarse + (cr0 + cc1) * CW
+    c10 = coarse + (cr1 + cc0) * CW
+    c11 = coarse + (cr1 + cc1) * CW
     g00 = 4 * (4 - fwy) * (4 - fwx)
     g01 = 4 * (4 - fwy) * fwx
     g10 = 4 * fwy * (4 - fwx)
@@ -239,60 +272,88 @@ def _texel_inputs(words, py, px, fine_h, fine_w, coarse_h, coarse_w, coarse_word
     h01 = (8 - cwy) * cwx
     h10 = cwy * (8 - cwx)
     h11 = cwy * cwx
-    q0 = _word(words, 0, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11)
-    q1 = _word(words, 1, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11)
-    q2 = _word(words, 2, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11)
-    q3 = _word(words, 3, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11)
-    return _joined(q0, q1, q2, q3)
+    lo0, hi0 = _word(0, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11, KLANE)
+    lo1, hi1 = _word(1, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11, KLANE)
+    lo2, hi2 = _word(2, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11, KLANE)
+    lo3, hi3 = _word(3, FW, CW, f00, f01, f10, f11, c00, c01, c10, c11, g00, g01, g10, g11, h00, h01, h10, h11, KLANE)
+    return _texel_vector(lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3, HALF, LEVELS)
 
 
 @triton.jit
 def _group_inputs(words, py, x0, fine_h, fine_w, coarse_h, coarse_w, coarse_word, BLOCK: tl.constexpr,
-                  FW: tl.constexpr, CW: tl.constexpr, GROUP: tl.constexpr):
-    """`_lanes` of the BLOCK texels x0, x0 + 1, ... of row py (x0 a multiple of GROUP), as (BLOCK, 16),
-    sampled GROUP texels at a time: magnification by 2 and 4 puts GROUP consecutive texels on
-    GROUP / 2 + 2 fine and GROUP / 2 + 1 coarse columns, blended along y once for the group."""
+                  FW: tl.constexpr, CW: tl.constexpr, GROUP: tl.constexpr, HALF: tl.constexpr, LEVELS: tl.constexpr,
+                  KLANE: tl.constexpr):
+    """The decoder inputs of the BLOCK texels x0, x0 + 1, ... of row py (x0 a multiple of GROUP), as
+    (BLOCK, 16), sampled GROUP texels at a time: magnification by 2 and 4 puts GROUP consecutive texels
+    on GROUP / 2 + 2 fine and GROUP / 2 + 1 coarse columns, blended along y once for the group."""
     G: tl.constexpr = BLOCK // GROUP
     gx = x0 + tl.arange(0, G) * GROUP
     fy = py - 1
     cy = py - 2
-    ft = tl.maximum(fy >> 1, 0) * fine_w * FW
-    fb = tl.minimum((fy >> 1) + 1, fine_h - 1) * fine_w * FW
-    ca = coarse_word + tl.maximum(cy >> 2, 0) * coarse_w * CW
-    cb = coarse_word + tl.minimum((cy >> 2) + 1, coarse_h - 1) * coarse_w * CW
+    # the rows' first words as scalar pointers: a column's pointer is one wide multiply-add, and the words
+    # of a column are constant offsets from it
+    top = words + tl.maximum(fy >> 1, 0) * fine_w * FW
+    bottom = words + tl.minimum((fy >> 1) + 1, fine_h - 1) * fine_w * FW
+    upper = words + coarse_word + tl.maximum(cy >> 2, 0) * coarse_w * CW
+    lower = words + coarse_word + tl.minimum((cy >> 2) + 1, coarse_h - 1) * coarse_w * CW
     fa = (fy & 1) * 2 + 1  # the second row's weight in quarters (the first row's: 4 - fa)
     wa = (cy & 3) * 2 + 1  # in eighths (8 - wa)
     f = (gx - 1) >> 1
-    F0 = tl.maximum(f, 0)
-    F1 = tl.minimum(f + 1, fine_w - 1)
-    F2 = tl.minimum(f + 2, fine_w - 1)
-    F3 = tl.minimum(f + 3, fine_w - 1)
+    F0 = tl.maximum(f, 0) * FW
+    F1 = tl.minimum(f + 1, fine_w - 1) * FW
+    F2 = tl.minimum(f + 2, fine_w - 1) * FW
+    F3 = tl.minimum(f + 3, fine_w - 1) * FW
     c = (gx - 2) >> 2
-    C0 = tl.maximum(c, 0)
-    C1 = tl.minimum(c + 1, coarse_w - 1)
-    C2 = tl.minimum(c + 2, coarse_w - 1)
+    C0 = tl.maximum(c, 0) * CW
+    C1 = tl.minimum(c + 1, coarse_w - 1) * CW
+    C2 = tl.minimum(c + 2, coarse_w - 1) * CW
+    T0, T1, T2, T3 = top + F0, top + F1, top + F2, top + F3
+    B0, B1, B2, B3 = bottom + F0, bottom + F1, bottom + F2, bottom + F3
+    S0, S1, S2 = upper + C0, upper + C1, upper + C2
+    R0, R1, R2 = lower + C0, lower + C1, lower + C2
     # pairs (GROUP 2) at x = 0 or 2 mod 4: the coarse x weights of their texels are 5, 7 or 1, 3 eighths
     wb = 5 - 2 * (gx & 2)
     k1b = wb + 2
     k1a = 8 - k1b
-    a0, a1, a2, a3 = _group_word(words, 0, FW, CW, GROUP, ft, fb, ca, cb, F0, F1, F2, F3, C0, C1, C2, fa, wa, wb, k1a,
-                                 k1b)
-    b0, b1, b2, b3 = _group_word(words, 1, FW, CW, GROUP, ft, fb, ca, cb, F0, F1, F2, F3, C0, C1, C2, fa, wa, wb, k1a,
-                                 k1b)
-    c0, c1, c2, c3 = _group_word(words, 2, FW, CW, GROUP, ft, fb, ca, cb, F0, F1, F2, F3, C0, C1, C2, fa, wa, wb, k1a,
-                                 k1b)
-    d0, d1, d2, d3 = _group_word(words, 3, FW, CW, GROUP, ft, fb, ca, cb, F0, F1, F2, F3, C0, C1, C2, fa, wa, wb, k1a,
-                                 k1b)
-    x0_ = _joined(a0, b0, c0, d0)  # (G, 16) per texel of the group
-    x1_ = _joined(a1, b1, c1, d1)
-    if GROUP == 4:
-        x2_ = _joined(a2, b2, c2, d2)
-        x3_ = _joined(a3, b3, c3, d3)
-        # [g, channel, k & 1, k >> 1] -> [g, k >> 1, k & 1, channel]: row 4 g + k
-        x = tl.reshape(tl.permute(tl.join(tl.join(x0_, x1_), tl.join(x2_, x3_)), (0, 3, 2, 1)), (BLOCK, 16))
+    a0, e0, a1, e1, a2, e2, a3, e3 = _group_word(0, FW, CW, GROUP, T0, T1, T2, T3, B0, B1, B2, B3, S0, S1, S2, R0, R1,
+                                                 R2, fa, wa, wb, k1a, k1b, KLANE)
+    b0, f0, b1, f1, b2, f2, b3, f3 = _group_word(1, FW, CW, GROUP, T0, T1, T2, T3, B0, B1, B2, B3, S0, S1, S2, R0, R1,
+                                                 R2, fa, wa, wb, k1a, k1b, KLANE)
+    c0, g0, c1, g1, c2, g2, c3, g3 = _group_word(2, FW, CW, GROUP, T0, T1, T2, T3, B0, B1, B2, B3, S0, S1, S2, R0, R1,
+                                                 R2, fa, wa, wb, k1a, k1b, KLANE)
+    d0, h0, d1, h1, d2, h2, d3, h3 = _group_word(3, FW, CW, GROUP, T0, T1, T2, T3, B0, B1, B2, B3, S0, S1, S2, R0, R1,
+                                                 R2, fa, wa, wb, k1a, k1b, KLANE)
+    if HALF:
+        # The texels of a group joined first and the channels after: the channels lie side by side in
+        # registers (two a word, as the conversion makes them) when the block goes to the dot.
+        x = _texel_vector(_texels(a0, a1, a2, a3, GROUP), _texels(e0, e1, e2, e3, GROUP),
+                          _texels(b0, b1, b2, b3, GROUP), _texels(f0, f1, f2, f3, GROUP),
+                          _texels(c0, c1, c2, c3, GROUP), _texels(g0, g1, g2, g3, GROUP),
+                          _texels(d0, d1, d2, d3, GROUP), _texels(h0, h1, h2, h3, GROUP), HALF, LEVELS)
     else:
-        x = tl.reshape(tl.permute(tl.join(x0_, x1_), (0, 2, 1)), (BLOCK, 16))
+        # Float32 values one at a time: neighbouring texels side by side (each float32 pair is rounded
+        # to one word of halves for the dot). sm_90 SASS: 227 instructions a texel against 242 the other way.
+        x0_ = _texel_vector(a0, e0, b0, f0, c0, g0, d0, h0, HALF, LEVELS)  # (G, 16) per texel of the group
+        x1_ = _texel_vector(a1, e1, b1, f1, c1, g1, d1, h1, HALF, LEVELS)
+        if GROUP == 4:
+            x2_ = _texel_vector(a2, e2, b2, f2, c2, g2, d2, h2, HALF, LEVELS)
+            x3_ = _texel_vector(a3, e3, b3, f3, c3, g3, d3, h3, HALF, LEVELS)
+            # [g, channel, k & 1, k >> 1] -> [g, k >> 1, k & 1, channel]: row 4 g + k
+            x = tl.reshape(tl.permute(tl.join(tl.join(x0_, x1_), tl.join(x2_, x3_)), (0, 3, 2, 1)), (BLOCK, 16))
+        else:
+            x = tl.reshape(tl.permute(tl.join(x0_, x1_), (0, 2, 1)), (BLOCK, 16))
     return x
+
+
+@triton.jit
+def _texels(t0, t1, t2, t3, GROUP: tl.constexpr):
+    """One value of each texel of the groups (G,) as (G * GROUP,): texel GROUP * g + k from tk."""
+    if GROUP == 4:
+        # [g, k >> 1, k & 1], the last index fastest: row-major, so the reshape moves nothing
+        v = tl.reshape(tl.join(tl.join(t0, t2), tl.join(t1, t3)), (t0.shape[0] * 4,))
+    else:
+        v = tl.reshape(tl.join(t0, t1), (t0.shape[0] * 2,))
+    return v
 
 
 @triton.jit
@@ -343,7 +404,14 @@ def shade_words_kernel(lat_ptr, w_ptr, out_ptr, height, width, coarse_word, BLOC
     w0, b0, w1, b1, w2, b2, w3, b3 = mlp_load(w_ptr, MLP_LAYERS, MLP_P0, MLP_P1, MLP_P2, MLP_P3, MLP_P4)
     # The inputs arrive as LEVELS * value; 1 / LEVELS goes into the first layer's weights (rounded to
     # half once), which saves a multiply per input.
-    w0 = (_input_rows(w_ptr, MLP_P1).to(tl.float32) * (1.0 / LEVELS)).to(w0.dtype)
+    # Latents within [-LEVELS, LEVELS], LEVELS <= 8, keep a lane's tap sum within 1024 64ths of its lowest:
+    # converted two at a time as halves (1024 + offset read as a half is exact; then one fma.rn.f16x2), else
+    # one at a time through float32. Either way the decoder sees the same values.
+    HALF: tl.constexpr = LEVELS <= 8
+    # what each 16-bit lane adds to its tap sum for the half conversion: 0x6400 + 64 * LEVELS less the
+    # bytes' bias of 128 * 64
+    KLANE: tl.constexpr = (0x6400 + 64 * LEVELS - 8192) if HALF else 0
+    w0 = (_input_rows(w_ptr, MLP_P1, HALF).to(tl.float32) * (1.0 / LEVELS)).to(w0.dtype)
     O1: tl.constexpr = MLP_P0 * MLP_P1 + MLP_P1
     O2: tl.constexpr = O1 + MLP_P1 * MLP_P2 + MLP_P2
     O3: tl.constexpr = O2 + MLP_P2 * MLP_P3 + MLP_P3
@@ -367,13 +435,11 @@ def shade_words_kernel(lat_ptr, w_ptr, out_ptr, height, width, coarse_word, BLOC
             py = tl.minimum(t // width, height - 1)  # rows past the end read the last row; their stores are masked
             px = t % width
         if GROUP > 1:
-            lanes = _group_inputs(words, py, (block % ROW_BLOCKS) * BLOCK, fine_h, fine_w, coarse_h, coarse_w,
-                                  coarse_word, BLOCK, FW, CW, GROUP)
+            x = _group_inputs(words, py, (block % ROW_BLOCKS) * BLOCK, fine_h, fine_w, coarse_h, coarse_w,
+                              coarse_word, BLOCK, FW, CW, GROUP, HALF, LEVELS, KLANE)
         else:
-            lanes = _texel_inputs(words, py, px, fine_h, fine_w, coarse_h, coarse_w, coarse_word, FW, CW)
-        # 2**23 + lane, read as a float, is exact; / 64 - (2**23 + 128 * 64) / 64 is exact too (one fma):
-        # the tap sum in latent steps.
-        x = lanes * (1.0 / 64) - 131200.0
+            x = _texel_inputs(words, py, px, fine_h, fine_w, coarse_h, coarse_w, coarse_word, FW, CW, HALF, LEVELS,
+                              KLANE)
         y = mlp_apply(x, w0, b0, w1, b1, w2, b2, w3, b3, MLP_LAYERS, MLP_A0, MLP_A1, MLP_A2, MLP_A3, MLP_SCOPE,
                       MLP_REDUCED)
         # 64-bit arithmetic only on the block's start; per-element offsets stay int32 so stores vectorize.
