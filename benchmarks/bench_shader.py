@@ -184,7 +184,7 @@ def bench_decode(height: int, width: int, device: str) -> dict:
     gather()
 
     def default():
-        shading.shade(latents, packed, (height, width), fine, coarse, levels, spec, out=out)
+        shading.shade(latents, packed, (height, width), fine, coarse, levels, spec, out=out, check_range=False)
     out.fill_(float("nan"))
     default()
     diff = (out.float() - ref.float()).abs().max().item()
@@ -202,7 +202,7 @@ def bench_decode(height: int, width: int, device: str) -> dict:
 
         def call(b=block, w=warps, p=per_sm, s=stages, g=group):
             shading.shade(latents, packed, (height, width), fine, coarse, levels, spec, block=b, num_warps=w,
-                          programs=p and p * sms, stages=s, group=g, out=out)
+                          programs=p and p * sms, stages=s, group=g, out=out, check_range=False)
         try:
             out.fill_(float("nan"))
             call()

@@ -139,7 +139,7 @@ def probe_decode(log, size=4096):
                                          (128, 4, None, 1)]:
         def call(b=block, w=warps, p=per_sm, s=stages):
             shading.shade(latents, packed, size, fine, coarse, levels, spec, block=b, num_warps=w,
-                          programs=p and p * sms, stages=s, out=out)
+                          programs=p and p * sms, stages=s, out=out, check_range=False)
         out.fill_(float("nan"))
         call()
         err = (out.float() - ref.float()).abs().max().item()

@@ -13,7 +13,7 @@ import torch
 if not torch.cuda.is_available():  # Triton reads this when a kernel is decorated, i.e. at import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from stitchml.errors import ShapeError  # noqa: E402
+from stitchml.errors import DataError, ShapeError  # noqa: E402
 from stitchml.shader import MLPSpec  # noqa: E402
 from stitchml.shader import shading, shading_fast  # noqa: E402
 
@@ -159,3 +159,17 @@ def test_shade_plain_refuses_other_shapes():
     with pytest.raises(ShapeError, match="6 outputs"):
         shading.shade_plain(torch.zeros(8, 16, dtype=torch.float16), wide.pack(_decoder(16, 1)[1][:1] + [
             (np.zeros((32, 20)), np.zeros(20))]), wide)
+
+
+def test_shade_refuses_latents_outside_their_levels():
+    """The half conversion relies on latents within [-levels, levels]: one outside is a DataError before any
+    kernel runs, naming the range and what was found; non-integer latents are refused too."""
+    fine, coarse, levels = 4, 12, 8
+    spec, weights = _decoder(fine + coarse, seed=1)
+    n = 6 * 10 * fine + 3 * 5 * coarse
+    latents = torch.randint(-levels, levels + 1, (n,), dtype=torch.int8, generator=torch.Generator().manual_seed(2))
+    latents[17] = levels + 1
+    with pytest.raises(DataError, match=r"\[-8, 8\].*from -8 to 9"):
+        shading.shade(latents.to(DEVICE), spec.pack(weights, DEVICE), (12, 20), fine, coarse, levels, spec)
+    with pytest.raises(DataError, match="int8"):
+        shading.shade(latents.float().to(DEVICE), spec.pack(weights, DEVICE), (12, 20), fine, coarse, levels, spec)

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import ShapeError
+from ..errors import DataError, ShapeError
 from . import shading_fast
 from .language import mlp_apply, mlp_load
 from .spec import MLPSpec
@@ -101,11 +101,22 @@ def _shade_kernel(lat_ptr, w_ptr, out_ptr, height, width, coarse_offset, BLOCK: 
                  mask=texel[:, None] & (co < 8))
 
 
+def check_latents(latents: torch.Tensor, levels: int) -> None:
+    """Raise `DataError` unless `latents` is an integer tensor whose values all lie in [-levels, levels]."""
+    if latents.dtype != torch.int8:
+        raise DataError(f"shade: expected int8 latents, got {latents.dtype}")
+    if latents.numel():
+        low, high = (int(v) for v in torch.aminmax(latents))
+        if low < -levels or high > levels:
+            raise DataError(f"shade: latents must lie in [-{levels}, {levels}] (levels={levels}), "
+                            f"found values from {low} to {high}")
+
+
 def shade(latents: torch.Tensor, packed: torch.Tensor, size: int | tuple[int, int], fine: int, coarse: int,
           levels: int, spec: MLPSpec, *, block: int | None = None, num_warps: int | None = None,
           programs: int | None = None,
           stages: int = 1, out: torch.Tensor | None = None, packed_store: bool | None = None,
-          group: int | None = None) -> torch.Tensor:
+          group: int | None = None, check_range: bool = True) -> torch.Tensor:
     """Decode every texel of a material `size` texels square, or (height, width):
     (height * width, 8) [r, g, b, nx, ny, nz, roughness, 0], row by row.
 
@@ -125,7 +136,10 @@ def shade(latents: torch.Tensor, packed: torch.Tensor, size: int | tuple[int, in
     `block` divides the width, `group` (2 or 4; 1 turns it off; default `default_group`) consecutive
     texels are sampled together, sharing the latent columns they fall between. Latents are expected
     within [-levels, levels]; with levels at most 8 the fast path converts the filtered sums to the
-    decoder's halves two at a time and relies on it (a latent outside the range gives other values).
+    decoder's halves two at a time and relies on it, so `check_range` (default) reads the latents' least
+    and greatest values first and raises `DataError` for a latent outside the range (one small
+    reduction and a wait for its result); a caller that decodes the same latents every frame checks
+    them once (`check_latents`) and passes `check_range=False`.
     """
     height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
     n_fine, n_coarse = (height // 2) * (width // 2) * fine, (height // 4) * (width // 4) * coarse
@@ -135,6 +149,8 @@ def shade(latents: torch.Tensor, packed: torch.Tensor, size: int | tuple[int, in
                          f"{height}x{width} material (extents multiples of 4), got {tuple(latents.shape)}")
     if spec.widths[0] != fine + coarse or spec.widths[-1] != 6:
         raise ShapeError(f"shade: expected a decoder from {fine + coarse} inputs to 6 outputs, got {spec}")
+    if check_range:
+        check_latents(latents, levels)
     texels = height * width
     if out is None:
         out = torch.empty((texels, CHANNELS), dtype=torch.float32, device=latents.device)
