@@ -616,10 +616,12 @@ def reduction(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
     threads = "num_threads(threads)" if rows > 1 and rows * cols >= 1 << 15 else "num_threads(1)"
     lines = [*_signature(name, placeholders, list(body.outputs), bool(checks)),
              f"    #pragma omp parallel {threads}", "    {",
-             f"        char* base = (char*)__builtin_malloc({max(len(scratch), 1)} * {cols}LL * 8 + 64);",
+             # scratch rows only where a value crosses loops: an unused allocation of a wide row is an
+             # mmap and munmap per call
+             *([f"        char* base = (char*)__builtin_malloc({len(scratch)} * {cols}LL * 8 + 64);"] if scratch else []),
              *("        " + s for s in scratch),
              "        #pragma omp for schedule(static)", f"    for (int64_t r = 0; r < {rows}LL; ++r) {{",
-             *b.lines, "    }", "        __builtin_free(base);", "    }", "}"]
+             *b.lines, "    }", *(["        __builtin_free(base);"] if scratch else []), "    }", "}"]
     return CppSource(name, "\n".join(lines) + "\n", "reduction", tuple(checks))
 
 
