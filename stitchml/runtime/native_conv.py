@@ -8,7 +8,8 @@ as much as the convolution itself. Where the padding is even on both sides (the 
 padding, explicit symmetric padding), NCHW data, OIHW weights and float32 or float64, the calls below hand
 the padding to the library instead; the results agree with the padded call's within rounding (oneDNN may
 pick another algorithm for the other shape: tests/test_cpu_window.py holds both to float64). Anything else
-keeps the op-by-op implementation.
+keeps the op-by-op implementation. Each call keeps its last result alive until its next one (`_Held`), so
+that the allocator reuses that memory rather than faulting fresh pages in every run.
 """
 from __future__ import annotations
 
