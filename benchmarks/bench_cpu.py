@@ -6,7 +6,8 @@
 Workloads (the CPU backend's targets): GeLU built from primitives at 1M and 16M float32 elements, with
 the machine's copy bandwidth (a large `clone`, bytes read + written) beside it; softmax, layer norm and an
 RMSNorm written from primitives at 4096 x 1024; the digit classifier's training step (the demo's network,
-Adam) at batch 64 and 128. Every StitchML result is checked against PyTorch first. Times are medians of
+Adam) at batch 64 and 128, against eager and a torch.compile'd network (`--only training`: that alone).
+Every StitchML result is checked against PyTorch first. Times are medians of
 wall-clock calls after warm-up, contenders interleaved round by round so that a busy machine slows them
 alike; all use the same number of threads (`--threads`, default: every core). On a machine other work
 shares, `--threads 1 --clock thread` times the calling thread's CPU time instead of the wall clock.
@@ -57,6 +58,22 @@ def compiled(fn, args, no_compile: bool):
     t = time.perf_counter()
     c(*args)
     return c, time.perf_counter() - t
+
+
+def compiled_step(net: torch.nn.Module, optimizer, images: torch.Tensor, labels: torch.Tensor):
+    """A training step whose network is torch.compile'd, compiled now (the first step, its compile time apart)."""
+    fast = torch.compile(net)
+
+    def run():
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(fast(images), labels)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    t = time.perf_counter()
+    run()
+    return run, time.perf_counter() - t
 
 
 def row_ops(args) -> list[dict]:
@@ -139,6 +156,8 @@ def training(args) -> list[dict]:
         model = mnist.build(shape, 10, seed=0, learning_rate=1e-3)
         torch_model = TorchClassifier(model, flat)
         opt = torch.optim.Adam(torch_model.parameters(), 1e-3)
+        compiled_model = TorchClassifier(model, flat)  # its own copy of the weights and of Adam's state
+        compiled_opt = torch.optim.Adam(compiled_model.parameters(), 1e-3)
         rng = np.random.default_rng(0)
         images = rng.random((batch, *shape), dtype=np.float32)
         labels = rng.integers(0, 10, batch).astype(np.int64)
@@ -148,19 +167,27 @@ def training(args) -> list[dict]:
         feeds = {model.images: sm.TensorData(torch.from_numpy(images)), model.labels: sm.TensorData(torch.from_numpy(labels))}
         ti, tl = torch.from_numpy(images), torch.from_numpy(labels)
 
-        def torch_step():
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(torch_model(ti), tl)
-            loss.backward()
-            opt.step()
-            return loss
+        def step(net, optimizer):
+            def run():
+                optimizer.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(net(ti), tl)
+                loss.backward()
+                optimizer.step()
+                return loss
+            return run
 
         first_ours = exe.run(feeds)[model.loss].item()
+        torch_step = step(torch_model, opt)
         first_torch = torch_step().item()
-        ms = timed({"stitchml": lambda: exe.run(feeds), "torch eager": torch_step}, args.rounds)
+        contenders = {"stitchml": lambda: exe.run(feeds), "torch eager": torch_step}
+        # torch.compile of the network (forward and, through AOTAutograd, backward); Adam's step stays eager
+        c, compile_s = (None, None) if args.no_compile else compiled_step(compiled_model, compiled_opt, ti, tl)
+        if c is not None:
+            contenders["torch.compile"] = c
+        ms = timed(contenders, args.rounds)
         out.append({"workload": f"digit classifier step {shape[1]}x{shape[2]} batch {batch}",
                     "first_loss": [first_ours, first_torch], "kernels": exe.kernel_count,
-                    "backends": sorted({s.kind for s in exe.steps}), "ms": ms})
+                    "backends": sorted({s.kind for s in exe.steps}), "ms": ms, "torch_compile_s": compile_s})
     return out
 
 
@@ -173,6 +200,8 @@ def main(argv=None) -> int:
     p.add_argument("--clock", choices=["wall", "thread"], default="wall",
                    help="thread: the calling thread's CPU time (with --threads 1 all the work runs there), which "
                         "other work on a shared machine disturbs far less than the wall clock")
+    p.add_argument("--only", choices=["gelu", "rows", "training"], action="append",
+                   help="run only these workloads (repeatable; default: all)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     if args.clock == "thread":
@@ -184,7 +213,8 @@ def main(argv=None) -> int:
         args.rounds = 3
     torch.set_num_threads(args.threads)
     os.environ.pop("TRITON_INTERPRET", None)  # the native backend, not Triton's interpreter
-    rows = gelu(args) + row_ops(args) + training(args)
+    parts = {"gelu": gelu, "rows": row_ops, "training": training}
+    rows = [r for name, part in parts.items() if not args.only or name in args.only for r in part(args)]
     print(f"{'workload':44} {'stitchml':>10} {'eager':>10} {'compile':>10}   ms; x eager, x compile")
     for r in rows:
         ms = r["ms"]

@@ -16,6 +16,7 @@ match the header, a truncated or corrupt gzip stream.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import math
 import os
 import struct
@@ -158,19 +159,63 @@ def load_mnist(directory: str | os.PathLike) -> Dataset:
 
 def load_digits(test_fraction: float = 0.2, seed: int = 0) -> Dataset:
     """scikit-learn's bundled 8x8 digits (1797 images), split into train and held-out test sets,
-    stratified by class with `seed`."""
-    try:
-        from sklearn.datasets import load_digits as sklearn_digits
-        from sklearn.model_selection import train_test_split
-    except ImportError:
-        raise DataError("the 8x8 digits ship with scikit-learn, which is not installed: "
-                        "pip install scikit-learn (or stitchml[cli])") from None
+    stratified by class with `seed`.
 
-    digits = sklearn_digits()
-    images = (digits.images.astype(np.float32) / 16.0)[:, None]
-    x_train, x_test, y_train, y_test = train_test_split(
-        images, digits.target.astype(np.int64), test_size=test_fraction, random_state=seed, stratify=digits.target)
-    return Dataset("digits", x_train, y_train, x_test, y_test)
+    The bundled file is read and split here, exactly as scikit-learn's `load_digits` and its stratified
+    `train_test_split` would (the same arrays: tests/test_data.py compares them), without importing
+    scikit-learn, whose import takes longer than a quarter of the digits demo."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("the 8x8 digits ship with scikit-learn, which is not installed: "
+                        "pip install scikit-learn (or stitchml[cli])")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    if not path.is_file():
+        raise DataError(f"{path}: expected scikit-learn's 8x8 digits (digits.csv.gz), found no such file")
+    with gzip.open(path, "rt") as f:
+        table = np.loadtxt(f, delimiter=",")
+    target = table[:, -1].astype(int)
+    images = (table[:, :-1].reshape(-1, 8, 8).astype(np.float32) / 16.0)[:, None]
+    train, test = _stratified_split(target, test_fraction, seed)
+    labels = target.astype(np.int64)
+    return Dataset("digits", images[train], labels[train], images[test], labels[test])
+
+
+def _stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) indices as scikit-learn's StratifiedShuffleSplit draws them with `random_state=seed`:
+    each class's share of each side by `_approximate_mode`, ties broken by the same generator, the same
+    draws in the same order."""
+    n_test = math.ceil(test_fraction * len(y))
+    n_train = len(y) - n_test
+    _, y_indices, class_counts = np.unique(y, return_inverse=True, return_counts=True)
+    class_indices = np.split(np.argsort(y_indices, kind="stable"), np.cumsum(class_counts)[:-1])
+    rng = np.random.RandomState(seed)
+    n_i = _approximate_mode(class_counts, n_train, rng)
+    t_i = _approximate_mode(class_counts - n_i, n_test, rng)
+    train: list = []
+    test: list = []
+    for i, count in enumerate(class_counts):
+        order = class_indices[i].take(rng.permutation(count), mode="clip")
+        train.extend(order[:n_i[i]])
+        test.extend(order[n_i[i]:n_i[i] + t_i[i]])
+    return rng.permutation(train), rng.permutation(test)
+
+
+def _approximate_mode(class_counts: np.ndarray, n_draws: int, rng: np.random.RandomState) -> np.ndarray:
+    """How many of `n_draws` each class gets: the floor of its share, then one more for the largest
+    remainders, ties drawn at random (scikit-learn's sklearn.utils.extmath._approximate_mode)."""
+    continuous = class_counts / class_counts.sum() * n_draws
+    floored = np.floor(continuous)
+    need = int(n_draws - floored.sum())
+    if need > 0:
+        remainder = continuous - floored
+        for value in np.sort(np.unique(remainder))[::-1]:
+            (inds,) = np.where(remainder == value)
+            add = min(len(inds), need)
+            floored[rng.choice(inds, size=add, replace=False)] += 1
+            need -= add
+            if need == 0:
+                break
+    return floored.astype(int)
 
 
 def batches(images: np.ndarray, labels: np.ndarray, batch_size: int,

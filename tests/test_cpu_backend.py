@@ -187,3 +187,41 @@ def test_broadcast_reads_and_reductions_over_non_adjacent_axes_divide_once_per_r
         assert len(indices) >= 2 and not any("/" in index for index in indices), indices
         got = exe.run({x: xv, b: bv})[target].torch()
         torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_relu_mask_is_read_as_bytes_so_its_select_and_channel_sum_vectorise():
+    """Bool buffers are uint8_t in the kernels' signatures (GCC has no vector type for C++ bool, so a loop
+    loading one stays scalar): a ReLU's mask, its select of the gradient and a channel's sum, against float64."""
+    g = sm.Graph()
+    x = g.placeholder((4, 3, 6, 6), name="x")
+    dy = g.placeholder((4, 3, 6, 6), name="dy")
+    mask = g.greater_than(x, 0.0)
+    masked = g.select(mask, dy, 0.0)
+    total = g.reduction_sum(masked, axes=(0, 2, 3), keep_dims=True)
+    types = {x: sm.TensorType((4, 3, 6, 6), sm.float32), dy: sm.TensorType((4, 3, 6, 6), sm.float32)}
+    exe = g.compile(types, [mask, masked, total], device="cpu", options=NATIVE)
+    sources = "".join(st.source for st in exe.steps if st.source)
+    assert "uint8_t* __restrict__" in sources and "bool*" not in sources
+    xv, dyv = torch.randn(4, 3, 6, 6), torch.randn(4, 3, 6, 6)
+    out = exe.run({x: xv, dy: dyv})
+    want = torch.where(xv > 0, dyv.double(), 0.0)
+    assert torch.equal(out[mask].torch(), xv > 0)
+    assert torch.equal(out[masked].torch().double(), want)
+    torch.testing.assert_close(out[total].torch().double(), want.sum((0, 2, 3), keepdim=True), rtol=1e-6, atol=1e-6)
+
+
+def test_a_convolution_result_a_caller_kept_is_not_changed_by_the_next_run():
+    """The library convolution's last result stays alive between runs (runtime/native_conv.py), so that its
+    memory is reused rather than faulted in again; a result the caller holds must still be its own run's."""
+    g = sm.Graph()
+    x = g.placeholder((2, 8, 6, 6), name="x")
+    w = g.placeholder((4, 8, 3, 3), name="w")  # 72 multiply-adds an output: oneDNN's, not the direct loop nest
+    y = g.convolution2d(x, w, sm.Convolution2DDescriptor(padding="same"))
+    types = {x: sm.TensorType((2, 8, 6, 6), sm.float32), w: sm.TensorType((4, 8, 3, 3), sm.float32)}
+    exe = g.compile(types, [y], device="cpu", options=NATIVE)
+    assert not any(s.source for s in exe.steps)
+    xs, wv = [torch.randn(2, 8, 6, 6) for _ in range(3)], torch.randn(4, 8, 3, 3)
+    kept = [exe.run({x: xv, w: wv})[y].torch() for xv in xs]
+    for xv, got in zip(xs, kept):
+        want = torch.nn.functional.conv2d(xv.double(), wv.double(), padding=1)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)

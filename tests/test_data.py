@@ -132,6 +132,21 @@ def test_digits_split_is_stratified_and_seeded():
     assert np.bincount(a.test_labels).min() >= 35  # every class held out in proportion
 
 
+@pytest.mark.parametrize("fraction, seed", [(0.2, 0), (0.2, 1), (0.3, 7)])
+def test_digits_are_scikit_learns_split(fraction, seed):
+    # read and split without importing scikit-learn: the very arrays its load_digits and train_test_split give
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = (digits.images.astype(np.float32) / 16.0)[:, None]
+    expected = train_test_split(images, digits.target.astype(np.int64), test_size=fraction, random_state=seed,
+                                stratify=digits.target)
+    got = data.load_digits(test_fraction=fraction, seed=seed)
+    for want, have in zip(expected, (got.train_images, got.test_images, got.train_labels, got.test_labels)):
+        assert want.dtype == have.dtype and np.array_equal(want, have)
+
+
 def test_batches_cover_every_example_once():
     rng = np.random.default_rng(0)
     x, y = np.arange(10)[:, None], np.arange(10)

@@ -46,7 +46,7 @@ from ..ir import Operation, built_at
 from ..registry import lookup
 from ..registry import CONTRACTION
 from ..runtime.launch import (Carve, Chain, CublasLtCall, FreshOutputs, KernelLaunch, LaunchPlan, ReferenceCall, TF32,
-                              VendorCall, ViewOf, Workspace)
+                              SameSourceView, VendorCall, ViewOf, Workspace)
 from ..runtime.steps import Step
 from .control import CONTROL_FLOW, control_step
 from .memory import _is_view, prologue_mode, separate_scratch
@@ -206,7 +206,8 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     ins = [slots[t.id] for t in op.inputs]
     outs = [slots[t.id] for t in op.outputs]
     if _is_view(op) and plan.place[op.outputs[0].id][:2] != ("buffer", op.outputs[0].id):
-        return Step(op.name, "view", ViewOf(lookup(op.op).impl, ins[0], outs[0], op.attrs))
+        view = SameSourceView if backend == "native" else ViewOf  # the CPU pays most for a step's host work
+        return Step(op.name, "view", view(lookup(op.op).impl, ins[0], outs[0], op.attrs))
     if op.op != "fusion":
         prim = lookup(op.op)
         if backend == "native" and cpu_window.supports(op):

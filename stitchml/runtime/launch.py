@@ -7,7 +7,7 @@ callable `fn(env)` over the environment list of value slots:
 * `KernelLaunch`: a generated Triton kernel on its pre-bound slots;
 * `VendorCall`: a contraction's library call (cuBLAS / cuDNN through torch);
 * `CublasLtCall`: a matrix product with cuBLASLt's bias / ReLU / GeLU epilogue;
-* `ViewOf`: a zero-copy torch view of a slot;
+* `ViewOf`: a zero-copy torch view of a slot (`SameSourceView`: made again only for a new source);
 * `ReferenceCall`: an op's reference implementation (opaque ops; kernels on
   the reference backend, which run their bodies op by op);
 * `FreshOutputs`: a generated kernel in place of an op's library call (the
@@ -283,6 +283,24 @@ class ViewOf:
 
     def __call__(self, env: list) -> None:
         env[self.dst] = self.impl(env[self.src], **self.attrs)
+
+
+class SameSourceView(ViewOf):
+    """A `ViewOf` that makes its view again only when its source is another tensor than last run's: most
+    sources (arena buffers, variables) are the same tensor every run. On the CPU a torch view costs a few
+    microseconds in a loop but tens after a kernel has streamed megabytes through the caches; the
+    digit classifier's step has twelve. Holds the last source, so its identity cannot be reused."""
+
+    def __init__(self, impl: Callable[..., torch.Tensor], src: int, dst: int, attrs: dict[str, Any]):
+        super().__init__(impl, src, dst, attrs)
+        self.source = self.view = None
+
+    def __call__(self, env: list) -> None:
+        source = env[self.src]
+        if source is not self.source:
+            self.view = self.impl(source, **self.attrs)
+            self.source = source
+        env[self.dst] = self.view
 
 
 class ReferenceCall:
