@@ -129,31 +129,62 @@ def latency(dev: torch.device, quick: bool) -> None:
         with torch.cuda.graph(graph):
             torch.erf(a, out=o2)
         contenders.insert(3, ("CUDA graph replay (one kernel)", graph.replay))
+    prepared = exe._prepared is not None  # the run prepared once (runtime/executable.py's _Prepared)
     for name, fn in contenders:
         record("latency", case, name, wall_us(fn, dev, n), "us", kind="wall",
-               launcher=getattr(launch, "launcher", type(launch).__name__))
+               launcher=getattr(launch, "launcher", type(launch).__name__), prepared=prepared)
         record("latency", case, name, per_call_us(fn, dev, n // 2), "us", kind="per call")
+    assert rel_err(g.run({x: a}, [y], device=str(dev))[y].torch(), want) < 1e-6  # after its lookup's warm-up
+    shape, stride, template = (4096,), (1,), torch.empty(0, device=dev)
+    record("latency", case, "torch.empty 4K (allocation alone)",
+           per_call_us(lambda: torch.empty(shape, dtype=torch.float32, device=dev), dev, n // 2), "us", kind="per call")
+    record("latency", case, "new_empty_strided 4K (the prepared run's)",
+           per_call_us(lambda: template.new_empty_strided(shape, stride), dev, n // 2), "us", kind="per call")
+    direct = getattr(launch, "direct", None)
+    if direct is not None:
+        record("latency", case, "direct launch entry", float(direct.ex is not None), "", kind="flag",
+               entry="cuLaunchKernelEx" if direct.ex is not None else "cuLaunchKernel")
+        if direct.ex is not None:  # the same run through the eleven-argument cuLaunchKernel
+            direct.ex = None
+            try:
+                assert rel_err(exe.run({x: a})[y].torch(), want) < 1e-6
+                record("latency", case, "exe.run, cuLaunchKernel", per_call_us(lambda: exe.run({x: a}), dev, n // 2),
+                       "us", kind="per call")
+            finally:
+                direct.ex = direct.drv.launch_ex
+        launch.direct = None  # the same run through Triton's own launcher of the compiled kernel
+        try:
+            record("latency", case, "exe.run, Triton's launcher", wall_us(lambda: exe.run({x: a}), dev, n), "us",
+                   kind="wall")
+            record("latency", case, "exe.run, Triton's launcher", per_call_us(lambda: exe.run({x: a}), dev, n // 2),
+                   "us", kind="per call")
+        finally:
+            launch.direct = direct
+    # The host work around the launch: the same runs with the kernel step's work stubbed out; `g.run`'s
+    # lookup is what its run costs over the executable's own.
     step = exe.steps[0]
     step.run = lambda env: None
-    record("latency", case, "exe.run without its launch", per_call_us(lambda: exe.run({x: a}), dev, n // 2), "us",
-           kind="per call")
-    step.run = launch
-    direct = getattr(launch, "direct", None)
-    if direct is not None:  # the same run through Triton's own launcher of the compiled kernel
-        launch.direct = None
-        record("latency", case, "exe.run, Triton's launcher", wall_us(lambda: exe.run({x: a}), dev, n), "us",
-               kind="wall")
-        record("latency", case, "exe.run, Triton's launcher", per_call_us(lambda: exe.run({x: a}), dev, n // 2),
-               "us", kind="per call")
-        launch.direct = direct
-    if g._executables is None:  # the CPU runs the graph op by op: no executable to look up
+    try:
+        stubbed = per_call_us(lambda: exe.run({x: a}), dev, n // 2)
+        record("latency", case, "exe.run without its launch", stubbed, "us", kind="per call")
+        record("latency", case, "exe.run outputs= without its launch",
+               per_call_us(lambda: exe.run({x: a}, outputs={y: out}), dev, n // 2), "us", kind="per call")
+    finally:
+        step.run = launch
+    if g._executables is None:  # the graph runs op by op here (the Triton interpreter): no executable to look up
         return
     gexe = next(iter(g._executables.entries.values()))
-    real = gexe.run
-    gexe.run = lambda feeds: None
-    record("latency", case, "g.run lookup alone (exe.run stubbed)",
-           per_call_us(lambda: g.run({x: a}, [y], device=str(dev)), dev, n // 2), "us", kind="per call")
-    gexe.run = real
+    gstep = gexe.steps[0]
+    real = gstep.run
+    gstep.run = lambda env: None
+    try:
+        own = per_call_us(lambda: gexe.run({x: a}), dev, n // 2)
+        both = per_call_us(lambda: g.run({x: a}, [y], device=str(dev)), dev, n // 2)
+    finally:
+        gstep.run = real
+    record("latency", case, "g.run lookup alone", both - own, "us", kind="per call",
+           g_run_without_launch=round(both, 2), exe_run_without_launch=round(own, 2),
+           prepared=gexe._prepared is not None)
 
 
 # -- CNN training step ---------------------------------------------------------------------------------
