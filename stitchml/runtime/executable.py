@@ -290,7 +290,7 @@ class Executable:
             t = value if kind is torch.Tensor else value._t if kind is TensorData else TensorData(value).torch()
             if t.dtype != dtype or t.shape != shape:
                 got = f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
-                raise FeedError(f"feed for placeholder {name}: the executable was compiled for {shape} "
+                raise FeedError(f"feed for placeholder {name}: the executable was compiled for {tuple(shape)} "
                                 f"{str(dtype).replace('torch.', '')}, got {got}; compile again for it")
             if t.device != self.device:
                 t = t.to(self.device)
