@@ -130,6 +130,14 @@ def test_graph_run_finds_the_prepared_run_and_checks_every_feed():
     for a in (a8, a8, a5, a8, a5, a5):  # alternating shapes: each run is its own shape's executable's
         _check(g.run({x: a}, [y], device="cpu", compiled=True)[y], a, f"g.run of {tuple(a.shape)}")
     assert len(g.compile_log) == 2 and g._executables.fast_hits == 4
+
+    def served():  # the shape of the executable the identity lookup serves this request with
+        (entry,) = g._executables._recent.values()
+        return entry[1].signature.feeds[0][2]
+
+    assert served() == (5,)
+    g.run({x: a8}, [y], device="cpu", compiled=True)  # found by the lookup with shapes, which hands it over
+    assert served() == (8,)
     with pytest.raises(FeedError, match=r"placeholder x is float32\[\?\]; cannot compile it for float64\[8\]"):
         g.run({x: a8.double()}, [y], device="cpu", compiled=True)
 

@@ -335,7 +335,16 @@ class ExecutableCache:
             return None
         self.entries.move_to_end(hit[0])
         self.fast_hits += 1
+        request = _request_key(feeds, targets, target_ops, device, compiled, options)
+        if request is not None:  # the request's shapes changed back to these: `quick` serves them again
+            self._note(request, (hit[0], exe, hit[1]))
         return exe
+
+    def _note(self, request: tuple, entry: tuple) -> None:
+        """Let `quick` find `entry` (signature, executable, the objects the key's identities are of)."""
+        if len(self._recent) >= self.FAST_SIZE and request not in self._recent:
+            self._recent.clear()
+        self._recent[request] = entry
 
     def quick(self, feeds, targets, target_ops, device, compiled, options=None) -> dict | None:
         """The result of a run of a request seen before (`Graph.run`'s arguments) by the executable `get`
@@ -372,9 +381,7 @@ class ExecutableCache:
         self._fast[key] = (sig, held)
         request = _request_key(feeds, targets, target_ops, device, compiled, options)
         if request is not None:
-            if len(self._recent) >= self.FAST_SIZE:
-                self._recent.clear()
-            self._recent[request] = (sig, exe, held)
+            self._note(request, (sig, exe, held))
 
     def warm(self, graph, feeds: dict, targets, target_ops, device) -> bool:
         """Whether a CPU run of this signature should compile: it has an executable already, or this is
