@@ -83,6 +83,21 @@ def per_call_us(fn, dev, n: int, rounds: int = 5) -> float:
     return statistics.median(times) * 1e6
 
 
+def paired_us(fn_a, fn_b, dev, n: int, rounds: int = 20) -> tuple[float, float]:
+    """Host microseconds per call of two functions, in alternating rounds of n calls, the fastest round of
+    each: for a difference of two close figures, which a median of separate runs drowns in noise."""
+    best = [math.inf, math.inf]
+    for _ in range(rounds):
+        for i, fn in enumerate((fn_a, fn_b)):
+            sync(dev)
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            sync(dev)
+            best[i] = min(best[i], (time.perf_counter() - t) / n * 1e6)
+    return best[0], best[1]
+
+
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     got, want = got.double(), want.double()
     return float((got - want).norm() / want.norm().clamp_min(1e-30))
@@ -178,8 +193,7 @@ def latency(dev: torch.device, quick: bool) -> None:
     real = gstep.run
     gstep.run = lambda env: None
     try:
-        own = per_call_us(lambda: gexe.run({x: a}), dev, n // 2)
-        both = per_call_us(lambda: g.run({x: a}, [y], device=str(dev)), dev, n // 2)
+        own, both = paired_us(lambda: gexe.run({x: a}), lambda: g.run({x: a}, [y], device=str(dev)), dev, n // 4)
     finally:
         gstep.run = real
     record("latency", case, "g.run lookup alone", both - own, "us", kind="per call",

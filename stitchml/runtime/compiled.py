@@ -229,9 +229,10 @@ def _current_cuda(device) -> int | None:
     """The current CUDA device where `device` (as Graph.run got it) resolves through it: None, or a CUDA
     device without an index; None otherwise, or before CUDA is initialised."""
     global _cuda_ready
-    if _current_device is None or device == "cpu":
+    if _current_device is None:
         return None
-    if device is not None and (device.index is not None if type(device) is torch.device else ":" in device):
+    if device is not None and (device.type != "cuda" or device.index is not None if type(device) is torch.device
+                               else ":" in device or device == "cpu"):
         return None
     if not _cuda_ready:
         _cuda_ready = torch.cuda.is_initialized()
@@ -261,7 +262,7 @@ def _request_key(feeds, targets, target_ops, device, compiled, options) -> tuple
         return None
     if device is not None and type(device) is not str and type(device) is not torch.device:
         return None
-    return (device, _current_cuda(device), compiled, options_key(options) if options else (), len(feeds),
+    return (device, None if device == "cpu" else _current_cuda(device), compiled, options_key(options) if options else (), len(feeds),
             len(targets), *map(id, feeds), *map(id, targets), *map(id, target_ops))
 
 
@@ -274,11 +275,8 @@ def run_graph(graph, feeds, targets, target_ops, device, compiled: bool | None, 
     compile options (`allow_tf32`), part of the executable's signature; op-by-op runs ignore them."""
     cache = graph._executables
     if compiled is not False and cache is not None and not (buckets or graph.buckets):
-        # a request seen before: its executable's prepared run from the request's identities alone (the run
-        # checks the feeds' shapes and dtypes against the executable's own); else from identities, shapes and dtypes
-        result = cache.quick(feeds, targets, target_ops, device, compiled, options)
-        if result is not None:
-            return result
+        # a request seen before whose prepared run `Graph.run` did not take (ExecutableCache.quick): its
+        # executable from identities, shapes and dtypes
         with graph._run_lock:
             exe = cache.fast(feeds, targets, target_ops, device, compiled, options)
         if exe is not None:
