@@ -595,7 +595,7 @@ class _Prepared:
     Everything a run of `Executable._run_plain` works out anew is fixed here: the environment with the
     constants and arena views bound, each feed's slot and compiled (shape, dtype, device index), each
     fresh output's allocator (`new_empty_strided` of a zero-element tensor of its dtype on the device:
-    no dtype or device for torch to parse, about half of `torch.empty`'s host time), the result slots.
+    no dtype or device for torch to parse, a third less host time than `torch.empty`), the result slots.
     A run checks every feed against its prepared key with the cheapest comparisons (an exact tensor type,
     the dtype, the shape, the device index, contiguity) and binds it as it is; on any miss (another
     shape, a feed to convert or move, a caller buffer the kernels cannot write) it returns None without
