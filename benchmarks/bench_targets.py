@@ -7,7 +7,13 @@
 Latency: a 4K-element GeLU executable of one kernel; per run, the median wall
 time of the call and a synchronisation (`wall`), and the host time per call
 when calls go back to back (`per call`), against one eager torch kernel, a
-synchronisation alone and the replay of a CUDA graph of one kernel.
+synchronisation alone and the replay of a CUDA graph of one kernel: `exe.run`
+(fresh output, and a caller's buffer), `g.run`, which launch entry the direct
+launcher took (cuLaunchKernelEx or cuLaunchKernel) and the run through the other
+and through Triton's launcher, the output's allocation, the run with its launch
+stubbed out, and `g.run`'s lookup (its run over the executable's own, launches
+stubbed, in alternating rounds). Section `few`: an executable of two steps,
+replayed as a CUDA graph (the default) against its steps launched one by one.
 CNN step: 3x3 convolutions 1->32->64, dense 3136->256->10, SGD with momentum,
 batch 1024 (bench_distributed.py's model); StitchML with its default (IEEE
 float32 products and convolutions) and with `allow_tf32`, against PyTorch
@@ -201,6 +207,27 @@ def latency(dev: torch.device, quick: bool) -> None:
            prepared=gexe._prepared is not None)
 
 
+def few_steps(dev: torch.device, quick: bool) -> None:
+    """An executable of a few steps (64x64 matmul + tanh, then a row softmax): its default on CUDA, the replay
+    of a CUDA graph (feeds copied in, results cloned out), against its steps launched by the prepared run."""
+    n = 200 if quick else 3000
+    g = sm.Graph("few")
+    x = g.placeholder((64, 64), sm.float32, name="x")
+    y = g.softmax(g.tanh(x @ x), axis=1)
+    b = torch.randn(64, 64, device=dev)
+    want = torch.softmax(torch.tanh(b.double() @ b.double()), 1)
+    for label, capture in (("CUDA-graph replay", True), ("steps launched", False)):
+        exe = g.compile({x: sm.TensorType((64, 64), sm.float32)}, [y], device=str(dev))
+        if not capture:
+            exe._capture_ok = False  # as if capture had failed: the prepared run launches the steps
+        for _ in range(2):  # the first run, then a replay or a prepared run
+            err = rel_err(exe.run({x: b})[y].torch(), want)
+            assert err < 1e-5, (label, err)
+        record("latency", f"{len(exe.steps)} steps (matmul+tanh, softmax)", f"exe.run, {label}",
+               per_call_us(lambda: exe.run({x: b}), dev, n // 2), "us", kind="per call",
+               replay=exe._graph_state is not None, prepared=exe._prepared is not None)
+
+
 # -- CNN training step ---------------------------------------------------------------------------------
 def cnn(dev: torch.device, quick: bool, explore: bool, with_compile: bool) -> None:
     batch = 8 if quick else 1024
@@ -342,7 +369,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
     p.add_argument("--explore", action="store_true", help="also the trials: channels-last, Triton persistent GEMM")
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
-    p.add_argument("--sections", nargs="+", default=["latency", "matmul", "cnn"])
+    p.add_argument("--sections", nargs="+", default=["latency", "few", "matmul", "cnn"])
     p.add_argument("--json")
     args = p.parse_args(argv)
     dev = torch.device(args.device)
@@ -356,6 +383,8 @@ def main(argv=None) -> int:
         try:
             if section == "latency":
                 latency(dev, args.quick)
+            elif section == "few":
+                few_steps(dev, args.quick)
             elif section == "cnn":
                 cnn(dev, args.quick, args.explore, not args.no_compile)
             elif section == "matmul":
