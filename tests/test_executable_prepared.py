@@ -152,3 +152,15 @@ def test_an_evicted_executable_is_not_kept_by_the_lookup():
     a = torch.randn(3)
     _check(g.run({x: a}, [y], device="cpu", compiled=True)[y], a, "g.run after an eviction")
     assert "evicted" in g.compile_log[-1]
+
+
+def test_graph_run_of_an_executable_without_prepared_runs_keeps_the_lookup_with_shapes():
+    g = sm.Graph("accumulate")
+    v = g.variable(np.zeros(3, np.float32), name="v")
+    x = g.placeholder((3,), sm.float32, name="x")
+    total = v + x
+    assign = g.assign_variable(v, total)
+    for k in range(4):
+        got = g.run({x: torch.ones(3)}, [total], [assign], device="cpu", compiled=True)[total].numpy()
+        np.testing.assert_array_equal(got, np.full(3, k + 1.0, np.float32))  # each run reads the last one's value
+    assert not g._executables._recent and g._executables.fast_hits == 3

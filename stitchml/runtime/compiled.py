@@ -339,7 +339,10 @@ class ExecutableCache:
         return exe
 
     def _note(self, request: tuple, entry: tuple) -> None:
-        """Let `quick` find `entry` (signature, executable, the objects the key's identities are of)."""
+        """Let `quick` find `entry` (signature, executable, the objects the key's identities are of), if
+        the executable's runs take its prepared path (others are left to `fast`)."""
+        if not entry[1].prepares_runs:
+            return
         if len(self._recent) >= self.FAST_SIZE and request not in self._recent:
             self._recent.clear()
         self._recent[request] = entry
@@ -349,6 +352,8 @@ class ExecutableCache:
         returned for it last, through that executable's prepared run (Executable._prepared), which checks
         the feeds against what it was compiled for; None (nothing run) when there is none or a feed misses.
         Lock-free up to the run, which takes the graph's run lock: each dictionary operation is atomic."""
+        if not self._recent:  # no executable with prepared runs: no key to build
+            return None
         key = _request_key(feeds, targets, target_ops, device, compiled, options)
         hit = self._recent.get(key) if key is not None else None
         if hit is None:

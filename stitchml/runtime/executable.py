@@ -248,6 +248,12 @@ class Executable:
         return list(self._results)
 
     @property
+    def prepares_runs(self) -> bool:
+        """Whether plain runs (own arena, current stream) after the first take the prepared path: the
+        run is its steps alone (no variables, no integer-division flag, no poison, no CUDA-graph replay)."""
+        return _Prepared.applies(self)
+
+    @property
     def run_lock(self):
         """The graph's run lock: runs of any executable of one graph and its eager runs never interleave."""
         return self._lock
@@ -442,7 +448,7 @@ class Executable:
             self.graph.run_count += 1
             if self._graph_state is None and self._capture_ok is not False and self._capturable:
                 self._graph_state = _CapturedRun.capture(self, self._arena_for(None))
-            if self._prepared is None and _Prepared.applies(self):
+            if self._prepared is None and _Prepared.applies(self) and self._template is not None:
                 self._prepared = _Prepared(self, self._template)
             return result
 
@@ -616,9 +622,10 @@ class _Prepared:
 
     @staticmethod
     def applies(exe: "Executable") -> bool:
-        """Whether `exe`'s plain runs can take the prepared path (see the class docstring)."""
+        """Whether `exe`'s plain runs can take the prepared path (see the class docstring), once a first
+        run has bound its template environment."""
         return not (exe._variables or exe._in_place or exe._assigns or exe._poison or exe._capturable) and \
-            exe._flag_slot is None and exe._template is not None and exe._device_index is not None
+            exe._flag_slot is None and exe._device_index is not None
 
     def __call__(self, feeds: dict | None, outputs: dict | None) -> dict[Tensor, TensorData] | None:
         """One run; None (nothing run) where a feed or caller buffer misses what was prepared."""
