@@ -262,8 +262,9 @@ def _request_key(feeds, targets, target_ops, device, compiled, options) -> tuple
         return None
     if device is not None and type(device) is not str and type(device) is not torch.device:
         return None
-    return (device, None if device == "cpu" else _current_cuda(device), compiled, options_key(options) if options else (), len(feeds),
-            len(targets), *map(id, feeds), *map(id, targets), *map(id, target_ops))
+    current = None if device == "cpu" else _current_cuda(device)
+    return (device, current, compiled, options_key(options) if options else (), len(feeds), len(targets),
+            *map(id, feeds), *map(id, targets), *map(id, target_ops))
 
 
 def run_graph(graph, feeds, targets, target_ops, device, compiled: bool | None, buckets=None,
@@ -319,7 +320,7 @@ class ExecutableCache:
         self.runs: dict[Signature, int] = {}  # CPU runs op by op so far, per signature (warm)
         self._fast: dict[tuple, tuple[Signature, tuple]] = {}
         self._recent: dict[tuple, tuple[Signature, Executable, tuple]] = {}  # `quick`'s: by _request_key
-        self.fast_hits = 0  # requests `fast` answered (tests and benchmarks read it)
+        self.fast_hits = 0  # requests `quick` or `fast` answered (tests and benchmarks read it)
 
     def fast(self, feeds, targets, target_ops, device, compiled, options=None) -> Executable | None:
         """The executable `get` returned for this same request (`Graph.run`'s arguments) before, or None."""
@@ -380,7 +381,8 @@ class ExecutableCache:
             return
         if len(self._fast) >= self.FAST_SIZE:
             self._fast.clear()
-        held = (tuple(feeds or {}), *(tuple(x) if isinstance(x, (list, tuple)) else (x,) for x in (targets, target_ops)))
+        held = (tuple(feeds or {}),
+                *(tuple(x) if isinstance(x, (list, tuple)) else (x,) for x in (targets, target_ops)))
         self._fast[key] = (sig, held)
         request = _request_key(feeds, targets, target_ops, device, compiled, options)
         if request is not None:
