@@ -164,3 +164,14 @@ def test_graph_run_of_an_executable_without_prepared_runs_keeps_the_lookup_with_
         got = g.run({x: torch.ones(3)}, [total], [assign], device="cpu", compiled=True)[total].numpy()
         np.testing.assert_array_equal(got, np.full(3, k + 1.0, np.float32))  # each run reads the last one's value
     assert not g._executables._recent and g._executables.fast_hits == 3
+
+
+def test_runs_that_always_pass_caller_buffers_are_prepared_too():
+    g, x, y = _gelu_graph()
+    exe = g.compile({x: sm.TensorType((32,), sm.float32)}, [y], device="cpu")
+    out = torch.empty(32)
+    for _ in range(2):
+        a = torch.randn(32)
+        assert exe.run({x: a}, outputs={y: out})[y].torch().data_ptr() == out.data_ptr()
+        _check(out, a, "a caller buffer")
+        assert exe._prepared is not None

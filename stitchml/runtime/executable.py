@@ -435,6 +435,8 @@ class Executable:
                 if env[slot] is None:
                     env[slot] = torch.empty(shape, dtype=dtype, device=device)
             run_steps(self.steps, env, self._checks, self._flag_slot)
+            if self._prepared is None and _Prepared.applies(self):  # the kernels have launched once: prepare
+                self._prepared = _Prepared(self, self._template)
             if outputs:
                 return self._finish(env, None, self._arena_for(None))
             result = {}  # _collect without caller buffers
@@ -448,8 +450,6 @@ class Executable:
             self.graph.run_count += 1
             if self._graph_state is None and self._capture_ok is not False and self._capturable:
                 self._graph_state = _CapturedRun.capture(self, self._arena_for(None))
-            if self._prepared is None and _Prepared.applies(self) and self._template is not None:
-                self._prepared = _Prepared(self, self._template)
             return result
 
     def _feed_fast(self, env: list, feeds: dict | None) -> bool:
