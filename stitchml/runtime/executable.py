@@ -14,7 +14,9 @@ A run binds the feeds, the variables' storage, the constants and the arena
 pre-bound steps, then writes the assigned variables (end-of-run semantics,
 docs/semantics.md). Runs hold the graph's run lock throughout, so runs of
 any executables of one graph, and its eager runs, never interleave. On CUDA, once a run has warmed the kernels up, the whole
-run is captured as a CUDA graph and later runs replay it.
+run is captured as a CUDA graph and later runs replay it. A run that is its steps alone (a one-kernel CUDA
+executable, most CPU ones) is prepared after the first instead (`_Prepared`): later runs check the feeds
+against a fixed key and launch, with no per-run binding.
 """
 from __future__ import annotations
 
