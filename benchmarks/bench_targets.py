@@ -7,7 +7,13 @@
 Latency: a 4K-element GeLU executable of one kernel; per run, the median wall
 time of the call and a synchronisation (`wall`), and the host time per call
 when calls go back to back (`per call`), against one eager torch kernel, a
-synchronisation alone and the replay of a CUDA graph of one kernel.
+synchronisation alone and the replay of a CUDA graph of one kernel: `exe.run`
+(fresh output, and a caller's buffer), `g.run`, which launch entry the direct
+launcher took (cuLaunchKernelEx or cuLaunchKernel) and the run through the other
+and through Triton's launcher, the output's allocation, the run with its launch
+stubbed out, and `g.run`'s lookup (its run over the executable's own, launches
+stubbed, in alternating rounds). Section `few`: an executable of two steps,
+replayed as a CUDA graph (the default) against its steps launched one by one.
 CNN step: 3x3 convolutions 1->32->64, dense 3136->256->10, SGD with momentum,
 batch 1024 (bench_distributed.py's model); StitchML with its default (IEEE
 float32 products and convolutions) and with `allow_tf32`, against PyTorch
@@ -83,6 +89,21 @@ def per_call_us(fn, dev, n: int, rounds: int = 5) -> float:
     return statistics.median(times) * 1e6
 
 
+def paired_us(fn_a, fn_b, dev, n: int, rounds: int = 20) -> tuple[float, float]:
+    """Host microseconds per call of two functions, in alternating rounds of n calls, the fastest round of
+    each: for a difference of two close figures, which a median of separate runs drowns in noise."""
+    best = [math.inf, math.inf]
+    for _ in range(rounds):
+        for i, fn in enumerate((fn_a, fn_b)):
+            sync(dev)
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            sync(dev)
+            best[i] = min(best[i], (time.perf_counter() - t) / n * 1e6)
+    return best[0], best[1]
+
+
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     got, want = got.double(), want.double()
     return float((got - want).norm() / want.norm().clamp_min(1e-30))
@@ -129,31 +150,82 @@ def latency(dev: torch.device, quick: bool) -> None:
         with torch.cuda.graph(graph):
             torch.erf(a, out=o2)
         contenders.insert(3, ("CUDA graph replay (one kernel)", graph.replay))
+    prepared = exe._prepared is not None  # the run prepared once (runtime/executable.py's _Prepared)
     for name, fn in contenders:
         record("latency", case, name, wall_us(fn, dev, n), "us", kind="wall",
-               launcher=getattr(launch, "launcher", type(launch).__name__))
+               launcher=getattr(launch, "launcher", type(launch).__name__), prepared=prepared)
         record("latency", case, name, per_call_us(fn, dev, n // 2), "us", kind="per call")
+    assert rel_err(g.run({x: a}, [y], device=str(dev))[y].torch(), want) < 1e-6  # after its lookup's warm-up
+    shape, stride, template = (4096,), (1,), torch.empty(0, device=dev)
+    record("latency", case, "torch.empty 4K (allocation alone)",
+           per_call_us(lambda: torch.empty(shape, dtype=torch.float32, device=dev), dev, n // 2), "us", kind="per call")
+    record("latency", case, "new_empty_strided 4K (the prepared run's)",
+           per_call_us(lambda: template.new_empty_strided(shape, stride), dev, n // 2), "us", kind="per call")
+    direct = getattr(launch, "direct", None)
+    if direct is not None:
+        record("latency", case, "direct launch entry", float(direct.ex is not None), "", kind="flag",
+               entry="cuLaunchKernelEx" if direct.ex is not None else "cuLaunchKernel")
+        if direct.ex is not None:  # the same run through the eleven-argument cuLaunchKernel
+            direct.ex = None
+            try:
+                assert rel_err(exe.run({x: a})[y].torch(), want) < 1e-6
+                record("latency", case, "exe.run, cuLaunchKernel", per_call_us(lambda: exe.run({x: a}), dev, n // 2),
+                       "us", kind="per call")
+            finally:
+                direct.ex = direct.drv.launch_ex
+        launch.direct = None  # the same run through Triton's own launcher of the compiled kernel
+        try:
+            record("latency", case, "exe.run, Triton's launcher", wall_us(lambda: exe.run({x: a}), dev, n), "us",
+                   kind="wall")
+            record("latency", case, "exe.run, Triton's launcher", per_call_us(lambda: exe.run({x: a}), dev, n // 2),
+                   "us", kind="per call")
+        finally:
+            launch.direct = direct
+    # The host work around the launch: the same runs with the kernel step's work stubbed out; `g.run`'s
+    # lookup is what its run costs over the executable's own.
     step = exe.steps[0]
     step.run = lambda env: None
-    record("latency", case, "exe.run without its launch", per_call_us(lambda: exe.run({x: a}), dev, n // 2), "us",
-           kind="per call")
-    step.run = launch
-    direct = getattr(launch, "direct", None)
-    if direct is not None:  # the same run through Triton's own launcher of the compiled kernel
-        launch.direct = None
-        record("latency", case, "exe.run, Triton's launcher", wall_us(lambda: exe.run({x: a}), dev, n), "us",
-               kind="wall")
-        record("latency", case, "exe.run, Triton's launcher", per_call_us(lambda: exe.run({x: a}), dev, n // 2),
-               "us", kind="per call")
-        launch.direct = direct
-    if g._executables is None:  # the CPU runs the graph op by op: no executable to look up
+    try:
+        stubbed = per_call_us(lambda: exe.run({x: a}), dev, n // 2)
+        record("latency", case, "exe.run without its launch", stubbed, "us", kind="per call")
+        record("latency", case, "exe.run outputs= without its launch",
+               per_call_us(lambda: exe.run({x: a}, outputs={y: out}), dev, n // 2), "us", kind="per call")
+    finally:
+        step.run = launch
+    if g._executables is None:  # the graph runs op by op here (the Triton interpreter): no executable to look up
         return
     gexe = next(iter(g._executables.entries.values()))
-    real = gexe.run
-    gexe.run = lambda feeds: None
-    record("latency", case, "g.run lookup alone (exe.run stubbed)",
-           per_call_us(lambda: g.run({x: a}, [y], device=str(dev)), dev, n // 2), "us", kind="per call")
-    gexe.run = real
+    gstep = gexe.steps[0]
+    real = gstep.run
+    gstep.run = lambda env: None
+    try:
+        own, both = paired_us(lambda: gexe.run({x: a}), lambda: g.run({x: a}, [y], device=str(dev)), dev, n // 4)
+    finally:
+        gstep.run = real
+    record("latency", case, "g.run lookup alone", both - own, "us", kind="per call",
+           g_run_without_launch=round(both, 2), exe_run_without_launch=round(own, 2),
+           prepared=gexe._prepared is not None)
+
+
+def few_steps(dev: torch.device, quick: bool) -> None:
+    """An executable of a few steps (64x64 matmul + tanh, then a row softmax): its default on CUDA, the replay
+    of a CUDA graph (feeds copied in, results cloned out), against its steps launched by the prepared run."""
+    n = 200 if quick else 3000
+    g = sm.Graph("few")
+    x = g.placeholder((64, 64), sm.float32, name="x")
+    y = g.softmax(g.tanh(x @ x), axis=1)
+    b = torch.randn(64, 64, device=dev)
+    want = torch.softmax(torch.tanh(b.double() @ b.double()), 1)
+    for label, capture in (("CUDA-graph replay", True), ("steps launched", False)):
+        exe = g.compile({x: sm.TensorType((64, 64), sm.float32)}, [y], device=str(dev))
+        if not capture:
+            exe._capture_ok = False  # as if capture had failed: the prepared run launches the steps
+        for _ in range(2):  # the first run, then a replay or a prepared run
+            err = rel_err(exe.run({x: b})[y].torch(), want)
+            assert err < 1e-5, (label, err)
+        record("latency", f"{len(exe.steps)} steps (matmul+tanh, softmax)", f"exe.run, {label}",
+               per_call_us(lambda: exe.run({x: b}), dev, n // 2), "us", kind="per call",
+               replay=exe._graph_state is not None, prepared=exe._prepared is not None)
 
 
 # -- CNN training step ---------------------------------------------------------------------------------
@@ -297,7 +369,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
     p.add_argument("--explore", action="store_true", help="also the trials: channels-last, Triton persistent GEMM")
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
-    p.add_argument("--sections", nargs="+", default=["latency", "matmul", "cnn"])
+    p.add_argument("--sections", nargs="+", default=["latency", "few", "matmul", "cnn"])
     p.add_argument("--json")
     args = p.parse_args(argv)
     dev = torch.device(args.device)
@@ -311,6 +383,8 @@ def main(argv=None) -> int:
         try:
             if section == "latency":
                 latency(dev, args.quick)
+            elif section == "few":
+                few_steps(dev, args.quick)
             elif section == "cnn":
                 cnn(dev, args.quick, args.explore, not args.no_compile)
             elif section == "matmul":

@@ -339,6 +339,12 @@ class Graph(GraphMethods):
         `options` are compile options, as for `compile` (`{"allow_tf32": True}`), part of the compiled
         executable's signature; op-by-op runs do not use them.
         """
+        cache = self._executables
+        if cache is not None and compiled is not False and not buckets and not self.buckets:
+            # a request seen before, run by its executable's prepared run (runtime/compiled.py, `quick`)
+            result = cache.quick(feeds, targets, target_ops, device, compiled, options)
+            if result is not None:
+                return result
         run_graph = _entries.get("run_graph")
         if run_graph is None:  # imported on the first run (the runtime sits above the builder); then kept
             from .runtime.compiled import run_graph

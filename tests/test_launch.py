@@ -69,6 +69,50 @@ def test_the_parameter_block_holds_addresses_extents_and_null_scratch(monkeypatc
     assert launch([c, a], 78) and drv.launches[-1][4][:2] == [c.data_ptr(), a.data_ptr()]  # the slots' buffers now
 
 
+class _DriverEx(_Driver):
+    """A driver with cuLaunchKernelEx: decodes the launch config; `refuse` answers an error code instead."""
+
+    def __init__(self, sizes, refuse=False):
+        super().__init__(sizes)
+        self.refuse, self.ex_launches = refuse, []
+
+    def launch_ex(self, config, function, block, extra):
+        assert isinstance(config, ctypes.c_void_p) and extra is None
+        c = direct.LaunchConfig.from_address(config.value)
+        if self.refuse:
+            return 1  # CUDA_ERROR_INVALID_VALUE
+        values = [ctypes.c_uint64.from_address(block[i]).value for i in (0, 1)]
+        values.append(ctypes.c_int32.from_address(block[2]).value)
+        self.ex_launches.append(((c.grid_x, c.grid_y, c.grid_z), (c.block_x, c.block_y, c.block_z), c.shared,
+                                 c.stream or 0, c.num_attrs, function.value, values))
+        return 0
+
+
+def test_the_ex_entry_takes_the_prepared_config_and_follows_the_stream(monkeypatch):
+    drv = _DriverEx([8, 8, 4, 8, 8])
+    monkeypatch.setattr(direct, "driver", lambda: drv)
+    launch, _ = direct.bind(_compiled(), (3, 2, 1), [0, 1], (4096,), (True, True))
+    a, b = torch.zeros(64), torch.zeros(64)
+    assert launch([a, b], 77) and launch([b, a], 0)
+    assert drv.ex_launches == [((3, 2, 1), (128, 1, 1), 128, 77, 0, 1234, [a.data_ptr(), b.data_ptr(), 4096]),
+                               ((3, 2, 1), (128, 1, 1), 128, 0, 0, 1234, [b.data_ptr(), a.data_ptr(), 4096])]
+    assert not drv.launches  # the eleven-argument entry was not called
+
+
+def test_an_ex_entry_refusing_the_first_launch_hands_over_to_cu_launch_kernel(monkeypatch):
+    drv = _DriverEx([8, 8, 4, 8, 8], refuse=True)
+    monkeypatch.setattr(direct, "driver", lambda: drv)
+    launch, _ = direct.bind(_compiled(), (3, 1, 1), [0, 1], (4096,), (True, True))
+    a, b = torch.zeros(64), torch.zeros(64)
+    assert launch([a, b], 5) and launch.ex is None and len(drv.launches) == 1
+    assert drv.launches[0][3] == 5 and drv.launches[0][4][:2] == [a.data_ptr(), b.data_ptr()]
+    accepted, _ = direct.bind(_compiled(), (3, 1, 1), [0, 1], (4096,), (True, True))
+    drv.refuse = False
+    assert accepted([a, b], 5)
+    drv.refuse = True  # a refusal after launches went through is the launch's failure, not the entry's
+    assert not accepted([a, b], 5) and accepted.ex is not None and len(drv.launches) == 1
+
+
 def test_a_buffer_off_the_compiled_alignment_is_not_launched(monkeypatch):
     drv = _Driver([8, 8, 4, 8, 8])
     monkeypatch.setattr(direct, "driver", lambda: drv)

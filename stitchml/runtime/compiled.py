@@ -222,6 +222,51 @@ def _fast_key(feeds, targets, target_ops, device, compiled, options=None) -> tup
     return tuple(key)
 
 
+_cuda_ready = False  # CUDA initialised in this process (checked until it is: it stays so)
+
+
+def _current_cuda(device) -> int | None:
+    """The current CUDA device where `device` (as Graph.run got it) resolves through it: None, or a CUDA
+    device without an index; None otherwise, or before CUDA is initialised."""
+    global _cuda_ready
+    if _current_device is None:
+        return None
+    if device is not None and (device.type != "cuda" or device.index is not None if type(device) is torch.device
+                               else ":" in device or device == "cpu"):
+        return None
+    if not _cuda_ready:
+        _cuda_ready = torch.cuda.is_initialized()
+        if not _cuda_ready:
+            return None
+    return _current_device()
+
+
+def _request_key(feeds, targets, target_ops, device, compiled, options) -> tuple | None:
+    """The key of a run request by identities alone: the feed keys', targets' and target ops' identities,
+    the device as asked for (with the current CUDA device where that resolves it), `compiled` and the compile
+    options; not the feeds' shapes or dtypes, which the executable's prepared run checks against its own.
+    None for a request of another form (the full lookup takes those)."""
+    if type(feeds) is not dict:
+        if feeds is not None:
+            return None
+        feeds = {}
+    kind = type(targets)
+    if kind is Tensor:
+        targets = (targets,)
+    elif kind is not list and kind is not tuple:
+        return None
+    kind = type(target_ops)
+    if kind is Operation:
+        target_ops = (target_ops,)
+    elif kind is not tuple and kind is not list:
+        return None
+    if device is not None and type(device) is not str and type(device) is not torch.device:
+        return None
+    current = None if device == "cpu" else _current_cuda(device)
+    return (device, current, compiled, options_key(options) if options else (), len(feeds), len(targets),
+            *map(id, feeds), *map(id, targets), *map(id, target_ops))
+
+
 def run_graph(graph, feeds, targets, target_ops, device, compiled: bool | None, buckets=None,
               options: dict | None = None) -> dict:
     """`Graph.run`: a request seen before goes straight to its executable; otherwise op by op where the
@@ -229,9 +274,12 @@ def run_graph(graph, feeds, targets, target_ops, device, compiled: bool | None, 
     cache (made on first use, shared by every thread that runs the graph). A CPU signature compiles on
     its run after CPU_COMPILE_AFTER op-by-op runs; runs with buckets compile at once. `options` are
     compile options (`allow_tf32`), part of the executable's signature; op-by-op runs ignore them."""
-    if compiled is not False and graph._executables is not None and not (buckets or graph.buckets):
-        with graph._run_lock:  # a request seen before: its executable from identities, shapes and dtypes
-            exe = graph._executables.fast(feeds, targets, target_ops, device, compiled, options)
+    cache = graph._executables
+    if compiled is not False and cache is not None and not (buckets or graph.buckets):
+        # a request seen before whose prepared run `Graph.run` did not take (ExecutableCache.quick): its
+        # executable from identities, shapes and dtypes
+        with graph._run_lock:
+            exe = cache.fast(feeds, targets, target_ops, device, compiled, options)
         if exe is not None:
             return exe.run(feeds)
     dev = resolve_device(device)
@@ -271,7 +319,8 @@ class ExecutableCache:
         self.refused: dict[tuple, str] = {}  # (bucket rules, targets) -> why the graph cannot be bucketed
         self.runs: dict[Signature, int] = {}  # CPU runs op by op so far, per signature (warm)
         self._fast: dict[tuple, tuple[Signature, tuple]] = {}
-        self.fast_hits = 0  # requests `fast` answered (tests and benchmarks read it)
+        self._recent: dict[tuple, tuple[Signature, Executable, tuple]] = {}  # `quick`'s: by _request_key
+        self.fast_hits = 0  # requests `quick` or `fast` answered (tests and benchmarks read it)
 
     def fast(self, feeds, targets, target_ops, device, compiled, options=None) -> Executable | None:
         """The executable `get` returned for this same request (`Graph.run`'s arguments) before, or None."""
@@ -285,7 +334,41 @@ class ExecutableCache:
             return None
         self.entries.move_to_end(hit[0])
         self.fast_hits += 1
+        request = _request_key(feeds, targets, target_ops, device, compiled, options)
+        if request is not None:  # the request's shapes changed back to these: `quick` serves them again
+            self._note(request, (hit[0], exe, hit[1]))
         return exe
+
+    def _note(self, request: tuple, entry: tuple) -> None:
+        """Let `quick` find `entry` (signature, executable, the objects the key's identities are of), if
+        the executable's runs take its prepared path (others are left to `fast`)."""
+        if not entry[1].prepares_runs:
+            return
+        if len(self._recent) >= self.FAST_SIZE and request not in self._recent:
+            self._recent.clear()
+        self._recent[request] = entry
+
+    def quick(self, feeds, targets, target_ops, device, compiled, options=None) -> dict | None:
+        """The result of a run of a request seen before (`Graph.run`'s arguments) by the executable `get`
+        returned for it last, through that executable's prepared run (Executable._prepared), which checks
+        the feeds against what it was compiled for; None (nothing run) when there is none or a feed misses.
+        Lock-free up to the run, which takes the graph's run lock: each dictionary operation is atomic."""
+        if not self._recent:  # no executable with prepared runs: no key to build
+            return None
+        key = _request_key(feeds, targets, target_ops, device, compiled, options)
+        hit = self._recent.get(key) if key is not None else None
+        if hit is None:
+            return None
+        sig, exe, _ = hit
+        prepared = exe._prepared
+        result = prepared(feeds, None) if prepared is not None else None
+        if result is not None:
+            try:
+                self.entries.move_to_end(sig)
+            except KeyError:  # evicted by another thread meanwhile: this run was still its executable's
+                pass
+            self.fast_hits += 1
+        return result
 
     def remember(self, exe: Executable, feeds, targets, target_ops, device, compiled, options=None) -> None:
         """Let `fast` find `exe` for this request (after `get` checked it and returned `exe`). The entry
@@ -298,8 +381,12 @@ class ExecutableCache:
             return
         if len(self._fast) >= self.FAST_SIZE:
             self._fast.clear()
-        held = [tuple(x) if isinstance(x, (list, tuple)) else (x,) for x in (targets, target_ops)]
-        self._fast[key] = (sig, (tuple(feeds or {}), *held))
+        held = (tuple(feeds or {}),
+                *(tuple(x) if isinstance(x, (list, tuple)) else (x,) for x in (targets, target_ops)))
+        self._fast[key] = (sig, held)
+        request = _request_key(feeds, targets, target_ops, device, compiled, options)
+        if request is not None:
+            self._note(request, (sig, exe, held))
 
     def warm(self, graph, feeds: dict, targets, target_ops, device) -> bool:
         """Whether a CPU run of this signature should compile: it has an executable already, or this is
@@ -377,6 +464,8 @@ class ExecutableCache:
         self.entries[sig] = exe
         while len(self.entries) > self.size:
             dropped, _ = self.entries.popitem(last=False)
+            # `quick` holds executables themselves: let the dropped one go
+            self._recent = {k: v for k, v in self._recent.items() if v[0] is not dropped}
             self.evicted[dropped] = None
             self.log.append(f"evicted {graph.name!r} {dropped.describe()} (least recently used of {self.size})")
             while len(self.evicted) > 64 * self.size:  # remember enough to explain recompiles, not every shape

@@ -7,9 +7,13 @@ through `data_ptr`), allocates its scratch buffers and consults its hooks. A
 Triton the first time: it lays out the kernel's parameter block (one 8-byte
 slot per buffer, the extents as their fixed integers, a null pointer for
 each parameter Triton adds after the visible ones), and a later launch writes
-the buffers' addresses into the block and makes one `cuLaunchKernel` call
-through ctypes. On an H200's host that took a one-kernel `exe.run` from 22.5
-to 16.5 microseconds of host time per call (benchmarks/RESULTS.md).
+the buffers' addresses into the block and makes one `cuLaunchKernelEx` call
+through ctypes, whose four arguments are made once (`cuLaunchKernel`'s eleven
+where the driver lacks it). On an H200's host the launch through
+`cuLaunchKernel` took a one-kernel `exe.run` from 22.5 to 16.5 microseconds of
+host time per call (benchmarks/RESULTS.md); with a stand-in driver on a CPU
+host, the launch's own Python went from 1.9 to 1.0 microseconds with the Ex
+entry and a one-pass address write.
 
 It is built only where that is known to be exact: the parameter list derived
 from the compiled kernel's signature (constexprs left out, in argument order)
@@ -45,6 +49,11 @@ class _Driver:
         # through argtypes costs as much again as the call)
         self.launch = lib.cuLaunchKernel
         self.launch.restype = ctypes.c_int
+        # cuLaunchKernelEx(const CUlaunchConfig *, CUfunction, void **params, void **extra) (CUDA 12; Triton's own
+        # launcher calls it): four arguments, all fixed per kernel, against eleven; None on older drivers
+        self.launch_ex = getattr(lib, "cuLaunchKernelEx", None)
+        if self.launch_ex is not None:
+            self.launch_ex.restype = ctypes.c_int
         self.param_info = lib.cuFuncGetParamInfo  # CUDA 12.4 and later; AttributeError before
         self.param_info.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
                                     ctypes.POINTER(ctypes.c_size_t)]
@@ -122,8 +131,22 @@ def refusal(compiled) -> str | None:
     return None
 
 
+class LaunchConfig(ctypes.Structure):
+    """CUDA's CUlaunchConfig (cuda.h): grid and block extents, dynamic shared memory, stream, attributes."""
+
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("shared", ctypes.c_uint), ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p),
+                ("num_attrs", ctypes.c_uint)]
+
+
 class DirectLaunch:
-    """One kernel's prepared launch: its grid, block, shared memory and parameter block (module docstring)."""
+    """One kernel's prepared launch: its grid, block, shared memory and parameter block (module docstring).
+
+    A launch goes through `cuLaunchKernelEx` where the driver has it, its four arguments made once (the
+    config's stream field rewritten when the stream changes); the first launch it refuses, before any it
+    accepted, moves this kernel to `cuLaunchKernel` for good.
+    """
 
     def __init__(self, drv: _Driver, function: int, grid: tuple, threads: int, shared: int, types: list,
                  hidden: int, slots: list[int], alignment: tuple[bool, ...]):
@@ -144,21 +167,36 @@ class DirectLaunch:
                 params.append(ctypes.addressof(t))
         params += [ctypes.addressof(self._null)] * hidden
         self.block = (ctypes.c_void_p * max(len(params), 1))(*params)
-        # the buffers Triton specialised as 16-byte aligned at the first launch: a later launch with one of
-        # them unaligned goes back through Triton (which compiles the variant)
-        self.aligned = tuple(i for i, a in enumerate(alignment) if a)
+        # (slot, alignment mask, address index) per buffer: 15 for those Triton specialised as 16-byte aligned
+        # at the first launch (a later launch with one of them unaligned goes back through Triton, which
+        # compiles the variant), 0 for the others
+        self.buffers = tuple((slot, 15 if aligned else 0, i) for i, (slot, aligned) in enumerate(zip(slots, alignment)))
         self.slots = slots
+        self.ex = getattr(drv, "launch_ex", None)  # None: cuLaunchKernel
+        self.ex_accepted = False  # whether cuLaunchKernelEx has launched this kernel yet
+        self.config = LaunchConfig(*grid, threads, 1, 1, shared, None, None, 0)
+        self.ex_args = (ctypes.c_void_p(ctypes.addressof(self.config)), self.shape[0], self.block, None)
 
     def __call__(self, env: list, stream: int) -> bool:
         """Launch on the buffers at `slots` of `env` on `stream`; False (nothing launched) when a buffer breaks
         the alignment the kernel was compiled for or the driver refuses the launch."""
-        ptrs = [env[s].data_ptr() for s in self.slots]
-        for i in self.aligned:
-            if ptrs[i] & 15:
+        addresses = self.addresses
+        for slot, mask, i in self.buffers:  # one pass, no list: about half the host time of building one
+            ptr = env[slot].data_ptr()
+            if ptr & mask:
                 return False
-        self.addresses[:len(ptrs)] = ptrs
+            addresses[i] = ptr
         if stream != self.stream:
             self.stream, self.stream_handle = stream, ctypes.c_void_p(stream)
+            self.config.stream = stream
+        ex = self.ex
+        if ex is not None:
+            if ex(*self.ex_args) == 0:
+                self.ex_accepted = True
+                return True
+            if self.ex_accepted:
+                return False
+            self.ex = None  # refused before it ever launched (a driver that has the entry but not its config)
         f, gx, gy, gz, bx, by, bz, shared = self.shape
         return self.drv.launch(f, gx, gy, gz, bx, by, bz, shared, self.stream_handle, self.block, None) == 0
 

@@ -14,7 +14,9 @@ A run binds the feeds, the variables' storage, the constants and the arena
 pre-bound steps, then writes the assigned variables (end-of-run semantics,
 docs/semantics.md). Runs hold the graph's run lock throughout, so runs of
 any executables of one graph, and its eager runs, never interleave. On CUDA, once a run has warmed the kernels up, the whole
-run is captured as a CUDA graph and later runs replay it.
+run is captured as a CUDA graph and later runs replay it. A run that is its steps alone (a one-kernel CUDA
+executable, most CPU ones) is prepared after the first instead (`_Prepared`): later runs check the feeds
+against a fixed key and launch, with no per-run binding.
 """
 from __future__ import annotations
 
@@ -175,6 +177,7 @@ class Executable:
         self._capture_ok = None
         self._template = None  # slots of constants and arena buffers, bound once
         self._fresh_outputs = None  # {target: (slot, shape, dtype)} of targets a run allocates (caller outputs)
+        self._prepared: _Prepared | None = None  # the plain run prepared once, after the first (class _Prepared)
         # the device as `Tensor.get_device` numbers it (-1: the CPU), for the feeds' cheap check; None: unknown
         self._device_index = -1 if self.device.type == "cpu" else self.device.index
         self.runs = 0
@@ -247,6 +250,12 @@ class Executable:
         return list(self._results)
 
     @property
+    def prepares_runs(self) -> bool:
+        """Whether plain runs (own arena, current stream) after the first take the prepared path: the
+        run is its steps alone (no variables, no integer-division flag, no poison, no CUDA-graph replay)."""
+        return _Prepared.applies(self)
+
+    @property
     def run_lock(self):
         """The graph's run lock: runs of any executable of one graph and its eager runs never interleave."""
         return self._lock
@@ -289,7 +298,7 @@ class Executable:
             t = value if kind is torch.Tensor else value._t if kind is TensorData else TensorData(value).torch()
             if t.dtype != dtype or t.shape != shape:
                 got = f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
-                raise FeedError(f"feed for placeholder {name}: the executable was compiled for {shape} "
+                raise FeedError(f"feed for placeholder {name}: the executable was compiled for {tuple(shape)} "
                                 f"{str(dtype).replace('torch.', '')}, got {got}; compile again for it")
             if t.device != self.device:
                 t = t.to(self.device)
@@ -361,10 +370,16 @@ class Executable:
         With `profile=True` the run executes step by step (no graph replay) and
         `last_profile` lists (step, kind, milliseconds).
         """
-        if stream is None and heap is None and not profile and not self._poison:
-            result = self._run_plain(feeds, outputs)
-            if result is not None:
-                return result
+        if heap is None and stream is None and not profile:
+            prepared = self._prepared
+            if prepared is not None:  # feeds, outputs and steps checked against what was prepared; None: a miss
+                result = prepared(feeds, outputs)
+                if result is not None:
+                    return result
+            if not self._poison:
+                result = self._run_plain(feeds, outputs)
+                if result is not None:
+                    return result
         with self._lock, cudart.using(stream):
             arena = self._arena_for(heap)
             if not profile and self._graph_state is not None and self._graph_state.fits(self, arena):
@@ -422,6 +437,8 @@ class Executable:
                 if env[slot] is None:
                     env[slot] = torch.empty(shape, dtype=dtype, device=device)
             run_steps(self.steps, env, self._checks, self._flag_slot)
+            if self._prepared is None and _Prepared.applies(self):  # the kernels have launched once: prepare
+                self._prepared = _Prepared(self, self._template)
             if outputs:
                 return self._finish(env, None, self._arena_for(None))
             result = {}  # _collect without caller buffers
@@ -467,8 +484,8 @@ class Executable:
         for user, dst in outputs.items():
             found = fresh.get(user)
             t = dst._t if type(dst) is TensorData else dst
-            if found is None or not isinstance(t, torch.Tensor) or t.shape != found[1] or t.dtype != found[2] or \
-                    t.device != self.device or not t.is_contiguous() or env[found[0]] is not None:
+            if found is None or type(t) is not torch.Tensor or t.shape != found[1] or t.dtype != found[2] or \
+                    t.get_device() != self._device_index or not t.is_contiguous() or env[found[0]] is not None:
                 return False
             env[found[0]] = t
         return True
@@ -577,6 +594,88 @@ class Executable:
         from .asyncrun import submit
 
         return submit(self, lambda: self.run(feeds, **kwargs), on_complete)
+
+
+class _Prepared:
+    """A plain run prepared once, for executables whose run is their steps alone: no variables to bind or
+    assign, no flag to read back, no poison, no CUDA-graph replay (CPU executables and one-kernel CUDA ones).
+
+    Everything a run of `Executable._run_plain` works out anew is fixed here: the environment with the
+    constants and arena views bound, each feed's slot and compiled (shape, dtype, device index), each
+    fresh output's allocator (`new_empty_strided` of a zero-element tensor of its dtype on the device:
+    no dtype or device for torch to parse, a third less host time than `torch.empty`), the result slots.
+    A run checks every feed against its prepared key with the cheapest comparisons (an exact tensor type,
+    the dtype, the shape, the device index, contiguity) and binds it as it is; on any miss (another
+    shape, a feed to convert or move, a caller buffer the kernels cannot write) it returns None without
+    having run anything, and `Executable.run` takes the general path, which converts the feed or raises
+    the FeedError saying what was expected.
+    """
+
+    __slots__ = ("exe", "graph", "lock", "env", "feeds", "index", "outputs", "results", "steps", "checks")
+
+    def __init__(self, exe: "Executable", env: list):
+        self.exe, self.graph, self.lock, self.env = exe, exe.graph, exe._lock, env
+        self.feeds = tuple((key, slot, shape, dtype) for key, slot, shape, dtype, _ in exe._feed_keys)
+        self.index = exe._device_index
+        self.outputs = tuple((slot, torch.empty(0, dtype=dtype, device=exe.device).new_empty_strided, tuple(shape),
+                              _contiguous_strides(shape)) for slot, shape, dtype in exe._outputs)
+        self.results = tuple(exe._results)
+        self.steps, self.checks = exe.steps, exe._checks
+
+    @staticmethod
+    def applies(exe: "Executable") -> bool:
+        """Whether `exe`'s plain runs can take the prepared path (see the class docstring), once a first
+        run has bound its template environment."""
+        return not (exe._variables or exe._in_place or exe._assigns or exe._poison or exe._capturable) and \
+            exe._flag_slot is None and exe._device_index is not None
+
+    def __call__(self, feeds: dict | None, outputs: dict | None) -> dict[Tensor, TensorData] | None:
+        """One run; None (nothing run) where a feed or caller buffer misses what was prepared."""
+        if type(feeds) is not dict or len(feeds) != len(self.feeds):
+            return None
+        env = self.env.copy()
+        index = self.index
+        for key, slot, shape, dtype in self.feeds:
+            t = feeds.get(key)
+            kind = type(t)
+            if kind is not torch.Tensor:
+                if kind is not TensorData:
+                    return None
+                t = t._t
+            if t.dtype != dtype or t.shape != shape or t.get_device() != index or not t.is_contiguous():
+                return None
+            env[slot] = t
+        if outputs and not self.exe._bind_outputs(env, outputs):
+            return None
+        for slot, new, shape, strides in self.outputs:
+            if env[slot] is None:  # not a caller's buffer
+                env[slot] = new(shape, strides)
+        with self.lock:
+            step = None
+            try:
+                for step in self.steps:
+                    step.run(env)
+            except Exception as e:
+                raise failure(step, e, env, self.checks, None) from e
+            result = {}
+            for user, slot, held in self.results:  # TensorData._wrap, inlined (a call less per result)
+                data = _new_data(TensorData)
+                data._t = env[slot].clone() if held else env[slot]
+                result[user] = data
+            self.exe.runs += 1
+            self.graph.run_count += 1
+        return result
+
+
+_new_data = object.__new__
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides, n = [], 1
+    for extent in reversed(tuple(shape)):
+        strides.append(n)
+        n *= max(extent, 1)
+    return tuple(reversed(strides))
 
 
 class _StepTimer:
