@@ -1,0 +1,202 @@
+"""The CPU dispatch of a bound pipeline: its steps prepared once into a flat list of calls.
+
+On the CPU a dispatch is the work itself, and at batch 1 a packaged network's steps are small: a view
+costs a few microseconds of torch's Python binding, a native kernel's call as much again in reading its
+slots' data pointers. A bound run (runtime/bound.py) already fixes every feed, output and intermediate
+in memory, so most of that work gives the same answer every run. `PreparedRun` runs the steps once,
+step by step, watching which slots each step binds, and keeps for later runs only what depends on the
+data:
+
+* a view of a slot whose tensor never changes (a feed, an arena buffer, a view of one) is made once and
+  stays bound: it reads whatever the memory holds;
+* a native kernel whose slots never change is called with its data pointers read once;
+* a matrix product between such slots calls `torch.mm` or `torch.bmm` into the planned buffer (what
+  `torch.matmul` calls after its shape logic), where the answer is bit for bit `torch.matmul`'s;
+* a movement op run through its reference implementation (a `split`, a `reshape` of a transposed
+  view), which binds fresh memory every run, copies into a buffer of its own instead, from a view of
+  its input made once;
+* everything else runs as its step does, over the same environment.
+
+A slot is unstable when a step binds another tensor to it on every run (a library call's own result):
+what reads it runs its step as is. A failing call runs the steps again op by op for the typed error that
+names the op, and the next launch prepares again. A change of torch's thread count (the native kernels'
+argument) prepares again too.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+
+from ..codegen.cpu import NativeLaunch
+from ..ops.contraction import _matmul_vendor
+from ..registry import MOVEMENT, lookup
+from ..runtime.launch import Chain, ReferenceCall, VendorCall, ViewOf
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+class PreparedRun:
+    """A `BoundRun` on the CPU whose later launches run a prepared list of calls; see the module docstring."""
+
+    def __init__(self, bound):
+        self.bound = bound
+        self.exe = bound.exe
+        self.calls: list[Callable[[], object]] | None = None
+        self.threads = 0
+        self.prepared: dict[str, int] = {}  # how many step parts each preparation took (tests, reports)
+
+    def launch(self, stream=None) -> None:
+        """One run of the network (`stream` is ignored: the CPU has none)."""
+        bound = self.bound
+        with bound._lock:
+            calls = self.calls
+            if calls is None or self.threads != torch.get_num_threads():
+                if bound.launches == 0:  # the first run goes through the bound run: it builds the kernels
+                    bound._steps()
+                else:
+                    self._prepare()
+            else:
+                try:
+                    for call in calls:
+                        call()
+                except Exception:
+                    self.calls = None
+                    bound._steps()  # raises the error naming the failing op
+                    raise
+                self.exe.check_flag(bound.env)
+            bound.launches += 1
+
+    def __getattr__(self, name: str):
+        """The bound run's layout and state (`env`, `results`, `stage_in`, `zero_copy`, `launches`, `check`)."""
+        if name == "bound":
+            raise AttributeError(name)
+        return getattr(self.bound, name)
+
+    # -- preparing -----------------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        """Run the steps once, part by part, and keep the calls later runs need."""
+        bound, env = self.bound, self.bound.env
+        self.threads = torch.get_num_threads()
+        self.prepared = {"hoisted": 0, "native": 0, "product": 0, "copy": 0, "as_is": 0}
+        calls: list[Callable[[], object]] = []
+        for dst, src in bound.stage_in:
+            dst.copy_(src)
+            calls.append(functools.partial(dst.copy_, src))
+        unstable: set[int] = set()
+        try:
+            for step in self.exe.steps:
+                op = step.ops[0] if len(step.ops) == 1 else None
+                calls.extend(self._part(step.run, env, unstable, op))
+        except Exception:
+            self.bound._steps()
+            raise
+        for slot, dst in bound.results:
+            if env[slot] is dst:
+                continue
+            dst.copy_(env[slot])
+            if slot in unstable:
+                calls.append(functools.partial(_copy_slot, dst, env, slot))
+            else:
+                calls.append(functools.partial(dst.copy_, env[slot]))
+        self.exe.check_flag(env)
+        self.calls = calls
+
+    def _part(self, fn, env: list, unstable: set[int], op) -> list[Callable[[], object]]:
+        """Run `fn(env)`, part of the step computing `op` (None: several ops), once; the calls that redo it
+        in later runs (none for a view made once)."""
+        if type(fn) is Chain:
+            return [c for inner in fn.fns for c in self._part(inner, env, unstable, None)]
+        kind = type(fn)
+        if kind is ViewOf and fn.src not in unstable:
+            fn(env)
+            if _storage(env[fn.dst]) == _storage(env[fn.src]):  # a view: it reads the memory as it is
+                self.prepared["hoisted"] += 1
+                return []
+            unstable.add(fn.dst)  # a copy after all (a reshape of a strided tensor): redone every run
+            return self._as_is(fn, env)
+        if kind is ReferenceCall and op is not None and lookup(op.op).kind == MOVEMENT and fn.context is None \
+                and not any(s in unstable for s in fn.ins):
+            calls = self._movement(fn, env, op.op == "reshape")
+            if calls is not None:
+                self.prepared["copy"] += 1
+                return calls
+        before = list(env)
+        fn(env)
+        rebound = {i for i, (a, b) in enumerate(zip(before, env)) if a is not b}
+        unstable |= rebound
+        if kind is NativeLaunch and fn.fn is not None and fn.fn is not fn.fallback and \
+                not any(s in unstable for s in fn.slots):
+            self.prepared["native"] += 1
+            return [functools.partial(fn.fn, *[env[s].data_ptr() for s in fn.slots], self.threads)]
+        if kind is VendorCall and fn.call is _matmul_vendor and not rebound and \
+                not any(s in unstable for s in fn.ins):
+            call = _product(env[fn.ins[0]], env[fn.ins[1]], env[fn.out_slot])
+            if call is not None:
+                self.prepared["product"] += 1
+                return [call]
+        return self._as_is(fn, env)
+
+    def _as_is(self, fn, env: list) -> list[Callable[[], object]]:
+        self.prepared["as_is"] += 1
+        return [functools.partial(fn, env)]
+
+    def _movement(self, fn: ReferenceCall, env: list, reshape: bool) -> list[Callable[[], object]] | None:
+        """A movement op's reference call as copies into buffers made once, from views of its inputs made
+        once; None where a result is neither a view of an input nor (`reshape`) a reshape of one."""
+        args = [env[s] for s in fn.ins]
+        if not args or not all(isinstance(a, torch.Tensor) for a in args):
+            return None
+        result = fn.impl(*args, **fn.attrs)
+        result = result if isinstance(result, tuple) else (result,)
+        shared = {_storage(a) for a in args}
+        calls = []
+        for slot, r in zip(fn.outs, result):
+            dst = env[slot] if fn.into else torch.empty(r.shape, dtype=r.dtype, device=r.device)
+            if _storage(r) in shared:
+                source = r
+            elif reshape and len(args) == 1 and r.numel() == args[0].numel():
+                source, dst_view = args[0], dst.view(args[0].shape)  # a reshape copies row-major order
+                dst_view.copy_(source)
+                if not torch.equal(dst, r):
+                    return None
+                calls.append(functools.partial(dst_view.copy_, source))
+                env[slot] = dst
+                continue
+            else:
+                return None
+            dst.copy_(source)
+            calls.append(functools.partial(dst.copy_, source))
+            env[slot] = dst
+        return calls
+
+
+def _copy_slot(dst: torch.Tensor, env: list, slot: int) -> None:
+    dst.copy_(env[slot])
+
+
+def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
+    """`torch.mm` or `torch.bmm` writing `out`, or None where that is not `torch.matmul`'s answer bit for bit
+    (checked on the values at hand) or the operands do not fold into three axes without a copy."""
+    if out.dtype != a.dtype or out.dtype != b.dtype or not out.is_contiguous():
+        return None
+    if a.dim() == 2 and b.dim() == 2:
+        call = functools.partial(torch.mm, a, b, out=out)
+    elif a.dim() == b.dim() and a.dim() >= 3 and a.shape[:-2] == b.shape[:-2]:
+        try:
+            a3, b3 = a.view(-1, *a.shape[-2:]), b.view(-1, *b.shape[-2:])
+            out3 = out.view(-1, *out.shape[-2:])
+        except RuntimeError:
+            return None
+        call = functools.partial(torch.bmm, a3, b3, out=out3)
+    else:
+        return None
+    want = out.clone()
+    call()
+    if not torch.equal(out, want):
+        out.copy_(want)
+        return None
+    return call
