@@ -24,19 +24,88 @@ argument) prepares again too.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
+import threading
 from typing import Callable
 
 import torch
 
+from ..codegen import cpu
 from ..codegen.cpu import NativeLaunch
 from ..ops.contraction import _matmul_vendor
 from ..registry import MOVEMENT, lookup
 from ..runtime.launch import Chain, ReferenceCall, VendorCall, ViewOf
+from ..runtime.native_conv import BindBuffer
 
 
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
+
+
+# Native kernels in a row run from one call: the runner walks an array of (kernel, pointers, thread count)
+# records made once. Every kernel takes data pointers then an int (codegen/cpu.py's CppSource); on x86-64
+# and AArch64 a pointer argument travels the same way whatever it points to.
+MAX_ARGS = 16
+_RUNNER = "stitchml_run_native_calls"
+_RUNNER_SOURCE = (
+    "struct StitchmlCall { void* fn; long long n; long long threads; void* a[%d]; };\n"
+    'extern "C" void %s(const StitchmlCall* calls, long long count, int unused) {\n'
+    "    for (long long i = 0; i < count; ++i) {\n"
+    "        const StitchmlCall& c = calls[i];\n"
+    "        void* const* a = c.a;\n"
+    "        const int t = (int)c.threads;\n"
+    "        switch (c.n) {\n%s"
+    "        }\n"
+    "    }\n"
+    "}\n") % (MAX_ARGS, _RUNNER, "".join(
+        f"        case {n}: ((void (*)({'void*, ' * n}int))c.fn)({''.join(f'a[{i}], ' for i in range(n))}t); break;\n"
+        for n in range(1, MAX_ARGS + 1)))
+
+
+class _Call(ctypes.Structure):
+    _fields_ = [("fn", ctypes.c_void_p), ("n", ctypes.c_longlong), ("threads", ctypes.c_longlong),
+                ("a", ctypes.c_void_p * MAX_ARGS)]
+
+
+_runner_lock = threading.Lock()
+_runner: list = []  # the compiled runner, once; [None] where no compiler could make it
+
+
+def _native_runner():
+    """The runner function (ctypes), or None where the C++ compiler cannot build it."""
+    with _runner_lock:
+        if not _runner:
+            module = cpu.Module()
+            module.add(cpu.CppSource(_RUNNER, _RUNNER_SOURCE, "runner"))
+            module.build()
+            fn = module.functions.get(_RUNNER)
+            if fn is not None:
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int]
+            _runner.append(fn)
+        return _runner[0]
+
+
+class _NativeBatch:
+    """Native kernels in a row with their pointers read once: one call of the runner for all of them."""
+
+    def __init__(self, kernels: list[tuple[object, list[int], int]]):
+        self.records = (_Call * len(kernels))()
+        for record, (fn, pointers, threads) in zip(self.records, kernels):
+            record.fn = ctypes.cast(fn, ctypes.c_void_p).value
+            record.n, record.threads = len(pointers), threads
+            for i, p in enumerate(pointers):
+                record.a[i] = p
+        self.count = len(kernels)
+        self.address = ctypes.addressof(self.records)
+
+
+class _Kernel(functools.partial):
+    """A native kernel's call with its pointers and thread count bound (batched with its neighbours)."""
+
+
+class _Binding(functools.partial):
+    """A part that binds the same buffer to a slot every run: dropped where nothing else binds that slot."""
 
 
 class PreparedRun:
@@ -103,7 +172,30 @@ class PreparedRun:
             else:
                 calls.append(functools.partial(dst.copy_, env[slot]))
         self.exe.check_flag(env)
-        self.calls = calls
+        calls = [c for c in calls if not (type(c) is _Binding and c.func.slot not in unstable)]
+        self.calls = self._batched(calls)
+
+    def _batched(self, calls: list) -> list:
+        """`calls` with each run of native kernels made one call of the runner."""
+        runner = _native_runner() if sum(type(c) is _Kernel for c in calls) > 1 else None
+        out: list = []
+        row: list = []
+        self.batches = []  # the records the runner reads stay alive with this run
+        for c in calls + [None]:
+            if runner is not None and type(c) is _Kernel and len(c.args) - 1 <= MAX_ARGS:
+                row.append(c)
+                continue
+            if len(row) > 1:
+                batch = _NativeBatch([(k.func, list(k.args[:-1]), k.args[-1]) for k in row])
+                self.batches.append(batch)
+                out.append(functools.partial(runner, batch.address, batch.count, 0))
+                self.prepared["batched"] = self.prepared.get("batched", 0) + len(row)
+            else:
+                out.extend(row)
+            row = []
+            if c is not None:
+                out.append(c)
+        return out
 
     def _part(self, fn, env: list, unstable: set[int], op) -> list[Callable[[], object]]:
         """Run `fn(env)`, part of the step computing `op` (None: several ops), once; the calls that redo it
@@ -131,7 +223,9 @@ class PreparedRun:
         if kind is NativeLaunch and fn.fn is not None and fn.fn is not fn.fallback and \
                 not any(s in unstable for s in fn.slots):
             self.prepared["native"] += 1
-            return [functools.partial(fn.fn, *[env[s].data_ptr() for s in fn.slots], self.threads)]
+            return [_Kernel(fn.fn, *[env[s].data_ptr() for s in fn.slots], self.threads)]
+        if kind is BindBuffer and not rebound and env[fn.slot] is fn.buffer:
+            return [_Binding(fn, env)]
         if kind is VendorCall and fn.call is _matmul_vendor and not rebound and \
                 not any(s in unstable for s in fn.ins):
             call = _product(env[fn.ins[0]], env[fn.ins[1]], env[fn.out_slot])
