@@ -41,8 +41,8 @@ def _pipeline(fn, dims: dict | None = None):
 
 
 @pytest.mark.parametrize("name, batch, parts", [
-    ("transformer", 1, ("hoisted", "product", "copy", "batched")),
-    ("transformer", 3, ("hoisted", "product", "copy")),
+    ("transformer", 1, ("hoisted", "product", "copy", "batched", "native_product", "native_copy")),
+    ("transformer", 3, ("hoisted", "product", "copy", "native_product", "native_copy")),
     ("cnn", 2, ("hoisted", "product", "batched")),
 ])
 def test_prepared_dispatches_match_the_executables_run_bit_for_bit(name, batch, parts):
@@ -112,3 +112,37 @@ def test_a_failing_prepared_dispatch_raises_the_ops_error_and_recovers():
     bv.torch()[1] = -2
     _dispatch(queue, pipe, table, heap)
     assert out.numpy().tolist() == [[4, 4], [-2, 3]]
+
+
+def test_small_batched_products_are_pytorchs_bit_for_bit():
+    """The loop PyTorch runs for small batched products, compiled: the same bits as torch.bmm on random
+    shapes below the size where PyTorch calls its BLAS, strided operands included (a multiply-add
+    instruction, which GCC would otherwise make, rounds once and differs)."""
+    import ctypes
+
+    from stitchml.codegen import cpu, cpu_window
+
+    rng = np.random.default_rng(7)
+    module, cases = cpu.Module(), []
+    while len(cases) < 16:
+        c = len(cases)
+        m, k, n = (int(v) for v in rng.integers(1, [12, 40, 12], endpoint=True))
+        if m * k * n >= cpu_window.TORCH_SMALL_BMM:
+            continue
+        batch = int(rng.integers(1, 20))
+        dtype = (torch.float32, torch.float64)[c % 2]
+        a = torch.from_numpy(rng.standard_normal((batch, k, m))).to(dtype).transpose(1, 2) if c % 3 == 0 else \
+            torch.from_numpy(rng.standard_normal((batch, m, k))).to(dtype)
+        b = torch.from_numpy(rng.standard_normal((batch, n, k))).to(dtype).transpose(1, 2) if c % 4 == 0 else \
+            torch.from_numpy(rng.standard_normal((batch, k, n))).to(dtype)
+        name = f"small_product_test_{c}"
+        module.add(cpu_window.small_batched_product(name, batch, m, k, n, a.stride(), b.stride(),
+                                                    str(dtype).replace("torch.", "")))
+        cases.append((name, a, b))
+    module.build()
+    for name, a, b in cases:
+        out = torch.empty(a.shape[0], a.shape[1], b.shape[2], dtype=a.dtype)
+        fn = module.functions[name]
+        fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int]
+        fn(a.data_ptr(), b.data_ptr(), out.data_ptr(), 1)
+        assert torch.equal(out, torch.bmm(a, b)), (name, tuple(a.shape), tuple(b.shape))

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import threading
 from typing import Callable
 
 import torch
 
-from ..codegen import cpu
+from ..codegen import cpu, cpu_window
 from ..codegen.cpu import NativeLaunch
 from ..ops.contraction import _matmul_vendor
 from ..registry import MOVEMENT, lookup
@@ -108,6 +109,37 @@ class _Binding(functools.partial):
     """A part that binds the same buffer to a slot every run: dropped where nothing else binds that slot."""
 
 
+class _Pending:
+    """A part to run as a native loop made for it (codegen/cpu_window.py), compiled with the run's other such
+    loops once the steps have been walked. `capture()`, called when `out` holds the library's answer, keeps
+    that answer and the memory of `inputs` (later steps reuse the arena); the loop is then checked on those
+    copies and replaces `fallback` only where it gives the same bits."""
+
+    def __init__(self, source, inputs: list[torch.Tensor], out: torch.Tensor, fallback: Callable[[], object],
+                 kind: str):
+        self.source, self.inputs, self.out, self.fallback, self.kind = source, inputs, out, fallback, kind
+        self.pointers = [t.data_ptr() for t in inputs] + [out.data_ptr()]
+        self.snapshot: list = []
+        self.want: torch.Tensor | None = None
+
+    def capture(self) -> "_Pending":
+        self.snapshot = [(t.untyped_storage().clone(), t.data_ptr() - t.untyped_storage().data_ptr())
+                         for t in self.inputs]
+        self.want = self.out.clone()
+        return self
+
+    def resolve(self, module, threads: int):
+        fn = module.functions.get(self.source.name)
+        if fn is None or self.want is None:
+            return self.fallback
+        fn.argtypes = [ctypes.c_void_p] * len(self.pointers) + [ctypes.c_int]
+        got = torch.empty_like(self.want)
+        fn(*[storage.data_ptr() + offset for storage, offset in self.snapshot], got.data_ptr(), threads)
+        if not torch.equal(got, self.want):  # not the library's answer bit for bit: keep the library
+            return self.fallback
+        return _Kernel(fn, *self.pointers, threads)
+
+
 class PreparedRun:
     """A `BoundRun` on the CPU whose later launches run a prepared list of calls; see the module docstring."""
 
@@ -173,7 +205,28 @@ class PreparedRun:
                 calls.append(functools.partial(dst.copy_, env[slot]))
         self.exe.check_flag(env)
         calls = [c for c in calls if not (type(c) is _Binding and c.func.slot not in unstable)]
-        self.calls = self._batched(calls)
+        self.calls = self._batched(self._resolved(calls))
+
+    def _resolved(self, calls: list) -> list:
+        """`calls` with the native loops made for parts compiled (one module) and put in their place."""
+        pending = [c for c in calls if type(c) is _Pending]
+        if not pending:
+            return calls
+        module, names = cpu.Module(), set()
+        for c in pending:
+            if c.source.name not in names:
+                names.add(c.source.name)
+                module.add(c.source)
+        module.build()
+        out = []
+        for c in calls:
+            if type(c) is _Pending:
+                key = f"native_{c.kind}"
+                c = c.resolve(module, self.threads)
+                if type(c) is _Kernel:
+                    self.prepared[key] = self.prepared.get(key, 0) + 1
+            out.append(c)
+        return out
 
     def _batched(self, calls: list) -> list:
         """`calls` with each run of native kernels made one call of the runner."""
@@ -257,15 +310,27 @@ class PreparedRun:
                 dst_view.copy_(source)
                 if not torch.equal(dst, r):
                     return None
-                calls.append(functools.partial(dst_view.copy_, source))
+                calls.append(_copy(source, dst_view))
                 env[slot] = dst
                 continue
             else:
                 return None
             dst.copy_(source)
-            calls.append(functools.partial(dst.copy_, source))
+            calls.append(_copy(source, dst))
             env[slot] = dst
         return calls
+
+
+def _copy(source: torch.Tensor, dst: torch.Tensor):
+    """`dst.copy_(source)` (dst contiguous, same shape) as a native loop where the element size allows."""
+    fallback = functools.partial(dst.copy_, source)
+    size = source.element_size()
+    if size not in cpu_window.BIT_TYPES or source.dtype != dst.dtype or not dst.is_contiguous():
+        return fallback
+    key = f"{tuple(source.shape)}{source.stride()}{size}".encode()
+    name = f"prepared_copy_{hashlib.sha256(key).hexdigest()[:16]}"
+    src = cpu_window.strided_copy(name, tuple(source.shape), source.stride(), size)
+    return _Pending(src, [source], dst, fallback, "copy").capture()
 
 
 def _copy_slot(dst: torch.Tensor, env: list, slot: int) -> None:
@@ -273,10 +338,13 @@ def _copy_slot(dst: torch.Tensor, env: list, slot: int) -> None:
 
 
 def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
-    """`torch.mm` or `torch.bmm` writing `out`, or None where that is not `torch.matmul`'s answer bit for bit
-    (checked on the values at hand) or the operands do not fold into three axes without a copy."""
+    """`torch.mm` or `torch.bmm` writing `out`, or where PyTorch multiplies small batched matrices in a loop
+    of its own, that loop compiled for these operands (codegen/cpu_window.py); None where that is not
+    `torch.matmul`'s answer bit for bit (checked on the values at hand) or the operands do not fold into
+    three axes without a copy."""
     if out.dtype != a.dtype or out.dtype != b.dtype or not out.is_contiguous():
         return None
+    small = None
     if a.dim() == 2 and b.dim() == 2:
         call = functools.partial(torch.mm, a, b, out=out)
     elif a.dim() == b.dim() and a.dim() >= 3 and a.shape[:-2] == b.shape[:-2]:
@@ -286,6 +354,13 @@ def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
         except RuntimeError:
             return None
         call = functools.partial(torch.bmm, a3, b3, out=out3)
+        (batch, m, k), n = a3.shape, b3.shape[2]
+        if m * k * n < cpu_window.TORCH_SMALL_BMM and str(a.dtype) in ("torch.float32", "torch.float64"):
+            key = f"{batch},{m},{k},{n}{a3.stride()}{b3.stride()}{a.dtype}".encode()
+            name = f"prepared_product_{hashlib.sha256(key).hexdigest()[:16]}"
+            src = cpu_window.small_batched_product(name, batch, m, k, n, a3.stride(), b3.stride(),
+                                                   str(a.dtype).replace("torch.", ""))
+            small = _Pending(src, [a3, b3], out3, call, "product")
     else:
         return None
     want = out.clone()
@@ -293,4 +368,4 @@ def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
     if not torch.equal(out, want):
         out.copy_(want)
         return None
-    return call
+    return small.capture() if small is not None else call
