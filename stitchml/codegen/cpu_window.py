@@ -209,7 +209,8 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
     padded width PW; an output plane is then accumulated in that same row pitch, one row of the window at a
     time, as one contiguous pass over oh x PW elements adding each of the row's taps at its offset (no
     bounds checks, no short rows: it vectorises; one load and store of the sums per kw multiply-adds), and
-    the columns past the output width are dropped when the plane is stored."""
+    the columns past the output width are dropped when the plane is stored. A pass serves up to four output
+    channels, which share its loads of the input (each output's sum is added in the same order)."""
     x_lay, w_lay = in_layouts
     n, c, h, w = x_lay.shape
     o, _, kh, kw = w_lay.shape
@@ -221,33 +222,40 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
     block = c * ph * pw + pw  # a last tap reads up to (kw - 1) * dw past the padded plane: zeros
     xs, ws = x_lay.strides, w_lay.strides
     t = ctype(op.outputs[0].dtype)
+    ob = next(b for b in (4, 2, 1) if o % b == 0)  # output channels per pass: they share its loads
     lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
              f'{t}* __restrict__ out0, int threads) {{',
              f"    #pragma omp parallel num_threads({_threads(n, c * h * w + o * oh * ow)})",
              "    {",
-             f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {oh * pw}LL) * sizeof({t}));",
+             f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {ob * oh * pw}LL) * sizeof({t}));",
              f"        {t}* acc = xp + {block}LL;",
              f"        for (int64_t q = 0; q < {block}LL; ++q) xp[q] = 0;",
              "        #pragma omp for schedule(static)",
              f"        for (int64_t n = 0; n < {n}LL; ++n) {{",
              *_padded_copy(" " * 12, "in0", c, h, w, top, left, ph, pw, xs),
-             f"            for (int64_t o = 0; o < {o}; ++o) {{",
+             f"            for (int64_t o = 0; o < {o}; o += {ob}) {{",
              "                #pragma omp simd",
-             f"                for (int64_t q = 0; q < {oh * pw}LL; ++q) acc[q] = 0;",
+             f"                for (int64_t q = 0; q < {ob * oh * pw}LL; ++q) acc[q] = 0;",
              f"                for (int64_t c = 0; c < {c}; ++c)",
              f"                    for (int64_t i = 0; i < {kh}; ++i)",
              "                        {",
-             *[f"                            const {t} w{j} = "
-               f"in1[o * {ws[0]}LL + c * {ws[1]}LL + i * {ws[2]}LL + {j * ws[3]}LL];" for j in range(kw)],
+             *[f"                            const {t} w{u}_{j} = "
+               f"in1[(o + {u}) * {ws[0]}LL + c * {ws[1]}LL + i * {ws[2]}LL + {j * ws[3]}LL];"
+               for u in range(ob) for j in range(kw)],
              f"                            const {t}* src = xp + (c * {ph} + i * {dh}) * {pw}LL;",
-             "                            #pragma omp simd",  # a window row's taps in one pass over acc
-             f"                            for (int64_t q = 0; q < {oh * pw}LL; ++q) acc[q] += "
-             + " + ".join(f"w{j} * src[q + {j * dw}]" for j in range(kw)) + ";",
+             "                            #pragma omp simd",  # a window row's taps in one pass over the sums
+             f"                            for (int64_t q = 0; q < {oh * pw}LL; ++q) {{",
+             *[f"                                acc[{u * oh * pw}LL + q] += "
+               + " + ".join(f"w{u}_{j} * src[q + {j * dw}]" for j in range(kw)) + ";" for u in range(ob)],
+             "                            }",
              "                        }",
-             f"                {t}* dst = out0 + (n * {o} + o) * {oh * ow}LL;",
-             f"                for (int64_t y = 0; y < {oh}; ++y)",
-             "                    #pragma omp simd",
-             f"                    for (int64_t x = 0; x < {ow}; ++x) dst[y * {ow}LL + x] = acc[y * {pw}LL + x];",
+             f"                for (int64_t u = 0; u < {ob}; ++u) {{",
+             f"                    {t}* dst = out0 + (n * {o} + o + u) * {oh * ow}LL;",
+             f"                    const {t}* sums = acc + u * {oh * pw}LL;",
+             f"                    for (int64_t y = 0; y < {oh}; ++y)",
+             "                        #pragma omp simd",
+             f"                        for (int64_t x = 0; x < {ow}; ++x) dst[y * {ow}LL + x] = sums[y * {pw}LL + x];",
+             "                }",
              "            }", "        }", "        __builtin_free(xp);", "    }", "}"]
     return CppSource(name, "\n".join(lines) + "\n", "convolution")
 
