@@ -609,7 +609,7 @@ def reduction(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
             b.lines.append(f"{row_in}out{j}[r] = {store(operand(t, {}, False), t.dtype)};")
     threads = "num_threads(threads)" if rows > 1 and rows * cols >= 1 << 15 else "num_threads(1)"
     lines = [*_signature(name, placeholders, list(body.outputs), bool(checks)),
-             f"    #pragma omp parallel {threads}", "    {",
+             *([f"    #pragma omp parallel {threads}"] if threads != "num_threads(1)" else []), "    {",
              f"        char* base = (char*)__builtin_malloc({max(len(scratch), 1)} * {cols}LL * 8 + 64);",
              *("        " + s for s in scratch),
              "        #pragma omp for schedule(static)", f"    for (int64_t r = 0; r < {rows}LL; ++r) {{",

@@ -24,6 +24,12 @@ OPS = ("max_pooling2d", "max_pooling2d_gradient", "avg_pooling2d")
 _TYPES = ("float32", "float64")
 
 
+def _parallel(threads: str) -> list[str]:
+    """The parallel region of a loop nest that `_threads` gives `threads`: none for one thread (entering
+    OpenMP's runtime costs about a microsecond, as much as a small kernel's work)."""
+    return [] if threads == "1" else [f"    #pragma omp parallel num_threads({threads})"]
+
+
 def _threads(units: int, per_unit: int) -> str:
     """The thread count of a loop over `units` of `per_unit` elements each: one thread below 2**15 elements
     in all (waking a second costs more than it saves), as for the other CPU kernels."""
@@ -119,7 +125,8 @@ def pooling(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
     os_ = _nchw_strides(Layout.contiguous(op.outputs[0].shape), layout)  # the output (forward) or dx
     params = [f"const {ctype(x.dtype)}* __restrict__ in{i}" for i, x in enumerate(op.inputs)]
     lines = [f'extern "C" void {name}({", ".join(params)}, {t}* __restrict__ out0, int threads) {{',
-             f"    #pragma omp parallel for schedule(static) num_threads({_threads(planes, g['h'] * g['w'])})",
+             *[f"    #pragma omp parallel for schedule(static) num_threads({n})"
+               for n in [_threads(planes, g['h'] * g['w'])] if n != "1"],
              f"    for (int64_t p = 0; p < {planes}LL; ++p) {{",
              f"        const int64_t n = p / {g['c']}, c = p % {g['c']};",
              f"        const {t}* src = in{1 if grad else 0} + n * {xs[0]}LL + c * {xs[1]}LL;"]
@@ -225,7 +232,7 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
     ob = next(b for b in (4, 2, 1) if o % b == 0)  # output channels per pass: they share its loads
     lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
              f'{t}* __restrict__ out0, int threads) {{',
-             f"    #pragma omp parallel num_threads({_threads(n, c * h * w + o * oh * ow)})",
+             *_parallel(_threads(n, c * h * w + o * oh * ow)),
              "    {",
              f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {ob * oh * pw}LL) * sizeof({t}));",
              f"        {t}* acc = xp + {block}LL;",
@@ -289,7 +296,7 @@ def direct_weights_gradient(name: str, op: Operation, in_layouts: list[Layout]) 
     taps = c * kh * kw
     lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
              f'const {t}* __restrict__ in2, {t}* __restrict__ out0, int threads) {{',
-             f"    #pragma omp parallel num_threads({_threads(o, n * (c * h * w + oh * ow))})",
+             *_parallel(_threads(o, n * (c * h * w + oh * ow))),
              "    {",
              f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {oh * pw}LL) * sizeof({t}));",
              f"        {t}* dyp = xp + {block}LL;",
