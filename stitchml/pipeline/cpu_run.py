@@ -9,13 +9,19 @@ data:
 
 * a view of a slot whose tensor never changes (a feed, an arena buffer, a view of one) is made once and
   stays bound: it reads whatever the memory holds;
-* a native kernel whose slots never change is called with its data pointers read once;
+* a native kernel whose slots never change is called with its data pointers read once, and kernels in
+  a row are one call of a small C runner over records made once (one ctypes call instead of several);
 * a matrix product between such slots calls `torch.mm` or `torch.bmm` into the planned buffer (what
-  `torch.matmul` calls after its shape logic), where the answer is bit for bit `torch.matmul`'s;
+  `torch.matmul` calls after its shape logic), where the answer is bit for bit `torch.matmul`'s; a batched
+  product small enough that PyTorch multiplies it in a loop of its own runs that loop compiled
+  (codegen/cpu_window.py, `small_batched_product`);
 * a movement op run through its reference implementation (a `split`, a `reshape` of a transposed
   view), which binds fresh memory every run, copies into a buffer of its own instead, from a view of
-  its input made once;
+  its input made once, with a native strided copy;
 * everything else runs as its step does, over the same environment.
+
+The native loops made here are compiled together once the steps have been walked, and each replaces its
+library call only where it gives the library's bits on the preparing run's values.
 
 A slot is unstable when a step binds another tensor to it on every run (a library call's own result):
 what reads it runs its step as is. A failing call runs the steps again op by op for the typed error that
@@ -123,7 +129,10 @@ class _Pending:
         self.want: torch.Tensor | None = None
 
     def capture(self) -> "_Pending":
-        self.snapshot = [(t.untyped_storage().clone(), t.data_ptr() - t.untyped_storage().data_ptr())
+        """Keep the elements each input addresses (from its first one on) and the answer in `out`."""
+        if any(s < 0 for t in self.inputs for s in t.stride()) or any(t.numel() == 0 for t in self.inputs):
+            return self  # not checked: the library call stays
+        self.snapshot = [t.as_strided((1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())),), (1,)).clone()
                          for t in self.inputs]
         self.want = self.out.clone()
         return self
@@ -134,7 +143,7 @@ class _Pending:
             return self.fallback
         fn.argtypes = [ctypes.c_void_p] * len(self.pointers) + [ctypes.c_int]
         got = torch.empty_like(self.want)
-        fn(*[storage.data_ptr() + offset for storage, offset in self.snapshot], got.data_ptr(), threads)
+        fn(*[t.data_ptr() for t in self.snapshot], got.data_ptr(), threads)
         if not torch.equal(got, self.want):  # not the library's answer bit for bit: keep the library
             return self.fallback
         return _Kernel(fn, *self.pointers, threads)
