@@ -1,6 +1,6 @@
 """Packaged networks against ONNX Runtime, PyTorch eager and torch.compile: dispatch time and memory.
 
-    $ python benchmarks/bench_package.py --device cpu --json bench_package.json
+    $ python benchmarks/bench_package.py --device cpu --compile --models cnn transformer --json bench_package.json
     $ python benchmarks/bench_package.py --device cuda --compile --models cnn resnet18 transformer --batch 1 8
     $ python benchmarks/bench_package.py --device cuda --compile --models hf --batch 1 8
           # "hf": every transformers family of zoo.py from small configs (BERT, GPT-2, Llama, ViT, ConvNeXt,
@@ -21,7 +21,11 @@ For each zoo model (stitchml/package/zoo.py, random weights) and batch size:
   memory); skipped with a note when onnxruntime or its CUDA provider is
   missing;
 * **torch eager**: ``module(x)`` under no_grad; **torch.compile** (with
-  --compile, CUDA): mode="reduce-overhead", PyTorch's own CUDA-graph replay.
+  --compile): on CUDA mode="reduce-overhead", PyTorch's own CUDA-graph
+  replay; on the CPU the default mode (Inductor's C++ kernels).
+
+On the CPU every contender runs with the same thread count (--threads,
+default torch's): ONNX Runtime's intra-op pool gets that many threads.
 
 Times are medians over --iters runs after --warmup runs. Every backend gets a
 synchronized wall-clock median (the only fair clock for ONNX Runtime's own
@@ -123,7 +127,8 @@ def _stitchml(sm, model, x, dev, args):
         return cb
 
     sync = torch.cuda.synchronize if dev.is_cuda else (lambda: None)
-    result = {"wall_us": _median_wall(lambda: encode_commit().wait(), args.warmup, args.iters, sync)}
+    result = {"wall_us": _median_wall(lambda: encode_commit().wait(), args.warmup, args.iters, sync),
+              "_timed": (lambda: encode_commit().wait(), sync)}
     # host time of one dispatch (encode + commit), starting from an idle queue each time
     result["encode_commit_us"] = _median_host(encode_commit, lambda cb: cb.wait(), args.warmup, args.iters)
     # the same with dispatches back to back (a frame loop that does not wait for each one)
@@ -174,13 +179,18 @@ def _onnxruntime(model, x, device, args):
     providers = ["CUDAExecutionProvider"] if device.startswith("cuda") else ["CPUExecutionProvider"]
     if providers[0] not in ort.get_available_providers():
         return {"skipped": f"{providers[0]} is not available in onnxruntime {ort.__version__}"}
-    sess = ort.InferenceSession(f.getvalue(), providers=providers)
+    options = ort.SessionOptions()
+    if not device.startswith("cuda"):  # the CPU provider gets as many threads as torch (and so StitchML) uses
+        options.intra_op_num_threads = torch.get_num_threads()
+        options.inter_op_num_threads = 1
+    sess = ort.InferenceSession(f.getvalue(), options, providers=providers)
     if not device.startswith("cuda"):
         feed = {"x": x.cpu().numpy()}
         with torch.no_grad():
             error = float((torch.from_numpy(sess.run(None, feed)[0]) - model.cpu()(x.cpu())).abs().max())
         return {"wall_us": _median_wall(lambda: sess.run(None, feed), args.warmup, args.iters, lambda: None),
-                "max_error": error, "version": ort.__version__}
+                "_timed": (lambda: sess.run(None, feed), lambda: None),
+                "max_error": error, "version": ort.__version__, "threads": options.intra_op_num_threads}
     xin = x.cuda().contiguous()
     y = torch.empty(tuple(model(x.cpu()).shape), device="cuda")
     result = {"version": ort.__version__}
@@ -222,32 +232,54 @@ def _torch_eager(model, x, device, args):
             result["output_bytes"] = out.numel() * out.element_size()
         else:
             result["wall_us"] = _median_wall(lambda: m(xin), args.warmup, args.iters, lambda: None)
+            result["_timed"] = (lambda: m(xin), lambda: None)
     m.cpu()
     return result
 
 
 def _torch_compile(model, x, device, args):
-    """torch.compile with mode="reduce-overhead": its own CUDA-graph replay, the closest PyTorch analogue."""
-    if not args.compile or not device.startswith("cuda"):
-        return {"skipped": "not asked for (--compile, CUDA only)"}
+    """torch.compile: on CUDA with mode="reduce-overhead" (its own CUDA-graph replay, the closest PyTorch
+    analogue); on the CPU the default mode (Inductor's C++ kernels)."""
+    if not args.compile:
+        return {"skipped": "not asked for (--compile)"}
     import torch._dynamo
 
     torch._dynamo.reset()
+    cuda = device.startswith("cuda")
     m, xin = model.to(device), x.to(device)
-    compiled = torch.compile(m, mode="reduce-overhead")
+    compiled = torch.compile(m, mode="reduce-overhead") if cuda else torch.compile(m)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     result = {}
     with torch.no_grad():
         t0 = time.perf_counter()
         for _ in range(3):
             compiled(xin)
-        torch.cuda.synchronize()
+        sync()
         result["compile_s"] = time.perf_counter() - t0
-        result["wall_us"] = _median_wall(lambda: compiled(xin), args.warmup, args.iters, torch.cuda.synchronize)
-        result["host_us"] = _median_host(lambda: compiled(xin), lambda _: torch.cuda.synchronize(), args.warmup,
-                                         args.iters)
+        result["wall_us"] = _median_wall(lambda: compiled(xin), args.warmup, args.iters, sync)
+        result["_timed"] = (lambda: compiled(xin), sync)
+        if cuda:
+            result["host_us"] = _median_host(lambda: compiled(xin), lambda _: torch.cuda.synchronize(), args.warmup,
+                                             args.iters)
         result["max_error"] = float((compiled(xin).float().cpu() - model.cpu()(x.cpu())).abs().max())
     m.cpu()
     return result
+
+
+def _interleave(row: dict, args) -> None:
+    """On the CPU with --rounds above 1: the contenders' wall medians again, round by round in turn (a shared
+    machine's load then falls on all of them alike); `wall_us` becomes the median of the rounds' medians."""
+    timed = {k: r.pop("_timed") for k, r in row.items() if isinstance(r, dict) and "_timed" in r}
+    if args.rounds <= 1 or args.device != "cpu":
+        return
+    rounds: dict[str, list[float]] = {k: [] for k in timed}
+    with torch.no_grad():
+        for _ in range(args.rounds):
+            for k, (fn, sync) in timed.items():
+                rounds[k].append(_median_wall(fn, 2, args.iters, sync))
+    for k, values in rounds.items():
+        row[k]["wall_us_rounds"] = values
+        row[k]["wall_us"] = statistics.median(values)
 
 
 def _fmt(v, unit=""):
@@ -265,15 +297,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument("--compile", action="store_true", help="also time torch.compile(mode='reduce-overhead')")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time torch.compile (mode='reduce-overhead' on CUDA, the default mode on the CPU)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time the contenders again in turn, this many rounds (medians of the rounds' medians)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch, StitchML's native kernels and ONNX Runtime (default: torch's)")
     parser.add_argument("--json", default="bench_package.json", help="where to write the results")
     args = parser.parse_args(argv)
 
     import stitchml as sm
     from stitchml.package import zoo
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dev = sm.device(args.device)
-    env = {"python": platform.python_version(), "torch": torch.__version__, "stitchml": sm.__version__,
+    env = {"threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__, "stitchml": sm.__version__,
            "device": dev.name}
     if dev.is_cuda:
         env["gpu"] = torch.cuda.get_device_name(dev.torch_device)
@@ -295,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                    "onnxruntime": _onnxruntime(model, x, args.device, args),
                    "torch_eager": _torch_eager(model, x, args.device, args),
                    "torch_compile": _torch_compile(model, x, args.device, args)}
+            _interleave(row, args)
             rows.append(row)
             _save(args.json, env, rows)  # a run cut short keeps the rows it finished
             print(f"done: {name} batch {batch}", flush=True)

@@ -135,7 +135,8 @@ def test_convolutions_and_their_gradients_match_pytorch_in_float64(shape, wshape
 @pytest.mark.parametrize("shape, wshape, descriptor", [
     ((3, 1, 9, 7), (5, 1, 5, 5), sm.Convolution2DDescriptor(padding="same")),
     ((2, 2, 8, 9), (3, 2, 3, 3), sm.Convolution2DDescriptor(dilation=2, padding=(2, 1, 0, 3))),
-], ids=["one-channel-same", "dilated-uneven-padding"])
+    ((2, 8, 8, 8), (16, 8, 3, 3), sm.Convolution2DDescriptor(padding="same")),  # 72 taps, a small product
+], ids=["one-channel-same", "dilated-uneven-padding", "small-product"])
 def test_small_convolutions_run_as_the_direct_loop_nest(shape, wshape, descriptor):
     """Few taps per output: the native direct convolution, alone (writing the output) and under an epilogue."""
     g = sm.Graph()
@@ -157,6 +158,17 @@ def test_small_convolutions_run_as_the_direct_loop_nest(shape, wshape, descripto
         assert any("_direct(" in (s.source or "") for s in exe.steps)
         got = exe.run({x: xv, w: wv})[target].torch()
         torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+def test_large_products_keep_the_library_convolution():
+    """Many taps over a large image: oneDNN's convolution, not the loop nest (3x slower there)."""
+    g = sm.Graph()
+    x = g.placeholder((1, 32, 16, 16), sm.float32, name="x")
+    w = g.placeholder((32, 32, 3, 3), sm.float32, name="w")
+    y = g.convolution2d(x, w, sm.Convolution2DDescriptor(padding="same"))
+    exe = g.compile({x: sm.TensorType((1, 32, 16, 16), sm.float32), w: sm.TensorType((32, 32, 3, 3), sm.float32)},
+                    [y], device="cpu", options=NATIVE)
+    assert not any("_direct(" in (s.source or "") for s in exe.steps)
 
 
 @pytest.mark.parametrize("descriptor", [

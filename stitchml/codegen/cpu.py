@@ -615,7 +615,7 @@ def reduction(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
             b.lines.append(f"{row_in}out{j}[r] = {store(operand(t, {}, False), t.dtype)};")
     threads = "num_threads(threads)" if rows > 1 and rows * cols >= 1 << 15 else "num_threads(1)"
     lines = [*_signature(name, placeholders, list(body.outputs), bool(checks)),
-             f"    #pragma omp parallel {threads}", "    {",
+             *([f"    #pragma omp parallel {threads}"] if threads != "num_threads(1)" else []), "    {",
              # scratch rows only where a value crosses loops: an unused allocation of a wide row is an
              # mmap and munmap per call
              *([f"        char* base = (char*)__builtin_malloc({len(scratch)} * {cols}LL * 8 + 64);"] if scratch else []),

@@ -24,6 +24,12 @@ OPS = ("max_pooling2d", "max_pooling2d_gradient", "avg_pooling2d")
 _TYPES = ("float32", "float64")
 
 
+def _parallel(threads: str) -> list[str]:
+    """The parallel region of a loop nest that `_threads` gives `threads`: none for one thread (entering
+    OpenMP's runtime costs about a microsecond, as much as a small kernel's work)."""
+    return [] if threads == "1" else [f"    #pragma omp parallel num_threads({threads})"]
+
+
 def _threads(units: int, per_unit: int) -> str:
     """The thread count of a loop over `units` of `per_unit` elements each: one thread below 2**15 elements
     in all (waking a second costs more than it saves), as for the other CPU kernels."""
@@ -119,7 +125,8 @@ def pooling(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
     os_ = _nchw_strides(Layout.contiguous(op.outputs[0].shape), layout)  # the output (forward) or dx
     params = [f"const {ctype(x.dtype)}* __restrict__ in{i}" for i, x in enumerate(op.inputs)]
     lines = [f'extern "C" void {name}({", ".join(params)}, {t}* __restrict__ out0, int threads) {{',
-             f"    #pragma omp parallel for schedule(static) num_threads({_threads(planes, g['h'] * g['w'])})",
+             *[f"    #pragma omp parallel for schedule(static) num_threads({n})"
+               for n in [_threads(planes, g['h'] * g['w'])] if n != "1"],
              f"    for (int64_t p = 0; p < {planes}LL; ++p) {{",
              f"        const int64_t n = p / {g['c']}, c = p % {g['c']};",
              f"        const {t}* src = in{1 if grad else 0} + n * {xs[0]}LL + c * {xs[1]}LL;"]
@@ -163,17 +170,28 @@ def pooling(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
 # im2col and blocking are made for many channels: the first layer of an image network, one channel of 5x5,
 # runs at a fifth of the speed of this loop nest); above it the library keeps the work.
 DIRECT_MAX_TAPS = 32
+# A forward convolution with more taps, up to DIRECT_MAX_SMALL_TAPS, still runs as the loop nest when an
+# image's whole product is small (at most DIRECT_SMALL_MACS multiply-adds): there oneDNN's fixed cost per
+# call dominates (8 -> 16 channels, 3x3, 8x8 pixels: 17.6 us against 6.2 at batch 1, 122 against 28 at
+# batch 8; 16 -> 16 at 8x8, 144 taps: 22 against 20 and 126 against 47, one thread). Larger products keep
+# the library: the loop nest reloads its sums once per window row (32 -> 32 at 16x16: 3x slower).
+DIRECT_MAX_SMALL_TAPS = 160
+DIRECT_SMALL_MACS = 160_000
 
 
 def direct_convolution_fits(op: Operation) -> bool:
     """Whether convolution2d `op` runs as the direct loop nest: NCHW, OIHW, stride 1, one group, float32 or
-    float64, at most DIRECT_MAX_TAPS multiply-adds per output."""
+    float64, at most DIRECT_MAX_TAPS multiply-adds per output (or DIRECT_MAX_SMALL_TAPS where an image's
+    product is at most DIRECT_SMALL_MACS multiply-adds)."""
     if op.op != "convolution2d" or op.outputs[0].dtype.name not in _TYPES:
         return False
     a = op.attrs
     w = op.inputs[1].shape
+    taps = w[1] * w[2] * w[3]
+    small = taps <= DIRECT_MAX_SMALL_TAPS and w[0] * op.outputs[0].shape[2] * op.outputs[0].shape[3] * taps \
+        <= DIRECT_SMALL_MACS
     return (a["data_layout"], a["weights_layout"], tuple(a["stride"]), a["groups"]) == ("NCHW", "OIHW", (1, 1), 1) \
-        and w[1] * w[2] * w[3] <= DIRECT_MAX_TAPS
+        and (taps <= DIRECT_MAX_TAPS or small)
 
 
 def _padded_copy(indent: str, src: str, c: int, h: int, w: int, top: int, left: int, ph: int, pw: int,
@@ -198,7 +216,8 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
     padded width PW; an output plane is then accumulated in that same row pitch, one row of the window at a
     time, as one contiguous pass over oh x PW elements adding each of the row's taps at its offset (no
     bounds checks, no short rows: it vectorises; one load and store of the sums per kw multiply-adds), and
-    the columns past the output width are dropped when the plane is stored."""
+    the columns past the output width are dropped when the plane is stored. A pass serves up to four output
+    channels, which share its loads of the input (each output's sum is added in the same order)."""
     x_lay, w_lay = in_layouts
     n, c, h, w = x_lay.shape
     o, _, kh, kw = w_lay.shape
@@ -210,33 +229,42 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
     block = c * ph * pw + pw  # a last tap reads up to (kw - 1) * dw past the padded plane: zeros
     xs, ws = x_lay.strides, w_lay.strides
     t = ctype(op.outputs[0].dtype)
+    ob = next(b for b in (4, 2, 1) if o % b == 0)  # output channels per pass: they share its loads
     lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
              f'{t}* __restrict__ out0, int threads) {{',
-             f"    #pragma omp parallel num_threads({_threads(n, c * h * w + o * oh * ow)})",
+             # an image's work is its multiply-adds, not its elements: eight images of 8 -> 16 channels at 8x8
+             # (72 taps) take two threads, 36 -> 22 us
+             *_parallel(_threads(n, c * h * w + o * oh * ow * c * kh * kw)),
              "    {",
-             f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {oh * pw}LL) * sizeof({t}));",
+             f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {ob * oh * pw}LL) * sizeof({t}));",
              f"        {t}* acc = xp + {block}LL;",
              f"        for (int64_t q = 0; q < {block}LL; ++q) xp[q] = 0;",
              "        #pragma omp for schedule(static)",
              f"        for (int64_t n = 0; n < {n}LL; ++n) {{",
              *_padded_copy(" " * 12, "in0", c, h, w, top, left, ph, pw, xs),
-             f"            for (int64_t o = 0; o < {o}; ++o) {{",
+             f"            for (int64_t o = 0; o < {o}; o += {ob}) {{",
              "                #pragma omp simd",
-             f"                for (int64_t q = 0; q < {oh * pw}LL; ++q) acc[q] = 0;",
+             f"                for (int64_t q = 0; q < {ob * oh * pw}LL; ++q) acc[q] = 0;",
              f"                for (int64_t c = 0; c < {c}; ++c)",
              f"                    for (int64_t i = 0; i < {kh}; ++i)",
              "                        {",
-             *[f"                            const {t} w{j} = "
-               f"in1[o * {ws[0]}LL + c * {ws[1]}LL + i * {ws[2]}LL + {j * ws[3]}LL];" for j in range(kw)],
+             *[f"                            const {t} w{u}_{j} = "
+               f"in1[(o + {u}) * {ws[0]}LL + c * {ws[1]}LL + i * {ws[2]}LL + {j * ws[3]}LL];"
+               for u in range(ob) for j in range(kw)],
              f"                            const {t}* src = xp + (c * {ph} + i * {dh}) * {pw}LL;",
-             "                            #pragma omp simd",  # a window row's taps in one pass over acc
-             f"                            for (int64_t q = 0; q < {oh * pw}LL; ++q) acc[q] += "
-             + " + ".join(f"w{j} * src[q + {j * dw}]" for j in range(kw)) + ";",
+             "                            #pragma omp simd",  # a window row's taps in one pass over the sums
+             f"                            for (int64_t q = 0; q < {oh * pw}LL; ++q) {{",
+             *[f"                                acc[{u * oh * pw}LL + q] += "
+               + " + ".join(f"w{u}_{j} * src[q + {j * dw}]" for j in range(kw)) + ";" for u in range(ob)],
+             "                            }",
              "                        }",
-             f"                {t}* dst = out0 + (n * {o} + o) * {oh * ow}LL;",
-             f"                for (int64_t y = 0; y < {oh}; ++y)",
-             "                    #pragma omp simd",
-             f"                    for (int64_t x = 0; x < {ow}; ++x) dst[y * {ow}LL + x] = acc[y * {pw}LL + x];",
+             f"                for (int64_t u = 0; u < {ob}; ++u) {{",
+             f"                    {t}* dst = out0 + (n * {o} + o + u) * {oh * ow}LL;",
+             f"                    const {t}* sums = acc + u * {oh * pw}LL;",
+             f"                    for (int64_t y = 0; y < {oh}; ++y)",
+             "                        #pragma omp simd",
+             f"                        for (int64_t x = 0; x < {ow}; ++x) dst[y * {ow}LL + x] = sums[y * {pw}LL + x];",
+             "                }",
              "            }", "        }", "        __builtin_free(xp);", "    }", "}"]
     return CppSource(name, "\n".join(lines) + "\n", "convolution")
 
@@ -270,7 +298,7 @@ def direct_weights_gradient(name: str, op: Operation, in_layouts: list[Layout]) 
     taps = c * kh * kw
     lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
              f'const {t}* __restrict__ in2, {t}* __restrict__ out0, int threads) {{',
-             f"    #pragma omp parallel num_threads({_threads(o, n * (c * h * w + oh * ow))})",
+             *_parallel(_threads(o, n * (c * h * w + oh * ow))),
              "    {",
              f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {oh * pw}LL) * sizeof({t}));",
              f"        {t}* dyp = xp + {block}LL;",
@@ -307,3 +335,51 @@ def source(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
     if op.op == "convolution2d_weights_gradient":
         return direct_weights_gradient(name, op, in_layouts)
     return pooling(name, op, in_layouts)
+
+
+# -- the small pieces of a prepared CPU dispatch (pipeline/cpu_run.py) ------------------------------------
+BIT_TYPES = {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}
+# PyTorch multiplies batched matrices with fewer multiply-adds than this per matrix (rows x columns x
+# contraction) in a plain loop of its own (ATen's baddbmm_cpu_kernel): for each output, products added in
+# order of the contraction index to a sum starting at zero, each product and sum rounded to the type.
+# `small_batched_product` is that loop, so its results are bit for bit PyTorch's.
+TORCH_SMALL_BMM = 400
+
+
+def strided_copy(name: str, shape: tuple, strides: tuple, itemsize: int) -> CppSource:
+    """C++ copying the elements of a strided view (`shape`, `strides` in elements, read from its data
+    pointer) in row-major order into a contiguous buffer; the bits as they are (any type of `itemsize` bytes)."""
+    t = BIT_TYPES[itemsize]
+    shape, strides = tuple(shape) or (1,), tuple(strides) or (1,)
+    lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, {t}* __restrict__ out0, int threads) {{',
+             "    int64_t q = 0;"]
+    for d, n in enumerate(shape):
+        lines.append("    " * (d + 1) + f"for (int64_t i{d} = 0; i{d} < {n}; ++i{d})")
+    index = " + ".join(f"i{d} * {s}LL" for d, s in enumerate(strides))
+    lines += ["    " * (len(shape) + 1) + f"out0[q++] = in0[{index}];", "}"]
+    return CppSource(name, "\n".join(lines) + "\n", "copy")
+
+
+def small_batched_product(name: str, batch: int, m: int, k: int, n: int, a_strides: tuple, b_strides: tuple,
+                          dtype: str) -> CppSource:
+    """C++ for out[b] = a[b] @ b[b] (a: batch x m x k, b: batch x k x n, any strides in elements; out
+    contiguous) in PyTorch's order for small products (`TORCH_SMALL_BMM`): sums start at zero and add the
+    products in order of k, unfused (no multiply-add instruction: PyTorch's loop has none). The loop over
+    columns is innermost, so it vectorises without changing any sum's order."""
+    t = {"float32": "float", "float64": "double"}[dtype]
+    (sa0, sa1, sa2), (sb0, sb1, sb2) = a_strides, b_strides
+    lines = ["#pragma GCC push_options", '#pragma GCC optimize ("fp-contract=off")',
+             f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
+             f'{t}* __restrict__ out0, int threads) {{',
+             f"    for (int64_t b = 0; b < {batch}; ++b)",
+             f"        for (int64_t i = 0; i < {m}; ++i) {{",
+             f"            {t} acc[{n}];",
+             f"            for (int64_t j = 0; j < {n}; ++j) acc[j] = 0;",
+             f"            for (int64_t p = 0; p < {k}; ++p) {{",
+             f"                const {t} x = in0[b * {sa0}LL + i * {sa1}LL + p * {sa2}LL];",
+             f"                const {t}* y = in1 + b * {sb0}LL + p * {sb1}LL;",
+             f"                for (int64_t j = 0; j < {n}; ++j) acc[j] = acc[j] + x * y[j * {sb2}LL];",
+             "            }",
+             f"            for (int64_t j = 0; j < {n}; ++j) out0[(b * {m} + i) * {n}LL + j] = acc[j];",
+             "        }", "}", "#pragma GCC pop_options"]
+    return CppSource(name, "\n".join(lines) + "\n", "matmul")

@@ -332,7 +332,7 @@ class CommandBuffer:
         self._stamps: list = []  # per command run: (start, end): indices into _marks, else host nanoseconds
         self._marks: list = []  # with timestamps: the CUDA events recorded between commands
         self._done = None  # without timestamps, when a handler waits: a CUDA event after the last command
-        self._spans: list[Span] = []
+        self._spans: list[Span] | None = None  # made from the stamps when `timeline` is asked for
         self._finished = False
         self._completing = False
         self._ran = False  # its commands have run (on the CPU) or are on the stream (on a GPU)
@@ -506,16 +506,8 @@ class CommandBuffer:
         with q._finish_lock:
             if self._finished:
                 return
-            dev, timed = q.device, self.timestamps
-            for (kind, name, encoder, _, args, _), (start, end) in zip(self._commands, self._stamps):
-                span = Span(name, kind, encoder.label if encoder else "", q.label, args=args,
-                            clock="gpu" if timed else "host")
-                if not timed:
-                    span.start_us, span.end_us = (start - dev.origin_ns) / 1e3, (end - dev.origin_ns) / 1e3
-                elif self.error is None:
-                    span.start_us = dev.origin_event.elapsed_time(self._marks[start]) * 1e3
-                    span.end_us = dev.origin_event.elapsed_time(self._marks[end]) * 1e3
-                self._spans.append(span)
+            if self.timestamps:  # the events go back to the queue's pool below: read their times now
+                self._spans = self._make_spans()
             if self.error is None:
                 q._events.extend(self._marks)
                 if self._done is not None:
@@ -558,10 +550,30 @@ class CommandBuffer:
             raise PipelineError(f"command buffer {self.label} failed: {type(self.error).__name__}: {self.error}") \
                 from self.error
 
+    def _make_spans(self) -> list[Span]:
+        q = self.queue
+        dev, timed, spans = q.device, self.timestamps, []
+        for (kind, name, encoder, _, args, _), (start, end) in zip(self._commands, self._stamps):
+            span = Span(name, kind, encoder.label if encoder else "", q.label, args=args,
+                        clock="gpu" if timed else "host")
+            if not timed:
+                span.start_us, span.end_us = (start - dev.origin_ns) / 1e3, (end - dev.origin_ns) / 1e3
+            elif self.error is None:
+                span.start_us = dev.origin_event.elapsed_time(self._marks[start]) * 1e3
+                span.end_us = dev.origin_event.elapsed_time(self._marks[end]) * 1e3
+            spans.append(span)
+        return spans
+
     @property
     def timeline(self) -> list[Span]:
-        """What ran, in order, with start and end times (after completion)."""
-        return list(self._spans)
+        """What ran, in order, with start and end times (after completion; host times are turned into spans
+        when asked for, which keeps them off a dispatch's path)."""
+        with self.queue._finish_lock:
+            if not self._finished:
+                return []
+            if self._spans is None:
+                self._spans = self._make_spans()
+            return list(self._spans)
 
     def __repr__(self) -> str:
         return f"CommandBuffer({self.label!r}, {self._status}, {len(self._commands)} commands)"

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ..errors import ExecutionError, PipelineError
 from ..ir import TensorType
 from ..runtime.cudart import using
+from .cpu_run import PreparedRun
 
 if TYPE_CHECKING:
     from .device import Device
@@ -110,13 +111,13 @@ class MLPipeline:
                 self._bindings.move_to_end(key)
                 self._last = (table, heap, hit[0])
                 return hit[0]
-            fn, exe, values = self.function, self.executable, dict(table)
+            fn, exe, values, dev = self.function, self.executable, dict(table), self.device
             feeds = {fn.input_tensor(n): values[n] for n in self.input_types}
             outputs = {fn.output_tensor(n): values[n] for n in self.output_types}
             names = {**{fn.input_tensor(n): n for n in self.input_types}, **{fn.output_tensor(n): n for n in self.output_types}}
             bound = exe.bind(feeds, outputs, heap.data, names, checked=True)  # set_argument_table checked them
             if bound is not None:
-                run = bound.launch
+                run = bound.launch if dev.is_cuda else PreparedRun(bound).launch
             else:
                 def run(stream=None):
                     with using(stream):

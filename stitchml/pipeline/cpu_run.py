@@ -1,0 +1,380 @@
+"""The CPU dispatch of a bound pipeline: its steps prepared once into a flat list of calls.
+
+On the CPU a dispatch is the work itself, and at batch 1 a packaged network's steps are small: a view
+costs a few microseconds of torch's Python binding, a native kernel's call as much again in reading its
+slots' data pointers. A bound run (runtime/bound.py) already fixes every feed, output and intermediate
+in memory, so most of that work gives the same answer every run. `PreparedRun` runs the steps once,
+step by step, watching which slots each step binds, and keeps for later runs only what depends on the
+data:
+
+* a view of a slot whose tensor never changes (a feed, an arena buffer, a view of one) is made once and
+  stays bound: it reads whatever the memory holds;
+* a native kernel whose slots never change is called with its data pointers read once, and kernels in
+  a row are one call of a small C runner over records made once (one ctypes call instead of several);
+* a matrix product between such slots calls `torch.mm` or `torch.bmm` into the planned buffer (what
+  `torch.matmul` calls after its shape logic), where the answer is bit for bit `torch.matmul`'s; a batched
+  product small enough that PyTorch multiplies it in a loop of its own runs that loop compiled
+  (codegen/cpu_window.py, `small_batched_product`);
+* a movement op run through its reference implementation (a `split`, a `reshape` of a transposed
+  view), which binds fresh memory every run, copies into a buffer of its own instead, from a view of
+  its input made once, with a native strided copy;
+* everything else runs as its step does, over the same environment.
+
+The native loops made here are compiled together once the steps have been walked, and each replaces its
+library call only where it gives the library's bits on the preparing run's values.
+
+A slot is unstable when a step binds another tensor to it on every run (a library call's own result):
+what reads it runs its step as is. A failing call runs the steps again op by op for the typed error that
+names the op, and the next launch prepares again. A change of torch's thread count (the native kernels'
+argument) prepares again too.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import threading
+from typing import Callable
+
+import torch
+
+from ..codegen import cpu, cpu_window
+from ..codegen.cpu import NativeLaunch
+from ..ops.contraction import _matmul_vendor
+from ..registry import MOVEMENT, lookup
+from ..runtime.launch import Chain, ReferenceCall, VendorCall, ViewOf
+from ..runtime.native_conv import BindBuffer
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+# Native kernels in a row run from one call: the runner walks an array of (kernel, pointers, thread count)
+# records made once. Every kernel takes data pointers then an int (codegen/cpu.py's CppSource); on x86-64
+# and AArch64 a pointer argument travels the same way whatever it points to.
+MAX_ARGS = 16
+_RUNNER = "stitchml_run_native_calls"
+_RUNNER_SOURCE = (
+    "struct StitchmlCall { void* fn; long long n; long long threads; void* a[%d]; };\n"
+    'extern "C" void %s(const StitchmlCall* calls, long long count, int unused) {\n'
+    "    for (long long i = 0; i < count; ++i) {\n"
+    "        const StitchmlCall& c = calls[i];\n"
+    "        void* const* a = c.a;\n"
+    "        const int t = (int)c.threads;\n"
+    "        switch (c.n) {\n%s"
+    "        }\n"
+    "    }\n"
+    "}\n") % (MAX_ARGS, _RUNNER, "".join(
+        f"        case {n}: ((void (*)({'void*, ' * n}int))c.fn)({''.join(f'a[{i}], ' for i in range(n))}t); break;\n"
+        for n in range(1, MAX_ARGS + 1)))
+
+
+class _Call(ctypes.Structure):
+    _fields_ = [("fn", ctypes.c_void_p), ("n", ctypes.c_longlong), ("threads", ctypes.c_longlong),
+                ("a", ctypes.c_void_p * MAX_ARGS)]
+
+
+_runner_lock = threading.Lock()
+_runner: list = []  # the compiled runner, once; [None] where no compiler could make it
+
+
+def _native_runner():
+    """The runner function (ctypes), or None where the C++ compiler cannot build it."""
+    with _runner_lock:
+        if not _runner:
+            module = cpu.Module()
+            module.add(cpu.CppSource(_RUNNER, _RUNNER_SOURCE, "runner"))
+            module.build()
+            fn = module.functions.get(_RUNNER)
+            if fn is not None:
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int]
+            _runner.append(fn)
+        return _runner[0]
+
+
+class _NativeBatch:
+    """Native kernels in a row with their pointers read once: one call of the runner for all of them."""
+
+    def __init__(self, kernels: list[tuple[object, list[int], int]]):
+        self.records = (_Call * len(kernels))()
+        for record, (fn, pointers, threads) in zip(self.records, kernels):
+            record.fn = ctypes.cast(fn, ctypes.c_void_p).value
+            record.n, record.threads = len(pointers), threads
+            for i, p in enumerate(pointers):
+                record.a[i] = p
+        self.count = len(kernels)
+        self.address = ctypes.addressof(self.records)
+
+
+class _Kernel(functools.partial):
+    """A native kernel's call with its pointers and thread count bound (batched with its neighbours)."""
+
+
+class _Binding(functools.partial):
+    """A part that binds the same buffer to a slot every run: dropped where nothing else binds that slot."""
+
+
+class _Pending:
+    """A part to run as a native loop made for it (codegen/cpu_window.py), compiled with the run's other such
+    loops once the steps have been walked. `capture()`, called when `out` holds the library's answer, keeps
+    that answer and the memory of `inputs` (later steps reuse the arena); the loop is then checked on those
+    copies and replaces `fallback` only where it gives the same bits."""
+
+    def __init__(self, source, inputs: list[torch.Tensor], out: torch.Tensor, fallback: Callable[[], object],
+                 kind: str):
+        self.source, self.inputs, self.out, self.fallback, self.kind = source, inputs, out, fallback, kind
+        self.pointers = [t.data_ptr() for t in inputs] + [out.data_ptr()]
+        self.snapshot: list = []
+        self.want: torch.Tensor | None = None
+
+    def capture(self) -> "_Pending":
+        """Keep the elements each input addresses (from its first one on) and the answer in `out`."""
+        if any(s < 0 for t in self.inputs for s in t.stride()) or any(t.numel() == 0 for t in self.inputs):
+            return self  # not checked: the library call stays
+        self.snapshot = [t.as_strided((1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())),), (1,)).clone()
+                         for t in self.inputs]
+        self.want = self.out.clone()
+        return self
+
+    def resolve(self, module, threads: int):
+        fn = module.functions.get(self.source.name)
+        if fn is None or self.want is None:
+            return self.fallback
+        fn.argtypes = [ctypes.c_void_p] * len(self.pointers) + [ctypes.c_int]
+        got = torch.empty_like(self.want)
+        fn(*[t.data_ptr() for t in self.snapshot], got.data_ptr(), threads)
+        if not torch.equal(got, self.want):  # not the library's answer bit for bit: keep the library
+            return self.fallback
+        return _Kernel(fn, *self.pointers, threads)
+
+
+class PreparedRun:
+    """A `BoundRun` on the CPU whose later launches run a prepared list of calls; see the module docstring."""
+
+    def __init__(self, bound):
+        self.bound = bound
+        self.exe = bound.exe
+        self.calls: list[Callable[[], object]] | None = None
+        self.threads = 0
+        self.prepared: dict[str, int] = {}  # how many step parts each preparation took (tests, reports)
+
+    def launch(self, stream=None) -> None:
+        """One run of the network (`stream` is ignored: the CPU has none)."""
+        bound = self.bound
+        with bound._lock:
+            calls = self.calls
+            if calls is None or self.threads != torch.get_num_threads():
+                if bound.launches == 0:  # the first run goes through the bound run: it builds the kernels
+                    bound._steps()
+                else:
+                    self._prepare()
+            else:
+                try:
+                    for call in calls:
+                        call()
+                except Exception:
+                    self.calls = None
+                    bound._steps()  # raises the error naming the failing op
+                    raise
+                self.exe.check_flag(bound.env)
+            bound.launches += 1
+
+    def __getattr__(self, name: str):
+        """The bound run's layout and state (`env`, `results`, `stage_in`, `zero_copy`, `launches`, `check`)."""
+        if name == "bound":
+            raise AttributeError(name)
+        return getattr(self.bound, name)
+
+    # -- preparing -----------------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        """Run the steps once, part by part, and keep the calls later runs need."""
+        bound, env = self.bound, self.bound.env
+        self.threads = torch.get_num_threads()
+        self.prepared = {"hoisted": 0, "native": 0, "product": 0, "copy": 0, "as_is": 0}
+        calls: list[Callable[[], object]] = []
+        for dst, src in bound.stage_in:
+            dst.copy_(src)
+            calls.append(functools.partial(dst.copy_, src))
+        unstable: set[int] = set()
+        try:
+            for step in self.exe.steps:
+                op = step.ops[0] if len(step.ops) == 1 else None
+                calls.extend(self._part(step.run, env, unstable, op))
+        except Exception:
+            self.bound._steps()
+            raise
+        for slot, dst in bound.results:
+            if env[slot] is dst:
+                continue
+            dst.copy_(env[slot])
+            if slot in unstable:
+                calls.append(functools.partial(_copy_slot, dst, env, slot))
+            else:
+                calls.append(functools.partial(dst.copy_, env[slot]))
+        self.exe.check_flag(env)
+        calls = [c for c in calls if not (type(c) is _Binding and c.func.slot not in unstable)]
+        self.calls = self._batched(self._resolved(calls))
+
+    def _resolved(self, calls: list) -> list:
+        """`calls` with the native loops made for parts compiled (one module) and put in their place."""
+        pending = [c for c in calls if type(c) is _Pending]
+        if not pending:
+            return calls
+        module, names = cpu.Module(), set()
+        for c in pending:
+            if c.source.name not in names:
+                names.add(c.source.name)
+                module.add(c.source)
+        module.build()
+        out = []
+        for c in calls:
+            if type(c) is _Pending:
+                key = f"native_{c.kind}"
+                c = c.resolve(module, self.threads)
+                if type(c) is _Kernel:
+                    self.prepared[key] = self.prepared.get(key, 0) + 1
+            out.append(c)
+        return out
+
+    def _batched(self, calls: list) -> list:
+        """`calls` with each run of native kernels made one call of the runner."""
+        runner = _native_runner() if sum(type(c) is _Kernel for c in calls) > 1 else None
+        out: list = []
+        row: list = []
+        self.batches = []  # the records the runner reads stay alive with this run
+        for c in calls + [None]:
+            if runner is not None and type(c) is _Kernel and len(c.args) - 1 <= MAX_ARGS:
+                row.append(c)
+                continue
+            if len(row) > 1:
+                batch = _NativeBatch([(k.func, list(k.args[:-1]), k.args[-1]) for k in row])
+                self.batches.append(batch)
+                out.append(functools.partial(runner, batch.address, batch.count, 0))
+                self.prepared["batched"] = self.prepared.get("batched", 0) + len(row)
+            else:
+                out.extend(row)
+            row = []
+            if c is not None:
+                out.append(c)
+        return out
+
+    def _part(self, fn, env: list, unstable: set[int], op) -> list[Callable[[], object]]:
+        """Run `fn(env)`, part of the step computing `op` (None: several ops), once; the calls that redo it
+        in later runs (none for a view made once)."""
+        if type(fn) is Chain:
+            return [c for inner in fn.fns for c in self._part(inner, env, unstable, None)]
+        kind = type(fn)
+        if kind is ViewOf and fn.src not in unstable:
+            fn(env)
+            if _storage(env[fn.dst]) == _storage(env[fn.src]):  # a view: it reads the memory as it is
+                self.prepared["hoisted"] += 1
+                return []
+            unstable.add(fn.dst)  # a copy after all (a reshape of a strided tensor): redone every run
+            return self._as_is(fn, env)
+        if kind is ReferenceCall and op is not None and lookup(op.op).kind == MOVEMENT and fn.context is None \
+                and not any(s in unstable for s in fn.ins):
+            calls = self._movement(fn, env, op.op == "reshape")
+            if calls is not None:
+                self.prepared["copy"] += 1
+                return calls
+        before = list(env)
+        fn(env)
+        rebound = {i for i, (a, b) in enumerate(zip(before, env)) if a is not b}
+        unstable |= rebound
+        if kind is NativeLaunch and fn.fn is not None and fn.fn is not fn.fallback and \
+                not any(s in unstable for s in fn.slots):
+            self.prepared["native"] += 1
+            return [_Kernel(fn.fn, *[env[s].data_ptr() for s in fn.slots], self.threads)]
+        if kind is BindBuffer and not rebound and env[fn.slot] is fn.buffer:
+            return [_Binding(fn, env)]
+        if kind is VendorCall and fn.call is _matmul_vendor and not rebound and \
+                not any(s in unstable for s in fn.ins):
+            call = _product(env[fn.ins[0]], env[fn.ins[1]], env[fn.out_slot])
+            if call is not None:
+                self.prepared["product"] += 1
+                return [call]
+        return self._as_is(fn, env)
+
+    def _as_is(self, fn, env: list) -> list[Callable[[], object]]:
+        self.prepared["as_is"] += 1
+        return [functools.partial(fn, env)]
+
+    def _movement(self, fn: ReferenceCall, env: list, reshape: bool) -> list[Callable[[], object]] | None:
+        """A movement op's reference call as copies into buffers made once, from views of its inputs made
+        once; None where a result is neither a view of an input nor (`reshape`) a reshape of one."""
+        args = [env[s] for s in fn.ins]
+        if not args or not all(isinstance(a, torch.Tensor) for a in args):
+            return None
+        result = fn.impl(*args, **fn.attrs)
+        result = result if isinstance(result, tuple) else (result,)
+        shared = {_storage(a) for a in args}
+        calls = []
+        for slot, r in zip(fn.outs, result):
+            dst = env[slot] if fn.into else torch.empty(r.shape, dtype=r.dtype, device=r.device)
+            if _storage(r) in shared:
+                source = r
+            elif reshape and len(args) == 1 and r.numel() == args[0].numel():
+                source, dst_view = args[0], dst.view(args[0].shape)  # a reshape copies row-major order
+                dst_view.copy_(source)
+                if not torch.equal(dst, r):
+                    return None
+                calls.append(_copy(source, dst_view))
+                env[slot] = dst
+                continue
+            else:
+                return None
+            dst.copy_(source)
+            calls.append(_copy(source, dst))
+            env[slot] = dst
+        return calls
+
+
+def _copy(source: torch.Tensor, dst: torch.Tensor):
+    """`dst.copy_(source)` (dst contiguous, same shape) as a native loop where the element size allows."""
+    fallback = functools.partial(dst.copy_, source)
+    size = source.element_size()
+    if size not in cpu_window.BIT_TYPES or source.dtype != dst.dtype or not dst.is_contiguous():
+        return fallback
+    key = f"{tuple(source.shape)}{source.stride()}{size}".encode()
+    name = f"prepared_copy_{hashlib.sha256(key).hexdigest()[:16]}"
+    src = cpu_window.strided_copy(name, tuple(source.shape), source.stride(), size)
+    return _Pending(src, [source], dst, fallback, "copy").capture()
+
+
+def _copy_slot(dst: torch.Tensor, env: list, slot: int) -> None:
+    dst.copy_(env[slot])
+
+
+def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
+    """`torch.mm` or `torch.bmm` writing `out`, or where PyTorch multiplies small batched matrices in a loop
+    of its own, that loop compiled for these operands (codegen/cpu_window.py); None where that is not
+    `torch.matmul`'s answer bit for bit (checked on the values at hand) or the operands do not fold into
+    three axes without a copy."""
+    if out.dtype != a.dtype or out.dtype != b.dtype or not out.is_contiguous():
+        return None
+    small = None
+    if a.dim() == 2 and b.dim() == 2:
+        call = functools.partial(torch.mm, a, b, out=out)
+    elif a.dim() == b.dim() and a.dim() >= 3 and a.shape[:-2] == b.shape[:-2]:
+        try:
+            a3, b3 = a.view(-1, *a.shape[-2:]), b.view(-1, *b.shape[-2:])
+            out3 = out.view(-1, *out.shape[-2:])
+        except RuntimeError:
+            return None
+        call = functools.partial(torch.bmm, a3, b3, out=out3)
+        (batch, m, k), n = a3.shape, b3.shape[2]
+        if m * k * n < cpu_window.TORCH_SMALL_BMM and str(a.dtype) in ("torch.float32", "torch.float64"):
+            key = f"{batch},{m},{k},{n}{a3.stride()}{b3.stride()}{a.dtype}".encode()
+            name = f"prepared_product_{hashlib.sha256(key).hexdigest()[:16]}"
+            src = cpu_window.small_batched_product(name, batch, m, k, n, a3.stride(), b3.stride(),
+                                                   str(a.dtype).replace("torch.", ""))
+            small = _Pending(src, [a3, b3], out3, call, "product")
+    else:
+        return None
+    want = out.clone()
+    call()
+    if not torch.equal(out, want):
+        out.copy_(want)
+        return None
+    return small.capture() if small is not None else call
