@@ -284,9 +284,11 @@ def server(files):
 
 
 def _wait(driver, condition, timeout=30):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout).until(condition)
+    # a page that re-renders between finding an element and reading it is still settling: ask again
+    return WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,)).until(condition)
 
 
 def _open(driver, url):
