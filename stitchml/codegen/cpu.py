@@ -541,9 +541,14 @@ def reduction(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
         lay = layout_of[t.id]
         return load(arg_of[t.id], full_index(lay) if full else row_index(lay), t.dtype)
 
+    def next_row(strides) -> str:  # column c0 of row rn
+        parts = (index_expr("rn", [(frame[a], strides[a]) for a in kept]),
+                 index_expr("c0", [(frame[a], strides[a]) for a in axes]))
+        return _c_index(" + ".join(p for p in parts if p != "0") or "0")
+
     def next_row_prefetches() -> list[str]:
-        # The first loop over a row reads it from memory; the later ones find it in L1 (a row of up to
-        # MAX_SCRATCH elements, 4 KiB for softmax's 1024 columns) and compute, so that the memory sits idle.
+        # The first loop over a row reads it from memory; the later ones find it in L1 or L2 (4 KiB for
+        # softmax's 1024 columns) and compute, so that the memory sits idle.
         # The second loop fetches the next row's inputs and output lines meanwhile, one line per 16
         # columns (softmax 4096 x 1024 on one thread: 4.5 -> 3.7 ms, the exp's compute over the next
         # row's loads). Addresses past the last row wrap (the index's modulo) or are never touched:
@@ -552,14 +557,10 @@ def reduction(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
         for t in placeholders:
             lay = layout_of[t.id].broadcast_to(frame)
             if any(lay.strides[a] for a in axes) and any(lay.strides[a] for a in kept):
-                idx = " + ".join(p for p in (index_expr("rn", [(lay.shape[a], lay.strides[a]) for a in kept]),
-                                             index_expr("c0", [(frame[a], lay.strides[a]) for a in axes])) if p != "0")
-                lines.append(f"{row_in}  __builtin_prefetch(&{arg_of[t.id]}[{_c_index(idx)}], 0, 3);")
+                lines.append(f"{row_in}  __builtin_prefetch(&{arg_of[t.id]}[{next_row(lay.strides)}], 0, 3);")
         for j, t in enumerate(body.outputs):
             if space.get(t.id, "full") == "full":
-                idx = " + ".join(p for p in (index_expr("rn", [(frame[a], contiguous.strides[a]) for a in kept]),
-                                             index_expr("c0", [(frame[a], contiguous.strides[a]) for a in axes])) if p != "0")
-                lines.append(f"{row_in}  __builtin_prefetch(&out{j}[{_c_index(idx)}], 1, 3);")
+                lines.append(f"{row_in}  __builtin_prefetch(&out{j}[{next_row(contiguous.strides)}], 1, 3);")
         return [f"{row_in}const int64_t rn = r + 1;", *lines] if lines else []
 
     loops_done = 0
