@@ -76,7 +76,7 @@ def compiled_step(net: torch.nn.Module, optimizer, images: torch.Tensor, labels:
     return run, time.perf_counter() - t
 
 
-def row_ops(args) -> list[dict]:
+def row_ops(args, only: tuple = ()) -> list[dict]:
     n_rows, width = (256, 256) if args.quick else (4096, 1024)
     x = torch.randn(n_rows, width)
     out = []
@@ -87,6 +87,8 @@ def row_ops(args) -> list[dict]:
                      lambda t: t * torch.rsqrt((t * t).mean(-1, keepdim=True) + 1e-6)),
     }
     for name, (build, ref) in cases.items():
+        if only and name not in only:
+            continue
         g = sm.Graph()
         p = g.placeholder((n_rows, width), name="x")
         y = build(g, p)
@@ -200,8 +202,8 @@ def main(argv=None) -> int:
     p.add_argument("--clock", choices=["wall", "thread"], default="wall",
                    help="thread: the calling thread's CPU time (with --threads 1 all the work runs there), which "
                         "other work on a shared machine disturbs far less than the wall clock")
-    p.add_argument("--only", choices=["gelu", "rows", "training"], action="append",
-                   help="run only these workloads (repeatable; default: all)")
+    p.add_argument("--only", choices=["gelu", "rows", "softmax", "training"], action="append",
+                   help="run only these workloads (repeatable; default: all; softmax: the rows' softmax alone)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     if args.clock == "thread":
@@ -213,7 +215,9 @@ def main(argv=None) -> int:
         args.rounds = 3
     torch.set_num_threads(args.threads)
     os.environ.pop("TRITON_INTERPRET", None)  # the native backend, not Triton's interpreter
-    parts = {"gelu": gelu, "rows": row_ops, "training": training}
+    parts = {"gelu": gelu, "rows": row_ops, "softmax": lambda a: row_ops(a, ("softmax",)), "training": training}
+    if args.only and "rows" in args.only:
+        args.only = [o for o in args.only if o != "softmax"]  # rows includes it
     rows = [r for name, part in parts.items() if not args.only or name in args.only for r in part(args)]
     print(f"{'workload':44} {'stitchml':>10} {'eager':>10} {'compile':>10}   ms; x eager, x compile")
     for r in rows:
