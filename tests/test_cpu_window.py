@@ -136,9 +136,16 @@ def test_convolutions_and_their_gradients_match_pytorch_in_float64(shape, wshape
     ((3, 1, 9, 7), (5, 1, 5, 5), sm.Convolution2DDescriptor(padding="same")),
     ((2, 2, 8, 9), (3, 2, 3, 3), sm.Convolution2DDescriptor(dilation=2, padding=(2, 1, 0, 3))),
     ((2, 8, 8, 8), (16, 8, 3, 3), sm.Convolution2DDescriptor(padding="same")),  # 72 taps, a small product
-], ids=["one-channel-same", "dilated-uneven-padding", "small-product"])
+    # the patch loop nest: strides, many taps over few pixels
+    ((2, 3, 32, 32), (8, 3, 7, 7), sm.Convolution2DDescriptor(stride=2, padding=3)),  # ResNet's stem
+    ((3, 16, 4, 4), (32, 16, 1, 1), sm.Convolution2DDescriptor(stride=2)),  # a strided skip
+    ((2, 32, 2, 2), (32, 32, 3, 3), sm.Convolution2DDescriptor(padding="same")),  # 288 taps at 2x2
+    ((2, 5, 9, 8), (6, 5, 3, 2), sm.Convolution2DDescriptor(stride=(2, 3), dilation=2, padding=(2, 1, 0, 3))),
+], ids=["one-channel-same", "dilated-uneven-padding", "small-product", "stem-stride-2", "skip-1x1-stride-2",
+        "many-taps-few-pixels", "strided-dilated-uneven"])
 def test_small_convolutions_run_as_the_direct_loop_nest(shape, wshape, descriptor):
-    """Few taps per output: the native direct convolution, alone (writing the output) and under an epilogue."""
+    """Few taps per output, or a small product: the native direct convolution, alone (writing the output) and
+    under an epilogue."""
     g = sm.Graph()
     x = g.placeholder(shape, sm.float32, name="x")
     w = g.placeholder(wshape, sm.float32, name="w")
@@ -151,7 +158,7 @@ def test_small_convolutions_run_as_the_direct_loop_nest(shape, wshape, descripto
     if pad == "same":
         pad = ((wshape[2] - 1) // 2,) * 4
     y64 = F.conv2d(F.pad(torch.from_numpy(xv).double(), (pad[2], pad[3], pad[0], pad[1])),
-                   torch.from_numpy(wv).double(), dilation=a["dilation"])
+                   torch.from_numpy(wv).double(), stride=a["stride"], dilation=a["dilation"])
     for target, ref in ((y, y64), (z, F.relu(y64 - 0.5))):
         exe = g.compile({x: sm.TensorType(shape, sm.float32), w: sm.TensorType(wshape, sm.float32)}, [target],
                         device="cpu", options=NATIVE)

@@ -179,19 +179,43 @@ DIRECT_MAX_SMALL_TAPS = 160
 DIRECT_SMALL_MACS = 160_000
 
 
-def direct_convolution_fits(op: Operation) -> bool:
-    """Whether convolution2d `op` runs as the direct loop nest: NCHW, OIHW, stride 1, one group, float32 or
-    float64, at most DIRECT_MAX_TAPS multiply-adds per output (or DIRECT_MAX_SMALL_TAPS where an image's
-    product is at most DIRECT_SMALL_MACS multiply-adds)."""
-    if op.op != "convolution2d" or op.outputs[0].dtype.name not in _TYPES:
-        return False
-    a = op.attrs
+# Any other forward convolution (a stride, more taps) runs as the patch loop nest (`_patch_convolution`) where
+# an image's product is at most DIRECT_PATCH_MACS multiply-adds and a window at most DIRECT_PATCH_MAX_TAPS:
+# ResNet-18's 7x7 stride-2 stem over three channels at 32x32 (301k) took oneDNN 73 us at batch 1, its
+# 3x3 convolutions over 32-64 channels at 2x2 and 1x1 pixels 8-16 us a call, mostly the library's fixed cost.
+DIRECT_PATCH_MACS = 320_000
+DIRECT_PATCH_MAX_TAPS = 1024
+
+
+def _conv_sizes(op: Operation) -> tuple[int, int]:
+    """(multiply-adds per output, multiply-adds per image) of convolution2d `op` (NCHW, OIHW)."""
     w = op.inputs[1].shape
     taps = w[1] * w[2] * w[3]
-    small = taps <= DIRECT_MAX_SMALL_TAPS and w[0] * op.outputs[0].shape[2] * op.outputs[0].shape[3] * taps \
-        <= DIRECT_SMALL_MACS
-    return (a["data_layout"], a["weights_layout"], tuple(a["stride"]), a["groups"]) == ("NCHW", "OIHW", (1, 1), 1) \
-        and (taps <= DIRECT_MAX_TAPS or small)
+    return taps, w[0] * op.outputs[0].shape[2] * op.outputs[0].shape[3] * taps
+
+
+def direct_convolution_fits(op: Operation) -> bool:
+    """Whether convolution2d `op` runs as a native loop nest: NCHW, OIHW, one group, float32 or float64, and
+    either stride 1 with at most DIRECT_MAX_TAPS multiply-adds per output (or DIRECT_MAX_SMALL_TAPS where an
+    image's product is at most DIRECT_SMALL_MACS multiply-adds), or any stride with an image's product at
+    most DIRECT_PATCH_MACS (the patch loop nest)."""
+    if op.op != "convolution2d" or op.outputs[0].dtype.name not in _TYPES or \
+            any(t.dtype.name not in _TYPES for t in op.inputs) or op.inputs[0].rank != 4:
+        return False
+    a = op.attrs
+    if (a["data_layout"], a["weights_layout"], a["groups"]) != ("NCHW", "OIHW", 1):
+        return False
+    taps, macs = _conv_sizes(op)
+    if _rows_fit(op):
+        return True
+    return taps <= DIRECT_PATCH_MAX_TAPS and macs <= DIRECT_PATCH_MACS
+
+
+def _rows_fit(op: Operation) -> bool:
+    """Whether the row loop nest (`direct_convolution`'s own, stride 1) takes `op`."""
+    taps, macs = _conv_sizes(op)
+    small = taps <= DIRECT_MAX_SMALL_TAPS and macs <= DIRECT_SMALL_MACS
+    return tuple(op.attrs["stride"]) == (1, 1) and (taps <= DIRECT_MAX_TAPS or small)
 
 
 def _padded_copy(indent: str, src: str, c: int, h: int, w: int, top: int, left: int, ph: int, pw: int,
@@ -217,7 +241,10 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
     time, as one contiguous pass over oh x PW elements adding each of the row's taps at its offset (no
     bounds checks, no short rows: it vectorises; one load and store of the sums per kw multiply-adds), and
     the columns past the output width are dropped when the plane is stored. A pass serves up to four output
-    channels, which share its loads of the input (each output's sum is added in the same order)."""
+    channels, which share its loads of the input (each output's sum is added in the same order). Other
+    convolutions that `direct_convolution_fits` takes run as `_patch_convolution`."""
+    if not _rows_fit(op):
+        return _patch_convolution(name, op, in_layouts)
     x_lay, w_lay = in_layouts
     n, c, h, w = x_lay.shape
     o, _, kh, kw = w_lay.shape
@@ -266,6 +293,71 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
              f"                        for (int64_t x = 0; x < {ow}; ++x) dst[y * {ow}LL + x] = sums[y * {pw}LL + x];",
              "                }",
              "            }", "        }", "        __builtin_free(xp);", "    }", "}"]
+    return CppSource(name, "\n".join(lines) + "\n", "convolution")
+
+
+def _patch_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
+    """C++ for a small convolution2d of any stride and dilation writing a contiguous NCHW result.
+
+    Threads take images. An image is copied once into a zero-padded block; for each output pixel its window
+    (every input channel's taps, in the weights' OIHW order) is gathered into a contiguous patch, and each
+    output channel is one vectorised dot product of its weights' row with the patch, up to four output
+    channels a pass sharing the patch's loads. The work is the product itself, with no fixed cost of the
+    library's (its blocking and reorders are made for many channels and pixels)."""
+    x_lay, w_lay = in_layouts
+    n, c, h, w = x_lay.shape
+    o, _, kh, kw = w_lay.shape
+    oh, ow = op.outputs[0].shape[2:]
+    sh, sw = op.attrs["stride"]
+    dh, dw = op.attrs["dilation"]
+    pad = _resolve_padding(op.attrs["padding"], (h, w), (kh, kw), (sh, sw), (dh, dw))
+    top, left = pad[0], pad[2]
+    ph, pw = (oh - 1) * sh + dh * (kh - 1) + 1, (ow - 1) * sw + dw * (kw - 1) + 1
+    block = c * ph * pw
+    taps = c * kh * kw
+    xs, ws = x_lay.strides, w_lay.strides
+    t = ctype(op.outputs[0].dtype)
+    dense = tuple(ws) == (taps, kh * kw, kw, 1)  # OIHW rows as they are; else copied so once a call
+    ob = next(b for b in (4, 2, 1) if o % b == 0)
+    weights = "in1" if dense else "wk"
+    lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
+             f'{t}* __restrict__ out0, int threads) {{',
+             *([] if dense else [
+                 f"    {t}* wk = ({t}*)__builtin_malloc({o * taps}LL * sizeof({t}));",
+                 f"    for (int64_t o = 0; o < {o}; ++o) for (int64_t c = 0; c < {c}; ++c)",
+                 f"        for (int64_t i = 0; i < {kh}; ++i) for (int64_t j = 0; j < {kw}; ++j)",
+                 f"            wk[((o * {c} + c) * {kh} + i) * {kw} + j] = "
+                 f"in1[o * {ws[0]}LL + c * {ws[1]}LL + i * {ws[2]}LL + j * {ws[3]}LL];"]),
+             *_parallel(_threads(n, c * h * w + o * oh * ow * taps)),
+             "    {",
+             f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {taps}LL) * sizeof({t}));",
+             f"        {t}* patch = xp + {block}LL;",
+             f"        for (int64_t q = 0; q < {block}LL; ++q) xp[q] = 0;",
+             "        #pragma omp for schedule(static)",
+             f"        for (int64_t n = 0; n < {n}LL; ++n) {{",
+             *_padded_copy(" " * 12, "in0", c, h, w, top, left, ph, pw, xs),
+             f"            for (int64_t y = 0; y < {oh}; ++y)",
+             f"                for (int64_t x = 0; x < {ow}; ++x) {{",
+             f"                    const {t}* corner = xp + y * {sh * pw}LL + x * {sw}LL;",
+             f"                    for (int64_t c = 0; c < {c}; ++c)",
+             f"                        for (int64_t i = 0; i < {kh}; ++i)",
+             f"                            for (int64_t j = 0; j < {kw}; ++j)",
+             f"                                patch[(c * {kh} + i) * {kw} + j] = "
+             f"corner[(c * {ph} + i * {dh}) * {pw}LL + j * {dw}];",
+             f"                    for (int64_t o = 0; o < {o}; o += {ob}) {{",
+             *[f"                        const {t}* w{u} = {weights} + (o + {u}) * {taps}LL;" for u in range(ob)],
+             f"                        {t} {', '.join(f's{u} = 0' for u in range(ob))};",
+             f"                        #pragma omp simd reduction(+:{','.join(f's{u}' for u in range(ob))})",
+             f"                        for (int64_t k = 0; k < {taps}; ++k) {{",
+             f"                            const {t} p = patch[k];",
+             *[f"                            s{u} += w{u}[k] * p;" for u in range(ob)],
+             "                        }",
+             *[f"                        out0[((n * {o} + o + {u}) * {oh} + y) * {ow}LL + x] = s{u};"
+               for u in range(ob)],
+             "                    }",
+             "                }",
+             "        }", "        __builtin_free(xp);", "    }",
+             *([] if dense else ["    __builtin_free(wk);"]), "}"]
     return CppSource(name, "\n".join(lines) + "\n", "convolution")
 
 
