@@ -141,8 +141,11 @@ def test_convolutions_and_their_gradients_match_pytorch_in_float64(shape, wshape
     ((3, 16, 4, 4), (32, 16, 1, 1), sm.Convolution2DDescriptor(stride=2)),  # a strided skip
     ((2, 32, 2, 2), (32, 32, 3, 3), sm.Convolution2DDescriptor(padding="same")),  # 288 taps at 2x2
     ((2, 5, 9, 8), (6, 5, 3, 2), sm.Convolution2DDescriptor(stride=(2, 3), dilation=2, padding=(2, 1, 0, 3))),
+    # 66 pixels in rows of 11: the windows laid out as columns first
+    ((2, 5, 12, 10), (6, 5, 3, 2), sm.Convolution2DDescriptor(stride=(2, 1), dilation=(1, 2), padding=(1, 0, 2, 1))),
 ], ids=["one-channel-same", "dilated-uneven-padding", "small-product", "stem-stride-2", "skip-1x1-stride-2",
-        "many-taps-few-pixels", "strided-dilated-uneven"])
+        "many-taps-few-pixels", "strided-dilated-uneven",
+        "strided-columns"])
 def test_small_convolutions_run_as_the_direct_loop_nest(shape, wshape, descriptor):
     """Few taps per output, or a small product: the native direct convolution, alone (writing the output) and
     under an epilogue."""

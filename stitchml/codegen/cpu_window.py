@@ -299,11 +299,12 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
 def _patch_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
     """C++ for a small convolution2d of any stride and dilation writing a contiguous NCHW result.
 
-    Threads take images. An image is copied once into a zero-padded block; for each output pixel its window
-    (every input channel's taps, in the weights' OIHW order) is gathered into a contiguous patch, and each
-    output channel is one vectorised dot product of its weights' row with the patch, up to four output
-    channels a pass sharing the patch's loads. The work is the product itself, with no fixed cost of the
-    library's (its blocking and reorders are made for many channels and pixels)."""
+    Threads take images. An image is copied once into a zero-padded block; from there each window (every
+    input channel's taps, in the weights' OIHW order) is gathered, and the image's product is a small
+    matrix product of the weights with those windows: by columns of pixels where an image has at least
+    PATCH_COLUMNS of them (`_patch_columns`), else one dot product per output (`_patch_dots`). The work is
+    the product itself, with no fixed cost of the library's (its blocking and reorders are made for many
+    channels and pixels)."""
     x_lay, w_lay = in_layouts
     n, c, h, w = x_lay.shape
     o, _, kh, kw = w_lay.shape
@@ -313,12 +314,10 @@ def _patch_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
     pad = _resolve_padding(op.attrs["padding"], (h, w), (kh, kw), (sh, sw), (dh, dw))
     top, left = pad[0], pad[2]
     ph, pw = (oh - 1) * sh + dh * (kh - 1) + 1, (ow - 1) * sw + dw * (kw - 1) + 1
-    block = c * ph * pw
     taps = c * kh * kw
     xs, ws = x_lay.strides, w_lay.strides
     t = ctype(op.outputs[0].dtype)
     dense = tuple(ws) == (taps, kh * kw, kw, 1)  # OIHW rows as they are; else copied so once a call
-    ob = next(b for b in (4, 2, 1) if o % b == 0)
     weights = "in1" if dense else "wk"
     lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
              f'{t}* __restrict__ out0, int threads) {{',
@@ -330,36 +329,133 @@ def _patch_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
                  f"in1[o * {ws[0]}LL + c * {ws[1]}LL + i * {ws[2]}LL + j * {ws[3]}LL];"]),
              *_parallel(_threads(n, c * h * w + o * oh * ow * taps)),
              "    {",
-             f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {taps}LL) * sizeof({t}));",
-             f"        {t}* patch = xp + {block}LL;",
-             f"        for (int64_t q = 0; q < {block}LL; ++q) xp[q] = 0;",
-             "        #pragma omp for schedule(static)",
-             f"        for (int64_t n = 0; n < {n}LL; ++n) {{",
-             *_padded_copy(" " * 12, "in0", c, h, w, top, left, ph, pw, xs),
-             f"            for (int64_t y = 0; y < {oh}; ++y)",
-             f"                for (int64_t x = 0; x < {ow}; ++x) {{",
-             f"                    const {t}* corner = xp + y * {sh * pw}LL + x * {sw}LL;",
-             f"                    for (int64_t c = 0; c < {c}; ++c)",
-             f"                        for (int64_t i = 0; i < {kh}; ++i)",
-             f"                            for (int64_t j = 0; j < {kw}; ++j)",
-             f"                                patch[(c * {kh} + i) * {kw} + j] = "
-             f"corner[(c * {ph} + i * {dh}) * {pw}LL + j * {dw}];",
-             f"                    for (int64_t o = 0; o < {o}; o += {ob}) {{",
-             *[f"                        const {t}* w{u} = {weights} + (o + {u}) * {taps}LL;" for u in range(ob)],
-             f"                        {t} {', '.join(f's{u} = 0' for u in range(ob))};",
-             f"                        #pragma omp simd reduction(+:{','.join(f's{u}' for u in range(ob))})",
-             f"                        for (int64_t k = 0; k < {taps}; ++k) {{",
-             f"                            const {t} p = patch[k];",
-             *[f"                            s{u} += w{u}[k] * p;" for u in range(ob)],
-             "                        }",
-             *[f"                        out0[((n * {o} + o + {u}) * {oh} + y) * {ow}LL + x] = s{u};"
-               for u in range(ob)],
-             "                    }",
-             "                }",
-             "        }", "        __builtin_free(xp);", "    }",
+             *(_patch_columns(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n)
+               if oh * ow >= PATCH_COLUMNS else
+               _patch_dots(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n)),
+             "    }",
              *([] if dense else ["    __builtin_free(wk);"]), "}"]
     return CppSource(name, "\n".join(lines) + "\n", "convolution")
 
+
+# Output pixels per image from which the patch loop nest multiplies by columns (`_patch_columns`: vectorised
+# over pixels, PATCH_BLOCK of them at a time) rather than by dot products over the window (`_patch_dots`).
+PATCH_COLUMNS = 16
+PATCH_BLOCK = 16
+
+
+def _patch_dots(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n) -> list[str]:
+    """The patch loop nest over few pixels: each pixel's window gathered, each output a dot product."""
+    block, taps = c * ph * pw, c * kh * kw
+    ob = next(b for b in (4, 2, 1) if o % b == 0)
+    return [
+        f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {taps}LL) * sizeof({t}));",
+        f"        {t}* patch = xp + {block}LL;",
+        f"        for (int64_t q = 0; q < {block}LL; ++q) xp[q] = 0;",
+        "        #pragma omp for schedule(static)",
+        f"        for (int64_t n = 0; n < {n}LL; ++n) {{",
+        *_padded_copy(" " * 12, "in0", c, h, w, top, left, ph, pw, xs),
+        f"            for (int64_t y = 0; y < {oh}; ++y)",
+        f"                for (int64_t x = 0; x < {ow}; ++x) {{",
+        f"                    const {t}* corner = xp + y * {sh * pw}LL + x * {sw}LL;",
+        f"                    for (int64_t c = 0; c < {c}; ++c)",
+        f"                        for (int64_t i = 0; i < {kh}; ++i)",
+        f"                            for (int64_t j = 0; j < {kw}; ++j)",
+        f"                                patch[(c * {kh} + i) * {kw} + j] = "
+        f"corner[(c * {ph} + i * {dh}) * {pw}LL + j * {dw}];",
+        f"                    for (int64_t o = 0; o < {o}; o += {ob}) {{",
+        *[f"                        const {t}* w{u} = {weights} + (o + {u}) * {taps}LL;" for u in range(ob)],
+        f"                        {t} {', '.join(f's{u} = 0' for u in range(ob))};",
+        f"                        #pragma omp simd reduction(+:{','.join(f's{u}' for u in range(ob))})",
+        f"                        for (int64_t k = 0; k < {taps}; ++k) {{",
+        f"                            const {t} p = patch[k];",
+        *[f"                            s{u} += w{u}[k] * p;" for u in range(ob)],
+        "                        }",
+        *[f"                        out0[((n * {o} + o + {u}) * {oh} + y) * {ow}LL + x] = s{u};"
+          for u in range(ob)],
+        "                    }",
+        "                }",
+        "        }", "        __builtin_free(xp);"]
+
+
+def _patch_columns(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n) -> list[str]:
+    """The patch loop nest over many pixels. The padded image is kept split into its stride's phases (rows
+    y % sh, columns x % sw), where a tap's pixels along an output row lie next to each other at a fixed
+    offset. For up to eight output channels and a block of PATCH_BLOCK pixels the sums stay in registers
+    across the taps (each pixel's sum in order of the taps). Where the blocks tile the output rows they read
+    the phases directly; else the windows are first laid out as columns (im2col: a row per tap, padded to a
+    whole number of blocks)."""
+    qh, qw = -(-ph // sh), -(-pw // sw)
+    block, taps, pixels = c * sh * sw * qh * qw, c * kh * kw, oh * ow
+    b = PATCH_BLOCK
+    direct = ow % b == 0
+    npad = 0 if direct else -(-pixels // b) * b
+    ob = next(u for u in (8, 4, 2, 1) if o % u == 0)
+    offsets = [((ci * sh + i * dh % sh) * sw + j * dw % sw) * qh * qw + (i * dh // sh) * qw + j * dw // sw
+               for ci in range(c) for i in range(kh) for j in range(kw)]
+    copy = []  # image n into the phases: per input row and column phase, a strided run of the row
+    for phase in range(sw):
+        first = next((x for x in range(w) if 0 <= x + left < pw and (x + left) % sw == phase), None)
+        if first is None:
+            continue
+        count = len(range(first, min(w, pw - left), sw))
+        copy += [f"                    {{ {t}* d = dst + {phase * qh * qw + (first + left) // sw}LL;",
+                 f"                      const {t}* s = src + {first * xs[3]}LL;",
+                 f"                      for (int64_t x = 0; x < {count}; ++x) d[x] = s[x * {sw * xs[3]}LL]; }}"]
+    if direct:
+        blocks = [f"                for (int64_t y = 0; y < {oh}; ++y)",
+                  f"                for (int64_t x0 = 0; x0 < {ow}; x0 += {b}) {{"]
+        column, store = f"xp + off[k] + y * {qw}LL + x0", f"y * {ow}LL + x0 + v"
+        limit = str(b)
+    else:
+        blocks = [f"            for (int64_t c = 0; c < {taps}; ++c) {{",
+                  f"                {t}* row = cols + c * {npad}LL;",
+                  f"                const {t}* src = xp + off[c];",
+                  f"                for (int64_t y = 0; y < {oh}; ++y)",
+                  "                    #pragma omp simd",
+                  f"                    for (int64_t x = 0; x < {ow}; ++x) row[y * {ow} + x] = src[y * {qw} + x];",
+                  "            }",
+                  f"            for (int64_t p = 0; p < {npad}; p += {b})",
+                  "                {"]
+        column, store = f"cols + k * {npad}LL + p", "p + v"
+        limit = f"({pixels} - p < {b} ? {pixels} - p : {b})"
+    return [
+        f"        static const int64_t off[{taps}] = {{{', '.join(map(str, offsets))}}};",
+        # each thread's phases (and columns), made and zeroed on its first call and kept: over 128 KiB (the
+        # stem's 147 taps by 256 pixels) malloc maps fresh pages every call; the padding is never written after
+        f"        static thread_local {t}* xp = nullptr;",
+        "        if (xp == nullptr) {",
+        f"            xp = ({t}*)__builtin_malloc(({block}LL + {taps * npad + 1}LL) * sizeof({t}));",
+        f"            for (int64_t q = 0; q < {block + taps * npad + 1}LL; ++q) xp[q] = 0;",
+        "        }",
+        f"        {t}* cols = xp + {block}LL;",
+        "        #pragma omp for schedule(static)",
+        f"        for (int64_t n = 0; n < {n}LL; ++n) {{",
+        f"            for (int64_t c = 0; c < {c}; ++c)",
+        f"                for (int64_t y = 0; y < {h}; ++y) {{",
+        f"                    const int64_t py = y + {top};",
+        f"                    if (py < 0 || py >= {ph}) continue;",
+        f"                    {t}* dst = xp + ((c * {sh} + py % {sh}) * {sw}) * {qh * qw}LL + (py / {sh}) * {qw}LL;",
+        f"                    const {t}* src = in0 + n * {xs[0]}LL + c * {xs[1]}LL + y * {xs[2]}LL;",
+        *copy,
+        "                }",
+        *blocks,
+        f"                for (int64_t o = 0; o < {o}; o += {ob}) {{",
+        f"                    {t} {', '.join(f'a{u}[{b}]' for u in range(ob))};",
+        *[f"                    for (int64_t v = 0; v < {b}; ++v) a{u}[v] = 0;" for u in range(ob)],
+        f"                    for (int64_t k = 0; k < {taps}; ++k) {{",
+        f"                        const {t}* col = {column};",
+        *[f"                        const {t} w{u} = {weights}[(o + {u}) * {taps}LL + k];" for u in range(ob)],
+        "                        #pragma omp simd",
+        f"                        for (int64_t v = 0; v < {b}; ++v) {{",
+        *[f"                            a{u}[v] += w{u} * col[v];" for u in range(ob)],
+        "                        }",
+        "                    }",
+        f"                    const int64_t m = {limit};",
+        *[f"                    for (int64_t v = 0; v < m; ++v) out0[(n * {o} + o + {u}) * {pixels}LL + {store}] = a{u}[v];"
+          for u in range(ob)],
+        "                }",
+        "            }",
+        "        }"]
 
 def _direct_fits(op: Operation, x_index: int, w_index: int) -> bool:
     if op.outputs[0].dtype.name not in _TYPES or any(t.dtype.name not in _TYPES for t in op.inputs):
