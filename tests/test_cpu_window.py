@@ -210,3 +210,23 @@ def test_average_pooling_matches_the_op_by_op_run_and_pytorch(descriptor):
         pad = a["padding"][0] if isinstance(a["padding"], tuple) else 0
         ref = F.avg_pool2d(x64, a["kernel_size"], a["stride"], pad, a["ceil_mode"], a["include_zero_padding"])
     torch.testing.assert_close(got, ref, rtol=1e-13, atol=1e-13)
+
+
+def test_the_patch_convolution_reads_strided_weights():
+    """Weights given as a transposed view (HWIO stored, OIHW read): the patch loop nest copies them into OIHW
+    rows first; both of its forms (dot products over few pixels, columns over many) against float64."""
+    for shape in ((2, 6, 4, 4), (2, 6, 12, 12)):  # 4 and 36 output pixels at stride 2
+        g = sm.Graph()
+        x = g.placeholder(shape, sm.float32, name="x")
+        w_hwio = g.placeholder((3, 3, 6, 8), sm.float32, name="w")
+        y = g.convolution2d(x, g.transpose(w_hwio, (3, 2, 0, 1)), sm.Convolution2DDescriptor(stride=2, padding=1))
+        rng = np.random.default_rng(4)
+        xv, wv = rng.standard_normal(shape).astype(np.float32), rng.standard_normal((3, 3, 6, 8)).astype(np.float32)
+        exe = g.compile({x: sm.TensorType(shape, sm.float32), w_hwio: sm.TensorType((3, 3, 6, 8), sm.float32)}, [y],
+                        device="cpu", options=NATIVE)
+        direct = [s.source for s in exe.steps if "_direct(" in (s.source or "")]
+        assert direct and "wk[" in direct[0]  # the strided weights' copy
+        ref = F.conv2d(torch.from_numpy(xv).double(), torch.from_numpy(wv).double().permute(3, 2, 0, 1),
+                       stride=2, padding=1)
+        got = exe.run({x: xv, w_hwio: wv})[y].torch()
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
