@@ -265,7 +265,7 @@ class PreparedRun:
         if type(fn) is Chain:
             return [c for inner in fn.fns for c in self._part(inner, env, unstable, None)]
         kind = type(fn)
-        if kind is ViewOf and fn.src not in unstable:
+        if issubclass(kind, ViewOf) and fn.src not in unstable:  # also SameSourceView, the CPU's views
             fn(env)
             if _storage(env[fn.dst]) == _storage(env[fn.src]):  # a view: it reads the memory as it is
                 self.prepared["hoisted"] += 1
