@@ -158,11 +158,12 @@ def pooling(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
                      f"dy[oh * {ds[2]}LL + ow * {ds[3]}LL];"]
     else:
         store = [f"            out0[n * {os_[0]}LL + c * {os_[1]}LL + oh * {os_[2]}LL + ow * {os_[3]}LL] = m;"]
-        ph, pw = (g["oh"] - 1) * g["sh"] + g["dh"] * (g["kh"] - 1) + 1, (g["ow"] - 1) * g["sw"] + g["dw"] * (g["kw"] - 1) + 1
+        ph = (g["oh"] - 1) * g["sh"] + g["dh"] * (g["kh"] - 1) + 1  # the rows and columns the windows cover
+        pw = (g["ow"] - 1) * g["sw"] + g["dw"] * (g["kw"] - 1) + 1
         if (g["top"], g["left"]) != (0, 0) or ph > g["h"] or pw > g["w"]:
             # windows reach outside the input: the plane is copied into a block of -inf (which never wins) kept
             # per thread, where the windows need no checks and vectorise over ow (a check per cell did not:
-            # ResNet's stem pooling, 3x3 stride 2 over 8 x 16x16 at batch 8, 44 -> 8 us)
+            # ResNet's stem pooling, 3x3 stride 2 over 8 x 16x16 at batch 8, 44-50 -> 21 us)
             lines += [f"        static thread_local {t}* xp = nullptr;",
                       "        if (xp == nullptr) {",
                       f"            xp = ({t}*)__builtin_malloc({ph * pw}LL * sizeof({t}));",
@@ -173,7 +174,8 @@ def pooling(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
                       f"            if (py < 0 || py >= {ph}) continue;",
                       f"            for (int64_t x = 0; x < {g['w']}; ++x) {{",
                       f"                const int64_t px = x + {g['left']};",
-                      f"                if (px >= 0 && px < {pw}) xp[py * {pw}LL + px] = src[y * {xs[2]}LL + x * {xs[3]}LL];",
+                      f"                if (px >= 0 && px < {pw}) "
+                      f"xp[py * {pw}LL + px] = src[y * {xs[2]}LL + x * {xs[3]}LL];",
                       "            }", "        }",
                       "        src = xp;"]
             g, xs = {**g, "top": 0, "left": 0, "h": ph, "w": pw}, (0, 0, pw, 1)
@@ -470,8 +472,8 @@ def _patch_columns(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph,
         "                        }",
         "                    }",
         f"                    const int64_t m = {limit};",
-        *[f"                    for (int64_t v = 0; v < m; ++v) out0[(n * {o} + o + {u}) * {pixels}LL + {store}] = a{u}[v];"
-          for u in range(ob)],
+        *[f"                    for (int64_t v = 0; v < m; ++v) "
+          f"out0[(n * {o} + o + {u}) * {pixels}LL + {store}] = a{u}[v];" for u in range(ob)],
         "                }",
         "            }",
         "        }"]
