@@ -214,13 +214,13 @@ def test_a_convolution_result_a_caller_kept_is_not_changed_by_the_next_run():
     """The library convolution's last result stays alive between runs (runtime/native_conv.py), so that its
     memory is reused rather than faulted in again; a result the caller holds must still be its own run's."""
     g = sm.Graph()
-    x = g.placeholder((2, 32, 6, 6), name="x")
-    w = g.placeholder((4, 32, 3, 3), name="w")  # 288 multiply-adds an output: oneDNN's, not the direct loop nest
+    x = g.placeholder((2, 32, 12, 12), name="x")
+    w = g.placeholder((16, 32, 3, 3), name="w")  # 663k multiply-adds an image: oneDNN's, not a direct loop nest
     y = g.convolution2d(x, w, sm.Convolution2DDescriptor(padding="same"))
-    types = {x: sm.TensorType((2, 32, 6, 6), sm.float32), w: sm.TensorType((4, 32, 3, 3), sm.float32)}
+    types = {x: sm.TensorType((2, 32, 12, 12), sm.float32), w: sm.TensorType((16, 32, 3, 3), sm.float32)}
     exe = g.compile(types, [y], device="cpu", options=NATIVE)
     assert not any(s.source for s in exe.steps)
-    xs, wv = [torch.randn(2, 32, 6, 6) for _ in range(3)], torch.randn(4, 32, 3, 3)
+    xs, wv = [torch.randn(2, 32, 12, 12) for _ in range(3)], torch.randn(16, 32, 3, 3)
     kept = [exe.run({x: xv, w: wv})[y].torch() for xv in xs]
     for xv, got in zip(xs, kept):
         want = torch.nn.functional.conv2d(xv.double(), wv.double(), padding=1)

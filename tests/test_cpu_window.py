@@ -136,9 +136,19 @@ def test_convolutions_and_their_gradients_match_pytorch_in_float64(shape, wshape
     ((3, 1, 9, 7), (5, 1, 5, 5), sm.Convolution2DDescriptor(padding="same")),
     ((2, 2, 8, 9), (3, 2, 3, 3), sm.Convolution2DDescriptor(dilation=2, padding=(2, 1, 0, 3))),
     ((2, 8, 8, 8), (16, 8, 3, 3), sm.Convolution2DDescriptor(padding="same")),  # 72 taps, a small product
-], ids=["one-channel-same", "dilated-uneven-padding", "small-product"])
+    # the patch loop nest: strides, many taps over few pixels
+    ((2, 3, 32, 32), (8, 3, 7, 7), sm.Convolution2DDescriptor(stride=2, padding=3)),  # ResNet's stem
+    ((3, 16, 4, 4), (32, 16, 1, 1), sm.Convolution2DDescriptor(stride=2)),  # a strided skip
+    ((2, 32, 2, 2), (32, 32, 3, 3), sm.Convolution2DDescriptor(padding="same")),  # 288 taps at 2x2
+    ((2, 5, 9, 8), (6, 5, 3, 2), sm.Convolution2DDescriptor(stride=(2, 3), dilation=2, padding=(2, 1, 0, 3))),
+    # 66 pixels in rows of 11: the windows laid out as columns first
+    ((2, 5, 12, 10), (6, 5, 3, 2), sm.Convolution2DDescriptor(stride=(2, 1), dilation=(1, 2), padding=(1, 0, 2, 1))),
+], ids=["one-channel-same", "dilated-uneven-padding", "small-product", "stem-stride-2", "skip-1x1-stride-2",
+        "many-taps-few-pixels", "strided-dilated-uneven",
+        "strided-columns"])
 def test_small_convolutions_run_as_the_direct_loop_nest(shape, wshape, descriptor):
-    """Few taps per output: the native direct convolution, alone (writing the output) and under an epilogue."""
+    """Few taps per output, or a small product: the native direct convolution, alone (writing the output) and
+    under an epilogue."""
     g = sm.Graph()
     x = g.placeholder(shape, sm.float32, name="x")
     w = g.placeholder(wshape, sm.float32, name="w")
@@ -151,7 +161,7 @@ def test_small_convolutions_run_as_the_direct_loop_nest(shape, wshape, descripto
     if pad == "same":
         pad = ((wshape[2] - 1) // 2,) * 4
     y64 = F.conv2d(F.pad(torch.from_numpy(xv).double(), (pad[2], pad[3], pad[0], pad[1])),
-                   torch.from_numpy(wv).double(), dilation=a["dilation"])
+                   torch.from_numpy(wv).double(), stride=a["stride"], dilation=a["dilation"])
     for target, ref in ((y, y64), (z, F.relu(y64 - 0.5))):
         exe = g.compile({x: sm.TensorType(shape, sm.float32), w: sm.TensorType(wshape, sm.float32)}, [target],
                         device="cpu", options=NATIVE)
@@ -200,3 +210,23 @@ def test_average_pooling_matches_the_op_by_op_run_and_pytorch(descriptor):
         pad = a["padding"][0] if isinstance(a["padding"], tuple) else 0
         ref = F.avg_pool2d(x64, a["kernel_size"], a["stride"], pad, a["ceil_mode"], a["include_zero_padding"])
     torch.testing.assert_close(got, ref, rtol=1e-13, atol=1e-13)
+
+
+def test_the_patch_convolution_reads_strided_weights():
+    """Weights given as a transposed view (HWIO stored, OIHW read): the patch loop nest copies them into OIHW
+    rows first; both of its forms (dot products over few pixels, columns over many) against float64."""
+    for shape in ((2, 6, 4, 4), (2, 6, 12, 12)):  # 4 and 36 output pixels at stride 2
+        g = sm.Graph()
+        x = g.placeholder(shape, sm.float32, name="x")
+        w_hwio = g.placeholder((3, 3, 6, 8), sm.float32, name="w")
+        y = g.convolution2d(x, g.transpose(w_hwio, (3, 2, 0, 1)), sm.Convolution2DDescriptor(stride=2, padding=1))
+        rng = np.random.default_rng(4)
+        xv, wv = rng.standard_normal(shape).astype(np.float32), rng.standard_normal((3, 3, 6, 8)).astype(np.float32)
+        exe = g.compile({x: sm.TensorType(shape, sm.float32), w_hwio: sm.TensorType((3, 3, 6, 8), sm.float32)}, [y],
+                        device="cpu", options=NATIVE)
+        direct = [s.source for s in exe.steps if "_direct(" in (s.source or "")]
+        assert direct and "wk[" in direct[0]  # the strided weights' copy
+        ref = F.conv2d(torch.from_numpy(xv).double(), torch.from_numpy(wv).double().permute(3, 2, 0, 1),
+                       stride=2, padding=1)
+        got = exe.run({x: xv, w_hwio: wv})[y].torch()
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())

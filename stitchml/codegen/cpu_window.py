@@ -158,6 +158,27 @@ def pooling(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
                      f"dy[oh * {ds[2]}LL + ow * {ds[3]}LL];"]
     else:
         store = [f"            out0[n * {os_[0]}LL + c * {os_[1]}LL + oh * {os_[2]}LL + ow * {os_[3]}LL] = m;"]
+        ph = (g["oh"] - 1) * g["sh"] + g["dh"] * (g["kh"] - 1) + 1  # the rows and columns the windows cover
+        pw = (g["ow"] - 1) * g["sw"] + g["dw"] * (g["kw"] - 1) + 1
+        if (g["top"], g["left"]) != (0, 0) or ph > g["h"] or pw > g["w"]:
+            # windows reach outside the input: the plane is copied into a block of -inf (which never wins) kept
+            # per thread, where the windows need no checks and vectorise over ow (a check per cell did not:
+            # ResNet's stem pooling, 3x3 stride 2 over 8 x 16x16 at batch 8, 44-50 -> 21 us)
+            lines += [f"        static thread_local {t}* xp = nullptr;",
+                      "        if (xp == nullptr) {",
+                      f"            xp = ({t}*)__builtin_malloc({ph * pw}LL * sizeof({t}));",
+                      f"            for (int64_t q = 0; q < {ph * pw}LL; ++q) xp[q] = -({t})INF_D;",
+                      "        }",
+                      f"        for (int64_t y = 0; y < {g['h']}; ++y) {{",
+                      f"            const int64_t py = y + {g['top']};",
+                      f"            if (py < 0 || py >= {ph}) continue;",
+                      f"            for (int64_t x = 0; x < {g['w']}; ++x) {{",
+                      f"                const int64_t px = x + {g['left']};",
+                      f"                if (px >= 0 && px < {pw}) "
+                      f"xp[py * {pw}LL + px] = src[y * {xs[2]}LL + x * {xs[3]}LL];",
+                      "            }", "        }",
+                      "        src = xp;"]
+            g, xs = {**g, "top": 0, "left": 0, "h": ph, "w": pw}, (0, 0, pw, 1)
     lines += [f"        for (int64_t oh = 0; oh < {g['oh']}; ++oh) {{",
               "          #pragma omp simd",
               f"          for (int64_t ow = 0; ow < {g['ow']}; ++ow) {{",
@@ -179,19 +200,43 @@ DIRECT_MAX_SMALL_TAPS = 160
 DIRECT_SMALL_MACS = 160_000
 
 
-def direct_convolution_fits(op: Operation) -> bool:
-    """Whether convolution2d `op` runs as the direct loop nest: NCHW, OIHW, stride 1, one group, float32 or
-    float64, at most DIRECT_MAX_TAPS multiply-adds per output (or DIRECT_MAX_SMALL_TAPS where an image's
-    product is at most DIRECT_SMALL_MACS multiply-adds)."""
-    if op.op != "convolution2d" or op.outputs[0].dtype.name not in _TYPES:
-        return False
-    a = op.attrs
+# Any other forward convolution (a stride, more taps) runs as the patch loop nest (`_patch_convolution`) where
+# an image's product is at most DIRECT_PATCH_MACS multiply-adds and a window at most DIRECT_PATCH_MAX_TAPS:
+# ResNet-18's 7x7 stride-2 stem over three channels at 32x32 (301k) took oneDNN 73 us at batch 1, its
+# 3x3 convolutions over 32-64 channels at 2x2 and 1x1 pixels 8-16 us a call, mostly the library's fixed cost.
+DIRECT_PATCH_MACS = 320_000
+DIRECT_PATCH_MAX_TAPS = 1024
+
+
+def _conv_sizes(op: Operation) -> tuple[int, int]:
+    """(multiply-adds per output, multiply-adds per image) of convolution2d `op` (NCHW, OIHW)."""
     w = op.inputs[1].shape
     taps = w[1] * w[2] * w[3]
-    small = taps <= DIRECT_MAX_SMALL_TAPS and w[0] * op.outputs[0].shape[2] * op.outputs[0].shape[3] * taps \
-        <= DIRECT_SMALL_MACS
-    return (a["data_layout"], a["weights_layout"], tuple(a["stride"]), a["groups"]) == ("NCHW", "OIHW", (1, 1), 1) \
-        and (taps <= DIRECT_MAX_TAPS or small)
+    return taps, w[0] * op.outputs[0].shape[2] * op.outputs[0].shape[3] * taps
+
+
+def direct_convolution_fits(op: Operation) -> bool:
+    """Whether convolution2d `op` runs as a native loop nest: NCHW, OIHW, one group, float32 or float64, and
+    either stride 1 with at most DIRECT_MAX_TAPS multiply-adds per output (or DIRECT_MAX_SMALL_TAPS where an
+    image's product is at most DIRECT_SMALL_MACS multiply-adds), or any stride with an image's product at
+    most DIRECT_PATCH_MACS (the patch loop nest)."""
+    if op.op != "convolution2d" or op.outputs[0].dtype.name not in _TYPES or \
+            any(t.dtype.name not in _TYPES for t in op.inputs) or op.inputs[0].rank != 4:
+        return False
+    a = op.attrs
+    if (a["data_layout"], a["weights_layout"], a["groups"]) != ("NCHW", "OIHW", 1):
+        return False
+    taps, macs = _conv_sizes(op)
+    if _rows_fit(op):
+        return True
+    return taps <= DIRECT_PATCH_MAX_TAPS and macs <= DIRECT_PATCH_MACS
+
+
+def _rows_fit(op: Operation) -> bool:
+    """Whether the row loop nest (`direct_convolution`'s own, stride 1) takes `op`."""
+    taps, macs = _conv_sizes(op)
+    small = taps <= DIRECT_MAX_SMALL_TAPS and macs <= DIRECT_SMALL_MACS
+    return tuple(op.attrs["stride"]) == (1, 1) and (taps <= DIRECT_MAX_TAPS or small)
 
 
 def _padded_copy(indent: str, src: str, c: int, h: int, w: int, top: int, left: int, ph: int, pw: int,
@@ -217,7 +262,10 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
     time, as one contiguous pass over oh x PW elements adding each of the row's taps at its offset (no
     bounds checks, no short rows: it vectorises; one load and store of the sums per kw multiply-adds), and
     the columns past the output width are dropped when the plane is stored. A pass serves up to four output
-    channels, which share its loads of the input (each output's sum is added in the same order)."""
+    channels, which share its loads of the input (each output's sum is added in the same order). Other
+    convolutions that `direct_convolution_fits` takes run as `_patch_convolution`."""
+    if not _rows_fit(op):
+        return _patch_convolution(name, op, in_layouts)
     x_lay, w_lay = in_layouts
     n, c, h, w = x_lay.shape
     o, _, kh, kw = w_lay.shape
@@ -268,6 +316,167 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
              "            }", "        }", "        __builtin_free(xp);", "    }", "}"]
     return CppSource(name, "\n".join(lines) + "\n", "convolution")
 
+
+def _patch_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
+    """C++ for a small convolution2d of any stride and dilation writing a contiguous NCHW result.
+
+    Threads take images. An image is copied once into a zero-padded block; from there each window (every
+    input channel's taps, in the weights' OIHW order) is gathered, and the image's product is a small
+    matrix product of the weights with those windows: by columns of pixels where an image has at least
+    PATCH_COLUMNS of them (`_patch_columns`), else one dot product per output (`_patch_dots`). The work is
+    the product itself, with no fixed cost of the library's (its blocking and reorders are made for many
+    channels and pixels)."""
+    x_lay, w_lay = in_layouts
+    n, c, h, w = x_lay.shape
+    o, _, kh, kw = w_lay.shape
+    oh, ow = op.outputs[0].shape[2:]
+    sh, sw = op.attrs["stride"]
+    dh, dw = op.attrs["dilation"]
+    pad = _resolve_padding(op.attrs["padding"], (h, w), (kh, kw), (sh, sw), (dh, dw))
+    top, left = pad[0], pad[2]
+    ph, pw = (oh - 1) * sh + dh * (kh - 1) + 1, (ow - 1) * sw + dw * (kw - 1) + 1
+    taps = c * kh * kw
+    xs, ws = x_lay.strides, w_lay.strides
+    t = ctype(op.outputs[0].dtype)
+    dense = tuple(ws) == (taps, kh * kw, kw, 1)  # OIHW rows as they are; else copied so once a call
+    weights = "in1" if dense else "wk"
+    lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
+             f'{t}* __restrict__ out0, int threads) {{',
+             *([] if dense else [
+                 f"    {t}* wk = ({t}*)__builtin_malloc({o * taps}LL * sizeof({t}));",
+                 f"    for (int64_t o = 0; o < {o}; ++o) for (int64_t c = 0; c < {c}; ++c)",
+                 f"        for (int64_t i = 0; i < {kh}; ++i) for (int64_t j = 0; j < {kw}; ++j)",
+                 f"            wk[((o * {c} + c) * {kh} + i) * {kw} + j] = "
+                 f"in1[o * {ws[0]}LL + c * {ws[1]}LL + i * {ws[2]}LL + j * {ws[3]}LL];"]),
+             *_parallel(_threads(n, c * h * w + o * oh * ow * taps)),
+             "    {",
+             *(_patch_columns(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n)
+               if oh * ow >= PATCH_COLUMNS else
+               _patch_dots(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n)),
+             "    }",
+             *([] if dense else ["    __builtin_free(wk);"]), "}"]
+    return CppSource(name, "\n".join(lines) + "\n", "convolution")
+
+
+# Output pixels per image from which the patch loop nest multiplies by columns (`_patch_columns`: vectorised
+# over pixels, PATCH_BLOCK of them at a time) rather than by dot products over the window (`_patch_dots`).
+PATCH_COLUMNS = 16
+PATCH_BLOCK = 16
+
+
+def _patch_dots(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n) -> list[str]:
+    """The patch loop nest over few pixels: each pixel's window gathered, each output a dot product."""
+    block, taps = c * ph * pw, c * kh * kw
+    ob = next(b for b in (4, 2, 1) if o % b == 0)
+    return [
+        f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {taps}LL) * sizeof({t}));",
+        f"        {t}* patch = xp + {block}LL;",
+        f"        for (int64_t q = 0; q < {block}LL; ++q) xp[q] = 0;",
+        "        #pragma omp for schedule(static)",
+        f"        for (int64_t n = 0; n < {n}LL; ++n) {{",
+        *_padded_copy(" " * 12, "in0", c, h, w, top, left, ph, pw, xs),
+        f"            for (int64_t y = 0; y < {oh}; ++y)",
+        f"                for (int64_t x = 0; x < {ow}; ++x) {{",
+        f"                    const {t}* corner = xp + y * {sh * pw}LL + x * {sw}LL;",
+        f"                    for (int64_t c = 0; c < {c}; ++c)",
+        f"                        for (int64_t i = 0; i < {kh}; ++i)",
+        f"                            for (int64_t j = 0; j < {kw}; ++j)",
+        f"                                patch[(c * {kh} + i) * {kw} + j] = "
+        f"corner[(c * {ph} + i * {dh}) * {pw}LL + j * {dw}];",
+        f"                    for (int64_t o = 0; o < {o}; o += {ob}) {{",
+        *[f"                        const {t}* w{u} = {weights} + (o + {u}) * {taps}LL;" for u in range(ob)],
+        f"                        {t} {', '.join(f's{u} = 0' for u in range(ob))};",
+        f"                        #pragma omp simd reduction(+:{','.join(f's{u}' for u in range(ob))})",
+        f"                        for (int64_t k = 0; k < {taps}; ++k) {{",
+        f"                            const {t} p = patch[k];",
+        *[f"                            s{u} += w{u}[k] * p;" for u in range(ob)],
+        "                        }",
+        *[f"                        out0[((n * {o} + o + {u}) * {oh} + y) * {ow}LL + x] = s{u};"
+          for u in range(ob)],
+        "                    }",
+        "                }",
+        "        }", "        __builtin_free(xp);"]
+
+
+def _patch_columns(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n) -> list[str]:
+    """The patch loop nest over many pixels. The padded image is kept split into its stride's phases (rows
+    y % sh, columns x % sw), where a tap's pixels along an output row lie next to each other at a fixed
+    offset. For up to eight output channels and a block of PATCH_BLOCK pixels the sums stay in registers
+    across the taps (each pixel's sum in order of the taps). Where the blocks tile the output rows they read
+    the phases directly; else the windows are first laid out as columns (im2col: a row per tap, padded to a
+    whole number of blocks)."""
+    qh, qw = -(-ph // sh), -(-pw // sw)
+    block, taps, pixels = c * sh * sw * qh * qw, c * kh * kw, oh * ow
+    b = PATCH_BLOCK
+    direct = ow % b == 0
+    npad = 0 if direct else -(-pixels // b) * b
+    ob = next(u for u in (8, 4, 2, 1) if o % u == 0)
+    offsets = [((ci * sh + i * dh % sh) * sw + j * dw % sw) * qh * qw + (i * dh // sh) * qw + j * dw // sw
+               for ci in range(c) for i in range(kh) for j in range(kw)]
+    copy = []  # image n into the phases: per input row and column phase, a strided run of the row
+    for phase in range(sw):
+        first = next((x for x in range(w) if 0 <= x + left < pw and (x + left) % sw == phase), None)
+        if first is None:
+            continue
+        count = len(range(first, min(w, pw - left), sw))
+        copy += [f"                    {{ {t}* d = dst + {phase * qh * qw + (first + left) // sw}LL;",
+                 f"                      const {t}* s = src + {first * xs[3]}LL;",
+                 f"                      for (int64_t x = 0; x < {count}; ++x) d[x] = s[x * {sw * xs[3]}LL]; }}"]
+    if direct:
+        blocks = [f"                for (int64_t y = 0; y < {oh}; ++y)",
+                  f"                for (int64_t x0 = 0; x0 < {ow}; x0 += {b}) {{"]
+        column, store = f"xp + off[k] + y * {qw}LL + x0", f"y * {ow}LL + x0 + v"
+        limit = str(b)
+    else:
+        blocks = [f"            for (int64_t c = 0; c < {taps}; ++c) {{",
+                  f"                {t}* row = cols + c * {npad}LL;",
+                  f"                const {t}* src = xp + off[c];",
+                  f"                for (int64_t y = 0; y < {oh}; ++y)",
+                  "                    #pragma omp simd",
+                  f"                    for (int64_t x = 0; x < {ow}; ++x) row[y * {ow} + x] = src[y * {qw} + x];",
+                  "            }",
+                  f"            for (int64_t p = 0; p < {npad}; p += {b})",
+                  "                {"]
+        column, store = f"cols + k * {npad}LL + p", "p + v"
+        limit = f"({pixels} - p < {b} ? {pixels} - p : {b})"
+    return [
+        f"        static const int64_t off[{taps}] = {{{', '.join(map(str, offsets))}}};",
+        # each thread's phases (and columns), made and zeroed on its first call and kept: over 128 KiB (the
+        # stem's 147 taps by 256 pixels) malloc maps fresh pages every call; the padding is never written after
+        f"        static thread_local {t}* xp = nullptr;",
+        "        if (xp == nullptr) {",
+        f"            xp = ({t}*)__builtin_malloc(({block}LL + {taps * npad + 1}LL) * sizeof({t}));",
+        f"            for (int64_t q = 0; q < {block + taps * npad + 1}LL; ++q) xp[q] = 0;",
+        "        }",
+        f"        {t}* cols = xp + {block}LL;",
+        "        #pragma omp for schedule(static)",
+        f"        for (int64_t n = 0; n < {n}LL; ++n) {{",
+        f"            for (int64_t c = 0; c < {c}; ++c)",
+        f"                for (int64_t y = 0; y < {h}; ++y) {{",
+        f"                    const int64_t py = y + {top};",
+        f"                    if (py < 0 || py >= {ph}) continue;",
+        f"                    {t}* dst = xp + ((c * {sh} + py % {sh}) * {sw}) * {qh * qw}LL + (py / {sh}) * {qw}LL;",
+        f"                    const {t}* src = in0 + n * {xs[0]}LL + c * {xs[1]}LL + y * {xs[2]}LL;",
+        *copy,
+        "                }",
+        *blocks,
+        f"                for (int64_t o = 0; o < {o}; o += {ob}) {{",
+        f"                    {t} {', '.join(f'a{u}[{b}]' for u in range(ob))};",
+        *[f"                    for (int64_t v = 0; v < {b}; ++v) a{u}[v] = 0;" for u in range(ob)],
+        f"                    for (int64_t k = 0; k < {taps}; ++k) {{",
+        f"                        const {t}* col = {column};",
+        *[f"                        const {t} w{u} = {weights}[(o + {u}) * {taps}LL + k];" for u in range(ob)],
+        "                        #pragma omp simd",
+        f"                        for (int64_t v = 0; v < {b}; ++v) {{",
+        *[f"                            a{u}[v] += w{u} * col[v];" for u in range(ob)],
+        "                        }",
+        "                    }",
+        f"                    const int64_t m = {limit};",
+        *[f"                    for (int64_t v = 0; v < m; ++v) "
+          f"out0[(n * {o} + o + {u}) * {pixels}LL + {store}] = a{u}[v];" for u in range(ob)],
+        "                }",
+        "            }",
+        "        }"]
 
 def _direct_fits(op: Operation, x_index: int, w_index: int) -> bool:
     if op.outputs[0].dtype.name not in _TYPES or any(t.dtype.name not in _TYPES for t in op.inputs):

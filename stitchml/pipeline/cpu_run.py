@@ -42,7 +42,7 @@ from ..codegen import cpu, cpu_window
 from ..codegen.cpu import NativeLaunch
 from ..ops.contraction import _matmul_vendor
 from ..registry import MOVEMENT, lookup
-from ..runtime.launch import Chain, ReferenceCall, SameSourceView, VendorCall, ViewOf
+from ..runtime.launch import Chain, ReferenceCall, VendorCall, ViewOf
 from ..runtime.native_conv import BindBuffer
 
 
@@ -265,7 +265,7 @@ class PreparedRun:
         if type(fn) is Chain:
             return [c for inner in fn.fns for c in self._part(inner, env, unstable, None)]
         kind = type(fn)
-        if kind in (ViewOf, SameSourceView) and fn.src not in unstable:
+        if issubclass(kind, ViewOf) and fn.src not in unstable:  # also SameSourceView, the CPU's views
             fn(env)
             if _storage(env[fn.dst]) == _storage(env[fn.src]):  # a view: it reads the memory as it is
                 self.prepared["hoisted"] += 1
