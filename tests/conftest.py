@@ -3,6 +3,15 @@ from __future__ import annotations
 
 import pytest
 
+# Triton decorates its own library (tl.sum's combine functions, ...) when it is first imported, for the
+# interpreter or not as TRITON_INTERPRET says then. Import it now, under the run's setting, so that a test
+# that unsets the variable for the native CPU backend cannot be the first import and leave the
+# interpreter's later kernels calling compiled-mode helpers.
+try:
+    import triton.language  # noqa: F401
+except ImportError:  # the tests that need Triton say so themselves
+    pass
+
 
 @pytest.fixture(scope="module")
 def triton_interpreter(tmp_path_factory):
