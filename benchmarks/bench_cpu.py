@@ -60,17 +60,20 @@ def compiled(fn, args, no_compile: bool):
     return c, time.perf_counter() - t
 
 
-def compiled_step(net: torch.nn.Module, optimizer, images: torch.Tensor, labels: torch.Tensor):
-    """A training step whose network is torch.compile'd, compiled now (the first step, its compile time apart)."""
-    fast = torch.compile(net)
-
+def torch_step(net, optimizer, images: torch.Tensor, labels: torch.Tensor):
+    """One PyTorch training step of `net` (cross-entropy, `optimizer`) on fixed data, as a callable."""
     def run():
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(fast(images), labels)
+        loss = F.cross_entropy(net(images), labels)
         loss.backward()
         optimizer.step()
         return loss
+    return run
 
+
+def compiled_step(net: torch.nn.Module, optimizer, images: torch.Tensor, labels: torch.Tensor):
+    """A training step whose network is torch.compile'd, compiled now (the first step, its compile time apart)."""
+    run = torch_step(torch.compile(net), optimizer, images, labels)
     t = time.perf_counter()
     run()
     return run, time.perf_counter() - t
@@ -169,19 +172,10 @@ def training(args) -> list[dict]:
         feeds = {model.images: sm.TensorData(torch.from_numpy(images)), model.labels: sm.TensorData(torch.from_numpy(labels))}
         ti, tl = torch.from_numpy(images), torch.from_numpy(labels)
 
-        def step(net, optimizer):
-            def run():
-                optimizer.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(net(ti), tl)
-                loss.backward()
-                optimizer.step()
-                return loss
-            return run
-
         first_ours = exe.run(feeds)[model.loss].item()
-        torch_step = step(torch_model, opt)
-        first_torch = torch_step().item()
-        contenders = {"stitchml": lambda: exe.run(feeds), "torch eager": torch_step}
+        eager_step = torch_step(torch_model, opt, ti, tl)
+        first_torch = eager_step().item()
+        contenders = {"stitchml": lambda: exe.run(feeds), "torch eager": eager_step}
         # torch.compile of the network (forward and, through AOTAutograd, backward); Adam's step stays eager
         c, compile_s = (None, None) if args.no_compile else compiled_step(compiled_model, compiled_opt, ti, tl)
         if c is not None:
