@@ -12,6 +12,8 @@ import torch
 import stitchml as sm
 from stitchml.package import zoo
 
+from test_timeline import _dispatch  # one command buffer: encode, commit, wait (bounded)
+
 
 @pytest.fixture(autouse=True)
 def native_backend(tmp_path_factory, monkeypatch):
@@ -19,16 +21,6 @@ def native_backend(tmp_path_factory, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv("STITCHML_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "native-cache"))
 
-
-def _dispatch(queue, pipe, table, heap) -> None:
-    cb = queue.command_buffer()
-    enc = cb.ml_encoder()
-    enc.set_pipeline(pipe)
-    enc.set_argument_table(table)
-    enc.dispatch_network(heap)
-    enc.end()
-    cb.commit()
-    cb.wait()
 
 
 def _pipeline(fn, dims: dict | None = None):
@@ -59,7 +51,7 @@ def test_prepared_dispatches_match_the_executables_run_bit_for_bit(name, batch, 
     gen = torch.Generator().manual_seed(5)
     for i in range(4):  # the first dispatch runs the bound steps, the second prepares, the rest run the calls
         x.torch().copy_(torch.randn(x0.shape, generator=gen))  # same tensor, new contents
-        _dispatch(queue, pipe, table, heap)
+        _dispatch(queue, pipe, heap, table)
         want = pipe.executable.run({placeholder: x.torch().clone()})[target].torch()
         assert torch.equal(y.torch(), want), f"dispatch {i}"
         with torch.no_grad():
@@ -83,12 +75,12 @@ def test_a_change_of_thread_count_prepares_again():
     try:
         torch.set_num_threads(1)
         for _ in range(3):
-            _dispatch(queue, pipe, table, heap)
+            _dispatch(queue, pipe, heap, table)
         run = pipe._last[2].__self__
         assert run.threads == 1
         first = y.torch().clone()
         torch.set_num_threads(2)
-        _dispatch(queue, pipe, table, heap)
+        _dispatch(queue, pipe, heap, table)
         assert run.threads == 2 and torch.equal(y.torch(), first)
     finally:
         torch.set_num_threads(threads)
@@ -104,13 +96,13 @@ def test_a_failing_prepared_dispatch_raises_the_ops_error_and_recovers():
     out = dev.new_tensor((2, 2), sm.int32)
     table = {"a": av, "b": bv, "q": out}
     for _ in range(3):
-        _dispatch(queue, pipe, table, heap)
+        _dispatch(queue, pipe, heap, table)
     assert out.numpy().tolist() == [[4, -3], [-2, 3]]
     bv.torch()[1] = 0
     with pytest.raises(sm.ExecutionError, match="floor_division.*integer division by zero"):
-        _dispatch(queue, pipe, table, heap)
+        _dispatch(queue, pipe, heap, table)
     bv.torch()[1] = -2
-    _dispatch(queue, pipe, table, heap)
+    _dispatch(queue, pipe, heap, table)
     assert out.numpy().tolist() == [[4, 4], [-2, 3]]
 
 
