@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -40,6 +39,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stitchml as sm  # noqa: E402
+from timing import median_ms  # noqa: E402
 from stitchml.demos import lstm  # noqa: E402
 
 TEMPERATURE = 0.8
@@ -47,22 +47,7 @@ TEMPERATURE = 0.8
 
 def timed(fn, device: str, warmup: int, reps: int) -> float:
     """Median seconds of `fn()` (a whole generation run) after `warmup` calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        if device.startswith("cuda"):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return median_ms(fn, device, reps, warmup) / 1e3
 
 
 class TorchModel:

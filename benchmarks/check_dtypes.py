@@ -20,15 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stitchml as sm  # noqa: E402
+from timing import median_ms  # noqa: E402
 
 UNSIGNED = (sm.uint16, sm.uint32, sm.uint64)
 PROBES = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "maximum": torch.maximum, "lt": torch.lt,
@@ -112,24 +111,7 @@ def check_float8(device: str, backends: list[str], n: int) -> list[dict]:
 
 def timed(fn, device: str, reps: int) -> float:
     """Median microseconds of `fn()` after warm-up (CUDA events on a GPU, the wall clock on the CPU)."""
-    for _ in range(3):
-        fn()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        if device.startswith("cuda"):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e6)
-    return statistics.median(times)
+    return median_ms(fn, device, reps) * 1e3
 
 
 def timing(device: str, backend: str, n: int, reps: int, with_compile: bool) -> dict:

@@ -32,6 +32,18 @@ def _pipeline(fn, dims: dict | None = None):
     return dev, pipe, dev.new_heap(pipe.intermediates_heap_size), dev.new_command_queue()
 
 
+def _bound_zoo_model(model, example: torch.Tensor):
+    """A zoo model packaged through torch.export and bound to a CPU pipeline: (fn, dev, pipe, heap, queue,
+    x, y, table, out_name), `x` holding a copy of `example` and `y` the output's buffer."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fn = sm.package.from_torch(model, (example,)).function()
+    dev, pipe, heap, queue = _pipeline(fn)
+    (out_name, shape), = pipe.output_shapes.items()
+    x, y = sm.TensorData(example.clone()), dev.new_tensor(shape, sm.float32)
+    return fn, dev, pipe, heap, queue, x, y, {fn.inputs[0].name: x, out_name: y}, out_name
+
+
 @pytest.mark.parametrize("name, batch, parts", [
     ("transformer", 1, ("hoisted", "product", "copy", "batched", "native_product", "native_copy")),
     ("transformer", 3, ("hoisted", "product", "copy", "native_product", "native_copy")),
@@ -40,13 +52,7 @@ def _pipeline(fn, dims: dict | None = None):
 def test_prepared_dispatches_match_the_executables_run_bit_for_bit(name, batch, parts):
     model, (example,) = zoo.build(name)
     x0 = example[:1].repeat(batch, *[1] * (example.dim() - 1))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fn = sm.package.from_torch(model, (x0,)).function()
-    dev, pipe, heap, queue = _pipeline(fn)
-    (out_name, shape), = pipe.output_shapes.items()
-    x, y = sm.TensorData(x0.clone()), dev.new_tensor(shape, sm.float32)
-    table = {fn.inputs[0].name: x, out_name: y}
+    fn, dev, pipe, heap, queue, x, y, table, out_name = _bound_zoo_model(model, x0)
     placeholder, target = fn.input_tensor(fn.inputs[0].name), fn.output_tensor(out_name)
     gen = torch.Generator().manual_seed(5)
     for i in range(4):  # the first dispatch runs the bound steps, the second prepares, the rest run the calls
@@ -64,13 +70,7 @@ def test_prepared_dispatches_match_the_executables_run_bit_for_bit(name, batch, 
 
 def test_a_change_of_thread_count_prepares_again():
     model, (example,) = zoo.build("transformer")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fn = sm.package.from_torch(model, (example,)).function()
-    dev, pipe, heap, queue = _pipeline(fn)
-    (out_name, shape), = pipe.output_shapes.items()
-    x, y = sm.TensorData(example.clone()), dev.new_tensor(shape, sm.float32)
-    table = {fn.inputs[0].name: x, out_name: y}
+    _, _, pipe, heap, queue, _, y, table, _ = _bound_zoo_model(model, example)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
