@@ -6,6 +6,7 @@ StitchML's dispatched outputs match PyTorch, and the memory figures the benchmar
 import importlib.util
 import json
 import os
+import sys
 
 import pytest
 
@@ -13,7 +14,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
+    """A benchmark script as a module, with its folder on the path as when it runs (its shared timer)."""
+    folder = os.path.join(ROOT, "benchmarks")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
