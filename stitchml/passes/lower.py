@@ -48,6 +48,7 @@ from ..registry import CONTRACTION
 from ..runtime.launch import (Carve, Chain, CublasLtCall, FreshOutputs, KernelLaunch, LaunchPlan, ReferenceCall, TF32,
                               SameSourceView, VendorCall, ViewOf, Workspace)
 from ..runtime.steps import Step
+from . import slabs
 from .control import CONTROL_FLOW, control_step
 from .memory import _is_view, prologue_mode, separate_scratch
 from .program import CompileError, Program, copy_op
@@ -277,14 +278,53 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     vendor = _vendor(contraction, placeholders, ins, tmp, options)
     launch = KernelLaunch(src, [tmp] + [ins[i] for i in used], outs + ([flag_slot] if src.checks else []))
     run = Chain(vendor, launch)
+    slabbed = _slabbed(op, contraction, epi, used, placeholders, layouts, ins, outs, tmp, run, backend, options,
+                       new_slot)
+    if "forced" in slabbed:
+        return Step(op.name, template, slabbed["forced"], src.source)
     fused = _cublaslt_epilogue(body, contraction, placeholders, ins, outs) if backend == "triton" else None
+    if fused is None and not slabbed:
+        return Step(op.name, template, run, src.source)
+    candidates = {"cublas+epilogue-kernel": run, **slabbed}
+    a, b = contraction.inputs
+    tf32 = ":tf32" if options.get("allow_tf32") and a.dtype.name == "float32" else ""
     if fused is not None:
         kind, fused_run = fused[0], _precision(fused[1], options)
-        a, b = contraction.inputs
-        tf32 = ":tf32" if options.get("allow_tf32") and a.dtype.name == "float32" else ""
-        key = f"matmul:{a.shape}x{b.shape}:{a.dtype}:{kind}{tf32}:{torch.cuda.get_device_name()}"
-        run = choices.Chooser(key, {"cublas+epilogue-kernel": run, f"cublaslt-{kind}": fused_run})
-    return Step(op.name, template, run, src.source)
+        candidates[f"cublaslt-{kind}"] = fused_run
+    else:
+        kind = hashlib.sha256(src.source.encode()).hexdigest()[:16]  # the epilogue kernel tells epilogues apart
+    # the slabs' mark: a decision stored before they were candidates is measured again
+    key = f"matmul:{a.shape}x{b.shape}:{a.dtype}:{kind}{tf32}{':slabs' if slabbed else ''}:" \
+          f"{torch.cuda.get_device_name()}"
+    return Step(op.name, template, choices.Chooser(key, candidates), src.source)
+
+
+def _slabbed(op: Operation, contraction: Operation, epi: Program, used: list[int], placeholders, layouts: list[Layout],
+             ins: list[int], outs: list[int], tmp: int, whole, backend: str, options: dict, new_slot) -> dict:
+    """The product and its epilogue run in slabs (passes/slabs.py): with compile option `epilogue_slabs` a
+    byte count, that run alone, under "forced" (with `epilogue_in_place`, `epilogue_overlap`); by default on
+    CUDA, for a product of at least slabs.MIN_PRODUCT_BYTES, the slabbed candidates of the first run's
+    measured choice, by name; otherwise none."""
+    setting = options.get("epilogue_slabs")
+    product = contraction.outputs[0]
+    if setting is False or backend not in ("triton", "interpret"):
+        return {}
+    if setting is None:
+        if backend != "triton" or product.type.numel() * product.dtype.itemsize < slabs.MIN_PRODUCT_BYTES:
+            return {}
+        configs = slabs.CANDIDATES
+    else:
+        configs = ((int(setting), bool(options.get("epilogue_in_place")), bool(options.get("epilogue_overlap"))),)
+    a, b = (ins[placeholders.index(t)] for t in contraction.inputs)
+    found = {}
+    for nbytes, in_place, overlap in configs:
+        run = slabs.build(op.name, contraction, epi, layouts, a, b, [ins[i] for i in used], outs, tmp, whole,
+                          _library_attrs(contraction, options), nbytes, in_place, overlap,
+                          backend == "interpret", options, new_slot)
+        if run is not None:
+            name = f"slabs-{nbytes >> 20}MB" + ("-in-place" if in_place else "") + ("-overlap" if overlap else "")
+            found["forced" if setting is not None else name] = _precision(run, options)
+    return found
 
 
 def _recurrent_step(op: Operation, template: str, plan, ins: list[int], outs: list[int], interpret: bool,
