@@ -1,0 +1,262 @@
+"""matmul + bias + GeLU: the whole-product epilogue against the slabbed ones (passes/slabs.py).
+
+    python benchmarks/bench_epilogue.py --json results.json      # the H200 figures (about 100 s)
+    python benchmarks/bench_epilogue.py --device cpu --quick     # a smoke run
+
+Per case (M x N x K, dtype): the bare cuBLAS product, cuBLAS addmm (bias in
+its epilogue), the epilogue kernel alone on the whole product and on an
+L2-sized part of it, StitchML as the compiler chooses (the measured choice:
+`chose`, and what it measured), StitchML with each slab layout forced
+(`epilogue_slabs` bytes, in place, overlapped on a second stream) and with
+slabs off (the whole-product path), PyTorch eager, torch.compile and jax.jit,
+for the erf and the tanh GeLU. A last row runs a slabbed, overlapped product
+inside an executable that replays a CUDA graph and checks every replay.
+Every result is checked against a float32 reference before it is timed;
+times are medians of CUDA-event timings after warm-up (benchmarks/timing.py);
+JAX's are wall-clock means of back-to-back calls.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import stitchml as sm  # noqa: E402
+from timing import median_ms  # noqa: E402
+
+ROWS: list[dict] = []
+MB = 1 << 20
+OUTPUT: dict = {}  # "path", "env": where `write` puts the rows after each one (a run stopped early keeps them)
+
+
+def record(case: str, contender: str, ms: float, bare: float | None, **extra) -> None:
+    row = {"case": case, "contender": contender, "ms": ms, **extra}
+    if bare:
+        row["vs_bare"] = round(ms / bare, 3)
+    ROWS.append(row)
+    if OUTPUT.get("path"):
+        with open(OUTPUT["path"], "w") as f:
+            json.dump({"environment": OUTPUT["env"], "rows": ROWS}, f, indent=1, default=str)
+    note = " ".join(f"{k}={v}" for k, v in extra.items())
+    ratio = f"{ms / bare:6.3f}x" if bare else "       "
+    print(f"{case:26} {contender:44} {ms:8.4f} ms {ratio} {note}", flush=True)
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def slabs_of(run) -> str:
+    """How a step's run computes: the slabbed run's slab count, or the class name (through the measured
+    choice and the TF32 wrapper)."""
+    while True:
+        if getattr(run, "candidates", None) is not None and run.chosen:
+            run = run.candidates[run.chosen]
+        elif type(run).__name__ == "TF32":
+            run = run.fn
+        else:
+            break
+    return f"{len(run.slabs)} slabs" if type(run).__name__ == "Slabs" else type(run).__name__
+
+
+def mlp_graph(m: int, n: int, k: int, dtype, approximate: str, tail: bool = False):
+    g = sm.Graph("mlp")
+    x = g.placeholder((m, k), dtype, name="x")
+    w = g.placeholder((k, n), dtype, name="w")
+    b = g.placeholder((n,), dtype, name="b")
+    y = g.gelu(x @ w + b, approximate=approximate)
+    if tail:  # a second kernel: the executable then replays a CUDA graph of its run
+        y = g.reduction_sum(y, axes=[1])
+    return g, x, w, b, y
+
+
+def run_case(dev, m: int, n: int, k: int, dtype: torch.dtype, variants: list, reps: int, others: bool,
+             approximations=("none", "tanh")) -> None:
+    name = str(dtype).replace("torch.", "")
+    case = f"{m}x{n}x{k} {name}"
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(m, k, generator=gen).to(dev, dtype)
+    w = (torch.randn(k, n, generator=gen) / k ** 0.5).to(dev, dtype)
+    bias = torch.randn(n, generator=gen).to(dev, dtype)
+    pre = a.float() @ w.float() + bias.float()
+    prod = torch.empty(m, n, device=dev, dtype=dtype)
+    bare = median_ms(lambda: torch.matmul(a, w, out=prod), dev, reps)
+    record(case, "cuBLAS bare product", bare, bare, tflops=round(2 * m * n * k / bare / 1e9))
+    record(case, "cuBLAS addmm (bias)", median_ms(lambda: torch.addmm(bias, a, w, out=prod), dev, reps), bare)
+    smdtype = sm.as_dtype(name)
+    for approximate in approximations:
+        ref = torch.nn.functional.gelu(pre, approximate=approximate)
+        form = f"gelu({approximate})"
+        # the epilogue kernel alone: over the whole product, and over an L2-sized part of it
+        for rows in sorted({m, min(m, max(1, (16 * MB) // (n * a.element_size())))}, reverse=True):
+            g = sm.Graph("epilogue")
+            p = g.placeholder((rows, n), smdtype, name="p")
+            bb = g.placeholder((n,), smdtype, name="b")
+            y = g.gelu(p + bb, approximate=approximate)
+            part = torch.matmul(a[:rows], w)
+            exe = g.compile({p: part, bb: bias}, [y], device=str(dev))
+            out = torch.empty_like(part)
+            err = rel_err(exe.run({p: part, bb: bias}, outputs={y: out})[y].torch(), ref[:rows])
+            ms = median_ms(lambda: exe.run({p: part, bb: bias}, outputs={y: out}), dev, reps)
+            record(case, f"epilogue kernel alone, {rows} rows {form}", ms * m / rows, bare, rows=rows,
+                   ms_measured=round(ms, 4), scaled_to_whole=rows != m, rel_err=f"{err:.1e}")
+            del exe, part, out
+        g, x, wt, b, y = mlp_graph(m, n, k, smdtype, approximate)
+        feeds = {x: a, wt: w, b: bias}
+        runs = [("stitchml default (measured choice)", {})]
+        if approximate == "none":
+            runs += variants
+        for label, options in runs:
+            exe = g.compile(feeds, [y], device=str(dev), options=options)
+            got = exe.run(feeds)[y].torch()
+            err = rel_err(got, ref)
+            assert err < 2e-2, (case, label, err)
+            step = next(s for s in exe.steps if s.kind == "matmul")
+            ms = median_ms(lambda: exe.run(feeds), dev, reps)
+            chosen = getattr(step.run, "chosen", None)
+            timings = {k_: round(v, 4) for k_, v in getattr(step.run, "timings", {}).items()}
+            record(case, f"stitchml {form} {label}", ms, bare, rel_err=f"{err:.1e}", runs=slabs_of(step.run),
+                   **({"chose": chosen, "measured": timings} if chosen else {}))
+            del exe, got
+        if others:
+            others_rows(case, approximate, a, w, bias, ref, bare, reps)
+
+
+def others_rows(case, approximate, a, w, bias, ref, bare, reps) -> None:
+    """PyTorch eager, torch.compile and jax.jit of the same function."""
+    dev, form = a.device, f"gelu({approximate})"
+    eager = lambda: torch.nn.functional.gelu(a @ w + bias, approximate=approximate)  # noqa: E731
+    assert rel_err(eager(), ref) < 2e-2
+    record(case, f"torch eager {form}", median_ms(eager, dev, reps), bare)
+    try:
+        compiled = torch.compile(lambda p, q, r: torch.nn.functional.gelu(p @ q + r, approximate=approximate))
+        err = rel_err(compiled(a, w, bias), ref)
+        assert err < 2e-2, err
+        record(case, f"torch.compile {form}", median_ms(lambda: compiled(a, w, bias), dev, reps), bare,
+               rel_err=f"{err:.1e}")
+    except Exception as e:  # noqa: BLE001  (a contender that fails is a finding, not the end of the run)
+        record(case, f"torch.compile {form}", float("nan"), None, failed=f"{type(e).__name__}: {e}"[:160])
+    jax_row(case, form, approximate, a, w, bias, ref, bare, reps)
+
+
+def jax_row(case, form, approximate, a, w, bias, ref, bare, reps) -> None:
+    """jax.jit of the same function where JAX sees a GPU: wall-clock mean of back-to-back calls."""
+    if a.device.type != "cuda":
+        return
+    try:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        import jax
+        import jax.numpy as jnp
+
+        if jax.default_backend() != "gpu":
+            return
+        ja, jw, jb = (jax.dlpack.from_dlpack(t.contiguous()) for t in (a, w, bias))
+        f = jax.jit(lambda p, q, r: jax.nn.gelu(jnp.matmul(p, q) + r, approximate=approximate == "tanh"))
+        out = f(ja, jw, jb).block_until_ready()
+        err = rel_err(torch.from_dlpack(out), ref)
+        assert err < 2e-2, err
+        for _ in range(3):
+            f(ja, jw, jb).block_until_ready()
+        t = time.perf_counter()
+        for _ in range(reps):
+            out = f(ja, jw, jb)
+        out.block_until_ready()
+        record(case, f"jax.jit {form} (wall mean)", (time.perf_counter() - t) / reps * 1e3, bare, rel_err=f"{err:.1e}")
+    except Exception as e:  # noqa: BLE001
+        record(case, f"jax.jit {form}", float("nan"), None, failed=f"{type(e).__name__}: {e}"[:160])
+
+
+def captured(dev, m: int, n: int, k: int, dtype: torch.dtype, options: dict) -> None:
+    """Slabs overlapped on a second stream inside an executable that replays a CUDA graph: every replay
+    checked against the reference with fresh inputs."""
+    smdtype = sm.as_dtype(str(dtype).replace("torch.", ""))
+    g, x, wt, b, y = mlp_graph(m, n, k, smdtype, "none", tail=True)
+    exe = None
+    worst = 0.0
+    for i in range(4):
+        gen = torch.Generator().manual_seed(i)
+        a = torch.randn(m, k, generator=gen).to(dev, dtype)
+        w = (torch.randn(k, n, generator=gen) / k ** 0.5).to(dev, dtype)
+        bias = torch.randn(n, generator=gen).to(dev, dtype)
+        feeds = {x: a, wt: w, b: bias}
+        if exe is None:
+            exe = g.compile(feeds, [y], device=str(dev), options=options)
+        ref = torch.nn.functional.gelu(a.float() @ w.float() + bias.float()).sum(1)
+        worst = max(worst, rel_err(exe.run(feeds)[y].torch(), ref))
+    replay = exe._graph_state is not None
+    assert worst < 1e-2, worst
+    step = next(s for s in exe.steps if s.kind == "matmul")
+    record(f"{m}x{n}x{k} {str(dtype)[6:]}", f"CUDA-graph replay check {options}", float("nan"), None,
+           rel_err=f"{worst:.1e}", replay=replay, runs=slabs_of(step.run), capture_error=exe.capture_error)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
+    p.add_argument("--no-others", action="store_true", help="leave torch eager, torch.compile and JAX out")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    dev = torch.device(args.device)
+    started = time.perf_counter()
+    env = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+           "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    OUTPUT.update(path=args.json, env=env)
+    reps = 3 if args.quick else 30
+    others = not args.no_others
+    if args.quick:
+        shape, slab = (96, 80, 64), 17 * 80 * 4  # six slabs, the last of 11 rows
+        dtype = torch.float32
+        variants = [("slabs off", {"epilogue_slabs": False}), ("slabs 17 rows", {"epilogue_slabs": slab}),
+                    ("slabs 17 rows in place", {"epilogue_slabs": slab, "epilogue_in_place": True})]
+        run_case(dev, *shape, dtype, variants, reps, others)
+        captured(dev, *shape, dtype, {"epilogue_slabs": slab, "epilogue_overlap": True, "epilogue_in_place": True})
+    else:
+        dtype = torch.bfloat16
+        variants = [("slabs off", {"epilogue_slabs": False})]
+        for mb in (32, 16, 8):
+            variants.append((f"slabs {mb} MB", {"epilogue_slabs": mb * MB}))
+        for mb in (64, 32, 16, 8):
+            variants.append((f"slabs {mb} MB in place", {"epilogue_slabs": mb * MB, "epilogue_in_place": True}))
+        variants.append(("whole product in place", {"epilogue_slabs": 128 * MB, "epilogue_in_place": True}))
+        for mb, in_place in ((32, False), (16, False), (16, True), (8, True)):
+            variants.append((f"slabs {mb} MB{' in place' if in_place else ''} overlapped",
+                             {"epilogue_slabs": mb * MB, "epilogue_in_place": in_place, "epilogue_overlap": True}))
+        variants.append(("slabs off (again: the spread)", {"epilogue_slabs": False}))
+        run_case(dev, 8192, 8192, 8192, dtype, variants, reps, False)
+        captured(dev, 4096, 4096, 1024, dtype, {"epilogue_slabs": 8 * MB, "epilogue_overlap": True,
+                                                "epilogue_in_place": True})
+        short = [("slabs off", {"epilogue_slabs": False}),
+                 ("slabs 16 MB in place", {"epilogue_slabs": 16 * MB, "epilogue_in_place": True})]
+        run_case(dev, 4096, 4096, 1024, dtype, short, reps, False, ("none",))
+        run_case(dev, 8192, 8192, 8192, torch.float16, short, reps, False, ("none",))
+        if others:  # last: torch.compile takes the longest to start
+            gen = torch.Generator().manual_seed(0)
+            a = torch.randn(8192, 8192, generator=gen).to(dev, dtype)
+            w = (torch.randn(8192, 8192, generator=gen) / 8192 ** 0.5).to(dev, dtype)
+            bias = torch.randn(8192, generator=gen).to(dev, dtype)
+            pre = a.float() @ w.float() + bias.float()
+            bare = next(r["ms"] for r in ROWS if r["contender"] == "cuBLAS bare product")
+            for approximate in ("none", "tanh"):
+                ref = torch.nn.functional.gelu(pre, approximate=approximate)
+                others_rows("8192x8192x8192 bfloat16", approximate, a, w, bias, ref, bare, reps)
+    print(f"total {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
