@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -67,6 +68,11 @@ def slabs_of(run) -> str:
     return f"{len(run.slabs)} slabs" if type(run).__name__ == "Slabs" else type(run).__name__
 
 
+def block(size: int, warps: int) -> dict:
+    """Compile options for the epilogue kernel's launch blocks (every pointwise kernel of the executable)."""
+    return {"pointwise_block": size, "pointwise_warps": warps}
+
+
 def mlp_graph(m: int, n: int, k: int, dtype, approximate: str, tail: bool = False):
     g = sm.Graph("mlp")
     x = g.placeholder((m, k), dtype, name="x")
@@ -78,8 +84,31 @@ def mlp_graph(m: int, n: int, k: int, dtype, approximate: str, tail: bool = Fals
     return g, x, w, b, y
 
 
-def run_case(dev, m: int, n: int, k: int, dtype: torch.dtype, variants: list, reps: int, others: bool,
-             approximations=("none", "tanh")) -> None:
+def interleaved(contenders: list, dev, reps: int, rounds: int) -> list[float]:
+    """Median milliseconds of each contender's fn() over `rounds` rounds, each timing every contender `reps`
+    times in turn (CUDA events, two warm-up calls a round): the GPU's clocks drift under a long run of large
+    products, and interleaving spreads that drift over all contenders alike."""
+    samples = [[] for _ in contenders]
+    for _ in range(rounds):
+        for i, (_, fn, _) in enumerate(contenders):
+            samples[i].append(median_ms(fn, dev, reps, warmup=2))
+    return [statistics.median(s) for s in samples]
+
+
+def warm_up(dev, a: torch.Tensor, w: torch.Tensor, seconds: float) -> None:
+    """Products for `seconds`: the clocks reach their loaded state before anything is timed."""
+    if dev.type != "cuda":
+        return
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(10):
+            torch.matmul(a, w)
+        torch.cuda.synchronize()
+
+
+def run_case(dev, m: int, n: int, k: int, dtype: torch.dtype, variants: list, reps: int, rounds: int,
+             approximations=("none", "tanh"), blocks=((4096, 4),), others: bool = False) -> None:
+    """Check every contender, then time them all in interleaved rounds (JAX's rows after them)."""
     name = str(dtype).replace("torch.", "")
     case = f"{m}x{n}x{k} {name}"
     gen = torch.Generator().manual_seed(0)
@@ -88,63 +117,77 @@ def run_case(dev, m: int, n: int, k: int, dtype: torch.dtype, variants: list, re
     bias = torch.randn(n, generator=gen).to(dev, dtype)
     pre = a.float() @ w.float() + bias.float()
     prod = torch.empty(m, n, device=dev, dtype=dtype)
-    bare = median_ms(lambda: torch.matmul(a, w, out=prod), dev, reps)
-    record(case, "cuBLAS bare product", bare, bare, tflops=round(2 * m * n * k / bare / 1e9))
-    record(case, "cuBLAS addmm (bias)", median_ms(lambda: torch.addmm(bias, a, w, out=prod), dev, reps), bare)
+    contenders = [("cuBLAS bare product", lambda: torch.matmul(a, w, out=prod), {}),
+                  ("cuBLAS addmm (bias)", lambda: torch.addmm(bias, a, w, out=prod), {})]
+    if dev.type == "cuda":
+        lt = torch._addmm_activation(bias, a, w, use_gelu=True)
+        contenders.append(("cuBLASLt GELU(tanh) epilogue", lambda: torch._addmm_activation(bias, a, w, use_gelu=True,
+                                                                                            out=lt), {}))
     smdtype = sm.as_dtype(name)
+    keep = []  # executables and buffers the timed functions use
     for approximate in approximations:
         ref = torch.nn.functional.gelu(pre, approximate=approximate)
         form = f"gelu({approximate})"
-        # the epilogue kernel alone: over the whole product, and over an L2-sized part of it
-        for rows in sorted({m, min(m, max(1, (16 * MB) // (n * a.element_size())))}, reverse=True):
+        product = torch.matmul(a, w)
+        for block in blocks if approximate == approximations[0] else blocks[:1] + ((1024, 4),):
+            # the epilogue kernel alone over the whole product
             g = sm.Graph("epilogue")
-            p = g.placeholder((rows, n), smdtype, name="p")
+            p = g.placeholder((m, n), smdtype, name="p")
             bb = g.placeholder((n,), smdtype, name="b")
             y = g.gelu(p + bb, approximate=approximate)
-            part = torch.matmul(a[:rows], w)
-            exe = g.compile({p: part, bb: bias}, [y], device=str(dev))
-            out = torch.empty_like(part)
-            err = rel_err(exe.run({p: part, bb: bias}, outputs={y: out})[y].torch(), ref[:rows])
-            ms = median_ms(lambda: exe.run({p: part, bb: bias}, outputs={y: out}), dev, reps)
-            record(case, f"epilogue kernel alone, {rows} rows {form}", ms * m / rows, bare, rows=rows,
-                   ms_measured=round(ms, 4), scaled_to_whole=rows != m, rel_err=f"{err:.1e}")
-            del exe, part, out
+            exe = g.compile({p: product, bb: bias}, [y], device=str(dev),
+                            options={"pointwise_block": block[0], "pointwise_warps": block[1]})
+            out = torch.empty_like(product)
+            feeds = {p: product, bb: bias}
+            err = rel_err(exe.run(feeds, outputs={y: out})[y].torch(), ref)
+            keep.append((exe, out))
+            contenders.append((f"epilogue kernel alone {form} block {block[0]}x{block[1]}",
+                               lambda exe=exe, feeds=feeds, y=y, out=out: exe.run(feeds, outputs={y: out}),
+                               {"rel_err": f"{err:.1e}"}))
         g, x, wt, b, y = mlp_graph(m, n, k, smdtype, approximate)
         feeds = {x: a, wt: w, b: bias}
-        runs = [("stitchml default (measured choice)", {})]
+        runs = [("default (measured choice)", {})]
         if approximate == "none":
             runs += variants
         for label, options in runs:
             exe = g.compile(feeds, [y], device=str(dev), options=options)
-            got = exe.run(feeds)[y].torch()
-            err = rel_err(got, ref)
+            err = rel_err(exe.run(feeds)[y].torch(), ref)
             assert err < 2e-2, (case, label, err)
             step = next(s for s in exe.steps if s.kind == "matmul")
-            ms = median_ms(lambda: exe.run(feeds), dev, reps)
             chosen = getattr(step.run, "chosen", None)
             timings = {k_: round(v, 4) for k_, v in getattr(step.run, "timings", {}).items()}
-            record(case, f"stitchml {form} {label}", ms, bare, rel_err=f"{err:.1e}", runs=slabs_of(step.run),
-                   **({"chose": chosen, "measured": timings} if chosen else {}))
-            del exe, got
+            keep.append(exe)
+            contenders.append((f"stitchml {form} {label}", lambda exe=exe, feeds=feeds: exe.run(feeds),
+                               {"rel_err": f"{err:.1e}", "runs": slabs_of(step.run),
+                                **({"chose": chosen, "measured": timings} if chosen else {})}))
         if others:
-            others_rows(case, approximate, a, w, bias, ref, bare, reps)
+            contenders += torch_contenders(approximate, a, w, bias, ref)
+    warm_up(dev, a, w, 0.5)
+    times = interleaved(contenders, dev, reps, rounds)
+    bare = times[0]
+    for (label, _, extra), ms in zip(contenders, times):
+        record(case, label, ms, bare, **extra)
+    if others:
+        for approximate in approximations:
+            jax_row(case, f"gelu({approximate})", approximate, a, w, bias,
+                    torch.nn.functional.gelu(pre, approximate=approximate), bare, reps * rounds)
 
 
-def others_rows(case, approximate, a, w, bias, ref, bare, reps) -> None:
-    """PyTorch eager, torch.compile and jax.jit of the same function."""
-    dev, form = a.device, f"gelu({approximate})"
+def torch_contenders(approximate, a, w, bias, ref) -> list:
+    """PyTorch eager and torch.compile of the same function, checked."""
+    form = f"gelu({approximate})"
     eager = lambda: torch.nn.functional.gelu(a @ w + bias, approximate=approximate)  # noqa: E731
     assert rel_err(eager(), ref) < 2e-2
-    record(case, f"torch eager {form}", median_ms(eager, dev, reps), bare)
+    found = [(f"torch eager {form}", eager, {})]
     try:
         compiled = torch.compile(lambda p, q, r: torch.nn.functional.gelu(p @ q + r, approximate=approximate))
         err = rel_err(compiled(a, w, bias), ref)
         assert err < 2e-2, err
-        record(case, f"torch.compile {form}", median_ms(lambda: compiled(a, w, bias), dev, reps), bare,
-               rel_err=f"{err:.1e}")
+        found.append((f"torch.compile {form}", lambda: compiled(a, w, bias), {"rel_err": f"{err:.1e}"}))
     except Exception as e:  # noqa: BLE001  (a contender that fails is a finding, not the end of the run)
-        record(case, f"torch.compile {form}", float("nan"), None, failed=f"{type(e).__name__}: {e}"[:160])
-    jax_row(case, form, approximate, a, w, bias, ref, bare, reps)
+        record(f"{a.shape[0]}x{w.shape[1]}x{a.shape[1]}", f"torch.compile {form}", float("nan"), None,
+               failed=f"{type(e).__name__}: {e}"[:160])
+    return found
 
 
 def jax_row(case, form, approximate, a, w, bias, ref, bare, reps) -> None:
@@ -216,44 +259,38 @@ def main(argv=None) -> int:
     except ImportError:
         pass
     OUTPUT.update(path=args.json, env=env)
-    reps = 3 if args.quick else 30
+    reps, rounds = (2, 2) if args.quick else (10, 5)
     others = not args.no_others
     if args.quick:
         shape, slab = (96, 80, 64), 17 * 80 * 4  # six slabs, the last of 11 rows
         dtype = torch.float32
         variants = [("slabs off", {"epilogue_slabs": False}), ("slabs 17 rows", {"epilogue_slabs": slab}),
-                    ("slabs 17 rows in place", {"epilogue_slabs": slab, "epilogue_in_place": True})]
-        run_case(dev, *shape, dtype, variants, reps, others)
+                    ("slabs 17 rows in place", {"epilogue_slabs": slab, "epilogue_in_place": True}),
+                    ("slabs 17 rows block 1024x4", {"epilogue_slabs": slab, **block(1024, 4)})]
+        run_case(dev, *shape, dtype, variants, reps, rounds, blocks=((4096, 4), (1024, 4)), others=others)
         captured(dev, *shape, dtype, {"epilogue_slabs": slab, "epilogue_overlap": True, "epilogue_in_place": True})
     else:
         dtype = torch.bfloat16
-        variants = [("slabs off", {"epilogue_slabs": False})]
-        for mb in (32, 16, 8):
-            variants.append((f"slabs {mb} MB", {"epilogue_slabs": mb * MB}))
-        for mb in (64, 32, 16, 8):
-            variants.append((f"slabs {mb} MB in place", {"epilogue_slabs": mb * MB, "epilogue_in_place": True}))
-        variants.append(("whole product in place", {"epilogue_slabs": 128 * MB, "epilogue_in_place": True}))
-        for mb, in_place in ((32, False), (16, False), (16, True), (8, True)):
-            variants.append((f"slabs {mb} MB{' in place' if in_place else ''} overlapped",
-                             {"epilogue_slabs": mb * MB, "epilogue_in_place": in_place, "epilogue_overlap": True}))
-        variants.append(("slabs off (again: the spread)", {"epilogue_slabs": False}))
-        run_case(dev, 8192, 8192, 8192, dtype, variants, reps, False)
+        off = {"epilogue_slabs": False}
+        variants = [("slabs off", off)]
+        variants += [(f"slabs off block {b}x{w}", {**off, **block(b, w)}) for b, w in ((2048, 4), (1024, 4), (2048, 8))]
+        variants += [("slabs 32 MB", {"epilogue_slabs": 32 * MB})]
+        variants += [(f"slabs 32 MB block {b}x{w}", {"epilogue_slabs": 32 * MB, **block(b, w)})
+                     for b, w in ((1024, 4), (2048, 8))]
+        variants += [("slabs 16 MB block 1024x4", {"epilogue_slabs": 16 * MB, **block(1024, 4)}),
+                     ("slabs 32 MB overlapped block 1024x4", {"epilogue_slabs": 32 * MB, "epilogue_overlap": True,
+                                                              **block(1024, 4)}),
+                     ("slabs 64 MB in place block 1024x4", {"epilogue_slabs": 64 * MB, "epilogue_in_place": True,
+                                                            **block(1024, 4)}),
+                     ("slabs off (again: the spread)", off)]
+        blocks = ((4096, 4), (2048, 4), (1024, 4), (2048, 8), (1024, 8), (512, 4))
+        run_case(dev, 8192, 8192, 8192, dtype, variants, reps, rounds, blocks=blocks, others=others)
         captured(dev, 4096, 4096, 1024, dtype, {"epilogue_slabs": 8 * MB, "epilogue_overlap": True,
                                                 "epilogue_in_place": True})
-        short = [("slabs off", {"epilogue_slabs": False}),
-                 ("slabs 16 MB in place", {"epilogue_slabs": 16 * MB, "epilogue_in_place": True})]
-        run_case(dev, 4096, 4096, 1024, dtype, short, reps, False, ("none",))
-        run_case(dev, 8192, 8192, 8192, torch.float16, short, reps, False, ("none",))
-        if others:  # last: torch.compile takes the longest to start
-            gen = torch.Generator().manual_seed(0)
-            a = torch.randn(8192, 8192, generator=gen).to(dev, dtype)
-            w = (torch.randn(8192, 8192, generator=gen) / 8192 ** 0.5).to(dev, dtype)
-            bias = torch.randn(8192, generator=gen).to(dev, dtype)
-            pre = a.float() @ w.float() + bias.float()
-            bare = next(r["ms"] for r in ROWS if r["contender"] == "cuBLAS bare product")
-            for approximate in ("none", "tanh"):
-                ref = torch.nn.functional.gelu(pre, approximate=approximate)
-                others_rows("8192x8192x8192 bfloat16", approximate, a, w, bias, ref, bare, reps)
+        short = [("slabs off", off), ("slabs off block 1024x4", {**off, **block(1024, 4)})]
+        run_case(dev, 4096, 4096, 1024, dtype, short, reps, rounds, ("none",), ((4096, 4), (1024, 4)))
+        short.append(("slabs 32 MB block 1024x4", {"epilogue_slabs": 32 * MB, **block(1024, 4)}))
+        run_case(dev, 8192, 8192, 8192, torch.float16, short, reps, rounds, ("none",), ((4096, 4), (1024, 4)))
     print(f"total {time.perf_counter() - started:.1f} s")
     return 0
 

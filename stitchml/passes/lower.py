@@ -300,11 +300,12 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
 
 
 def _slabbed(op: Operation, contraction: Operation, epi: Program, used: list[int], placeholders, layouts: list[Layout],
-             ins: list[int], outs: list[int], tmp: int, whole, backend: str, options: dict, new_slot) -> dict:
-    """The product and its epilogue run in slabs (passes/slabs.py): with compile option `epilogue_slabs` a
-    byte count, that run alone, under "forced" (with `epilogue_in_place`, `epilogue_overlap`); by default on
-    CUDA, for a product of at least slabs.MIN_PRODUCT_BYTES, the slabbed candidates of the first run's
-    measured choice, by name; otherwise none."""
+             ins: list[int], outs: list[int], tmp: int, whole: Chain, backend: str, options: dict, new_slot) -> dict:
+    """Other runs of a matmul kernel and its epilogue: in slabs (passes/slabs.py) or with other epilogue
+    blocks. With compile option `epilogue_slabs` a byte count, the slabbed run alone, under "forced" (with
+    `epilogue_in_place`, `epilogue_overlap`); by default on CUDA, for a product of at least
+    slabs.MIN_PRODUCT_BYTES, the candidates (slabs.CANDIDATES) of the first run's measured choice, by name;
+    otherwise none."""
     setting = options.get("epilogue_slabs")
     product = contraction.outputs[0]
     if setting is False or backend not in ("triton", "interpret"):
@@ -314,16 +315,26 @@ def _slabbed(op: Operation, contraction: Operation, epi: Program, used: list[int
             return {}
         configs = slabs.CANDIDATES
     else:
-        configs = ((int(setting), bool(options.get("epilogue_in_place")), bool(options.get("epilogue_overlap"))),)
+        configs = ((int(setting), bool(options.get("epilogue_in_place")), bool(options.get("epilogue_overlap")),
+                    None),)
     a, b = (ins[placeholders.index(t)] for t in contraction.inputs)
+    epi_ins = [ins[i] for i in used]
     found = {}
-    for nbytes, in_place, overlap in configs:
-        run = slabs.build(op.name, contraction, epi, layouts, a, b, [ins[i] for i in used], outs, tmp, whole,
+    for nbytes, in_place, overlap, block in configs:
+        opts = options if block is None else {**options, "pointwise_block": block[0], "pointwise_warps": block[1]}
+        mark = "" if block is None else f"-block{block[0]}x{block[1]}"
+        if nbytes is None:  # the whole product, its epilogue with other blocks
+            src = pointwise.generate(op.name, epi, layouts, backend == "interpret", opts)
+            if not src.checks:
+                found[f"cublas+epilogue-kernel{mark}"] = Chain(whole.fns[0], KernelLaunch(src, [tmp] + epi_ins, outs))
+            continue
+        run = slabs.build(op.name, contraction, epi, layouts, a, b, epi_ins, outs, tmp, whole,
                           _library_attrs(contraction, options), nbytes, in_place, overlap,
-                          backend == "interpret", options, new_slot)
+                          backend == "interpret", opts, new_slot)
         if run is not None:
-            name = f"slabs-{nbytes >> 20}MB" + ("-in-place" if in_place else "") + ("-overlap" if overlap else "")
-            found["forced" if setting is not None else name] = _precision(run, options)
+            size = f"{nbytes >> 20}MB" if nbytes >= 1 << 20 else f"{nbytes}B"
+            name = f"slabs-{size}" + ("-in-place" if in_place else "") + ("-overlap" if overlap else "")
+            found["forced" if setting is not None else name + mark] = _precision(run, options)
     return found
 
 

@@ -34,8 +34,10 @@ MAX_SLABS = 64  # beyond this the host work per slab outweighs what a slab can s
 # Products smaller than this keep the whole-product path: they stay in a 50 MB L2 between the two kernels
 # anyway (an H200's; H100's too).
 MIN_PRODUCT_BYTES = 64 << 20
-# (bytes per slab, in place, overlapped) of the candidates a large product's first run measures.
-CANDIDATES = ((32 << 20, False, False), (16 << 20, True, False), (16 << 20, True, True))
+# The candidates a large product's first run measures: (bytes per slab or None for the whole product,
+# in place, overlapped, the epilogue kernel's (BLOCK, num_warps) or None for the pointwise default).
+CANDIDATES = ((32 << 20, False, False, None), (32 << 20, False, False, (1024, 4)), (None, False, False, (1024, 4)),
+              (32 << 20, False, True, (1024, 4)))
 
 
 def slab_axis(shape: tuple[int, ...], itemsize: int, slab_bytes: int) -> tuple[int, int]:
