@@ -123,8 +123,20 @@ def run_case(dev, m: int, n: int, k: int, dtype: torch.dtype, variants: list, re
         lt = torch._addmm_activation(bias, a, w, use_gelu=True)
         contenders.append(("cuBLASLt GELU(tanh) epilogue", lambda: torch._addmm_activation(bias, a, w, use_gelu=True,
                                                                                             out=lt), {}))
+    torch.matmul(a, w, out=prod)
+    copy = torch.empty_like(prod)
+    contenders.append(("copy of the product (the epilogue's bytes)", lambda: copy.copy_(prod), {}))
     smdtype = sm.as_dtype(name)
     keep = []  # executables and buffers the timed functions use
+    g = sm.Graph("bias")  # the epilogue's memory traffic and little arithmetic: the bias alone
+    p = g.placeholder((m, n), smdtype, name="p")
+    bb = g.placeholder((n,), smdtype, name="b")
+    y = g.addition(p, bb)
+    exe = g.compile({p: prod, bb: bias}, [y], device=str(dev))
+    assert rel_err(exe.run({p: prod, bb: bias}, outputs={y: copy})[y].torch(), prod.float() + bias.float()) < 1e-2
+    keep.append(exe)
+    contenders.append(("epilogue kernel alone, bias only",
+                       lambda exe=exe, feeds={p: prod, bb: bias}, y=y: exe.run(feeds, outputs={y: copy}), {}))
     for approximate in approximations:
         ref = torch.nn.functional.gelu(pre, approximate=approximate)
         form = f"gelu({approximate})"
