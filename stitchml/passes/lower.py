@@ -280,62 +280,31 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     run = Chain(vendor, launch)
     slabbed = _slabbed(op, contraction, epi, used, placeholders, layouts, ins, outs, tmp, run, backend, options,
                        new_slot)
-    if "forced" in slabbed:
-        return Step(op.name, template, slabbed["forced"], src.source)
+    if slabbed is not None:
+        return Step(op.name, template, slabbed, src.source)
     fused = _cublaslt_epilogue(body, contraction, placeholders, ins, outs) if backend == "triton" else None
-    if fused is None and not slabbed:
-        return Step(op.name, template, run, src.source)
-    candidates = {"cublas+epilogue-kernel": run, **slabbed}
-    a, b = contraction.inputs
-    tf32 = ":tf32" if options.get("allow_tf32") and a.dtype.name == "float32" else ""
     if fused is not None:
         kind, fused_run = fused[0], _precision(fused[1], options)
-        candidates[f"cublaslt-{kind}"] = fused_run
-    else:
-        kind = hashlib.sha256(src.source.encode()).hexdigest()[:16]  # the epilogue kernel tells epilogues apart
-    # the slabs' mark: a decision stored before they were candidates is measured again
-    key = f"matmul:{a.shape}x{b.shape}:{a.dtype}:{kind}{tf32}{':slabs' if slabbed else ''}:" \
-          f"{torch.cuda.get_device_name()}"
-    return Step(op.name, template, choices.Chooser(key, candidates), src.source)
+        a, b = contraction.inputs
+        tf32 = ":tf32" if options.get("allow_tf32") and a.dtype.name == "float32" else ""
+        key = f"matmul:{a.shape}x{b.shape}:{a.dtype}:{kind}{tf32}:{torch.cuda.get_device_name()}"
+        run = choices.Chooser(key, {"cublas+epilogue-kernel": run, f"cublaslt-{kind}": fused_run})
+    return Step(op.name, template, run, src.source)
 
 
 def _slabbed(op: Operation, contraction: Operation, epi: Program, used: list[int], placeholders, layouts: list[Layout],
-             ins: list[int], outs: list[int], tmp: int, whole: Chain, backend: str, options: dict, new_slot) -> dict:
-    """Other runs of a matmul kernel and its epilogue: in slabs (passes/slabs.py) or with other epilogue
-    blocks. With compile option `epilogue_slabs` a byte count, the slabbed run alone, under "forced" (with
-    `epilogue_in_place`, `epilogue_overlap`); by default on CUDA, for a product of at least
-    slabs.MIN_PRODUCT_BYTES, the candidates (slabs.CANDIDATES) of the first run's measured choice, by name;
-    otherwise none."""
-    setting = options.get("epilogue_slabs")
-    product = contraction.outputs[0]
-    if setting is False or backend not in ("triton", "interpret"):
-        return {}
-    if setting is None:
-        if backend != "triton" or product.type.numel() * product.dtype.itemsize < slabs.MIN_PRODUCT_BYTES:
-            return {}
-        configs = slabs.CANDIDATES
-    else:
-        configs = ((int(setting), bool(options.get("epilogue_in_place")), bool(options.get("epilogue_overlap")),
-                    None),)
+             ins: list[int], outs: list[int], tmp: int, whole: Chain, backend: str, options: dict, new_slot):
+    """With compile option `epilogue_slabs` a byte count (and `epilogue_in_place`, `epilogue_overlap`), the
+    product and its epilogue in slabs (passes/slabs.py); None otherwise, or where slabs do not apply. Never
+    by default: on an H200 every slab layout measured slower than the whole product (passes/slabs.py)."""
+    nbytes = options.get("epilogue_slabs")
+    if not nbytes or backend not in ("triton", "interpret"):
+        return None
     a, b = (ins[placeholders.index(t)] for t in contraction.inputs)
-    epi_ins = [ins[i] for i in used]
-    found = {}
-    for nbytes, in_place, overlap, block in configs:
-        opts = options if block is None else {**options, "pointwise_block": block[0], "pointwise_warps": block[1]}
-        mark = "" if block is None else f"-block{block[0]}x{block[1]}"
-        if nbytes is None:  # the whole product, its epilogue with other blocks
-            src = pointwise.generate(op.name, epi, layouts, backend == "interpret", opts)
-            if not src.checks:
-                found[f"cublas+epilogue-kernel{mark}"] = Chain(whole.fns[0], KernelLaunch(src, [tmp] + epi_ins, outs))
-            continue
-        run = slabs.build(op.name, contraction, epi, layouts, a, b, epi_ins, outs, tmp, whole,
-                          _library_attrs(contraction, options), nbytes, in_place, overlap,
-                          backend == "interpret", opts, new_slot)
-        if run is not None:
-            size = f"{nbytes >> 20}MB" if nbytes >= 1 << 20 else f"{nbytes}B"
-            name = f"slabs-{size}" + ("-in-place" if in_place else "") + ("-overlap" if overlap else "")
-            found["forced" if setting is not None else name + mark] = _precision(run, options)
-    return found
+    run = slabs.build(op.name, contraction, epi, layouts, a, b, [ins[i] for i in used], outs, tmp, whole,
+                      _library_attrs(contraction, options), int(nbytes), bool(options.get("epilogue_in_place")),
+                      bool(options.get("epilogue_overlap")), backend == "interpret", options, new_slot)
+    return None if run is None else _precision(run, options)
 
 
 def _recurrent_step(op: Operation, template: str, plan, ins: list[int], outs: list[int], interpret: bool,

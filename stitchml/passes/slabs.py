@@ -10,11 +10,17 @@ shape (a second one for a shorter last slab), reads it through views bound per
 slab; the epilogue's other inputs are read through their layouts broadcast to
 the product, cut the same way.
 
-Whether a product runs in slabs is decided in lower.py: compile options force
-it (`epilogue_slabs`: bytes per slab, `False` never; `epilogue_in_place`,
-`epilogue_overlap`), otherwise on CUDA a product larger than
-`MIN_PRODUCT_BYTES` adds slabbed candidates to the measured choice
-(runtime/choices.py) and smaller ones keep the whole-product path.
+Slabs run only where compile options ask for them (`epilogue_slabs`: bytes
+per slab; `epilogue_in_place`, `epilogue_overlap`: runtime/slabs.py): by
+default every product keeps the whole-product path. Measured on an H200 at
+8192^3 bfloat16 and float16 (benchmarks/bench_epilogue.py, contenders timed in
+interleaved rounds), every slab layout was slower than the whole product, by
+3-7 %: each slab's product reads all of the other operand again (128 MB per
+slab there), while the L2 can save at most the product's read back, and the
+erf GeLU epilogue spends about as long on arithmetic as on bytes (alone, 0.135
+ms against 0.077 ms for a bias-only pass, which costs what a copy of the
+product costs). Running a slab's epilogue on a second stream beside the next
+slab's product gained nothing measurable: cuBLAS's kernel fills every SM.
 """
 from __future__ import annotations
 
@@ -28,16 +34,9 @@ from ..ir import Operation, TensorType
 from ..registry import lookup
 from ..runtime.launch import KernelLaunch
 from ..runtime.slabs import Slab, Slabs, SlabView
-from .program import Program, copy_op
+from .program import Program
 
 MAX_SLABS = 64  # beyond this the host work per slab outweighs what a slab can save
-# Products smaller than this keep the whole-product path: they stay in a 50 MB L2 between the two kernels
-# anyway (an H200's; H100's too).
-MIN_PRODUCT_BYTES = 64 << 20
-# The candidates a large product's first run measures: (bytes per slab or None for the whole product,
-# in place, overlapped, the epilogue kernel's (BLOCK, num_warps) or None for the pointwise default).
-CANDIDATES = ((32 << 20, False, False, None), (32 << 20, False, False, (1024, 4)), (None, False, False, (1024, 4)),
-              (32 << 20, False, True, (1024, 4)))
 
 
 def slab_axis(shape: tuple[int, ...], itemsize: int, slab_bytes: int) -> tuple[int, int]:
