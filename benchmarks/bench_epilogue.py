@@ -1,19 +1,25 @@
 """matmul + bias + GeLU: the whole-product epilogue against the slabbed ones (passes/slabs.py).
 
-    python benchmarks/bench_epilogue.py --json results.json      # the H200 figures (about 100 s)
+    python benchmarks/bench_epilogue.py --json results.json      # the H200 figures (about 40 s)
     python benchmarks/bench_epilogue.py --device cpu --quick     # a smoke run
 
-Per case (M x N x K, dtype): the bare cuBLAS product, cuBLAS addmm (bias in
-its epilogue), the epilogue kernel alone on the whole product and on an
-L2-sized part of it, StitchML as the compiler chooses (the measured choice:
-`chose`, and what it measured), StitchML with each slab layout forced
-(`epilogue_slabs` bytes, in place, overlapped on a second stream) and with
-slabs off (the whole-product path), PyTorch eager, torch.compile and jax.jit,
-for the erf and the tanh GeLU. A last row runs a slabbed, overlapped product
-inside an executable that replays a CUDA graph and checks every replay.
-Every result is checked against a float32 reference before it is timed;
-times are medians of CUDA-event timings after warm-up (benchmarks/timing.py);
-JAX's are wall-clock means of back-to-back calls.
+Per case (M x N x K, dtype): the bare cuBLAS product, cuBLAS addmm (bias in its
+epilogue) and cuBLASLt's bias+GELU(tanh) epilogue, a copy of the product (the
+bytes an epilogue pass moves), the epilogue kernel alone over the whole
+product (bias only; GeLU with several launch blocks), StitchML as it compiles
+by default (the tanh form: the measured choice, `chose`, and what it measured),
+StitchML with each slab layout forced (`epilogue_slabs` bytes, in place,
+overlapped on a second stream, other epilogue blocks) and with slabs off,
+PyTorch eager and torch.compile, for the erf and the tanh GeLU; then jax.jit.
+A row in between runs a slabbed, overlapped, in-place product inside an
+executable that replays a CUDA graph, and checks every replay.
+
+Every result is checked against a float32 reference before it is timed. The
+GPU's clocks drift under a long run of large products (they climb from idle
+after a compile, and sag under sustained load), so after half a second of
+products every contender of a case is timed in interleaved rounds: the median
+of CUDA-event medians (benchmarks/timing.py) over the rounds. JAX's times are
+wall-clock means of back-to-back calls, taken after the others.
 """
 from __future__ import annotations
 
@@ -158,7 +164,7 @@ def run_case(dev, m: int, n: int, k: int, dtype: torch.dtype, variants: list, re
                                {"rel_err": f"{err:.1e}"}))
         g, x, wt, b, y = mlp_graph(m, n, k, smdtype, approximate)
         feeds = {x: a, wt: w, b: bias}
-        runs = [("default (measured choice)", {})]
+        runs = [("default", {})]
         if approximate == "none":
             runs += variants
         for label, options in runs:
