@@ -92,12 +92,15 @@ def mlp_graph(m: int, n: int, k: int, dtype, approximate: str, tail: bool = Fals
 
 def interleaved(contenders: list, dev, reps: int, rounds: int) -> list[float]:
     """Median milliseconds of each contender's fn() over `rounds` rounds, each timing every contender `reps`
-    times in turn (CUDA events, two warm-up calls a round): the GPU's clocks drift under a long run of large
-    products, and interleaving spreads that drift over all contenders alike."""
+    times in turn (CUDA events, two warm-up calls a round), every other round in reverse order: the GPU's
+    clocks drift under a long run of large products, also within a round (on an H200 the products timed
+    late in a round ran a few per cent slower), and interleaving spreads that drift over all contenders
+    alike."""
     samples = [[] for _ in contenders]
-    for _ in range(rounds):
-        for i, (_, fn, _) in enumerate(contenders):
-            samples[i].append(median_ms(fn, dev, reps, warmup=2))
+    for r in range(rounds):
+        order = range(len(contenders)) if r % 2 == 0 else reversed(range(len(contenders)))
+        for i in order:
+            samples[i].append(median_ms(contenders[i][1], dev, reps, warmup=2))
     return [statistics.median(s) for s in samples]
 
 
@@ -277,7 +280,7 @@ def main(argv=None) -> int:
     except ImportError:
         pass
     OUTPUT.update(path=args.json, env=env)
-    reps, rounds = (2, 2) if args.quick else (10, 5)
+    reps, rounds = (2, 2) if args.quick else (10, 6)
     others = not args.no_others
     if args.quick:
         shape, slab = (96, 80, 64), 17 * 80 * 4  # six slabs, the last of 11 rows

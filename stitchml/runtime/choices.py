@@ -59,11 +59,12 @@ def _time(fn: Callable[[list], None], env: list) -> float:
     return a.elapsed_time(b)
 
 
-# Untimed rounds, then timed ones, every candidate once a round. The GPU's clocks climb while the first runs
-# go (on an H200, from idle after a compile: timed one after another, six candidates of an 8192^3 product
-# read 1.57 ms down to 1.39 ms in the order they ran, benchmarks/bench_epilogue.py); interleaving spreads
-# what is left of that drift over all candidates alike.
-WARM_ROUNDS, ROUNDS = 2, 5
+# Untimed rounds, then timed ones, every candidate once a round. The GPU's clocks move with what ran just
+# before: on an H200 one 8192^3 product with its epilogue in slabs read 1.74 ms timed after its compile
+# (three warm-up runs) and 1.54 ms timed after ~25 runs of its measured choice (benchmarks/bench_epilogue.py,
+# results/epilogue_h200_2026-12-02_first.json). Warm-up rounds take the clocks to their loaded state;
+# interleaving spreads what is left of the drift over all candidates alike.
+WARM_ROUNDS, ROUNDS = 2, 6
 
 
 def measure(candidates: dict[str, Callable[[list], None]], env: list) -> dict[str, float]:
@@ -72,9 +73,10 @@ def measure(candidates: dict[str, Callable[[list], None]], env: list) -> dict[st
         for fn in candidates.values():
             fn(env)
     samples: dict[str, list[float]] = {name: [] for name in candidates}
-    for _ in range(ROUNDS):
-        for name, fn in candidates.items():
-            samples[name].append(_time(fn, env))
+    names = list(candidates)
+    for r in range(ROUNDS):
+        for name in names if r % 2 == 0 else names[::-1]:  # a drift within a round cancels too
+            samples[name].append(_time(candidates[name], env))
     return {name: statistics.median(times) for name, times in samples.items()}
 
 
