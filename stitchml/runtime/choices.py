@@ -62,7 +62,7 @@ def _time(fn: Callable[[list], None], env: list) -> float:
 # Untimed rounds, then timed ones, every candidate once a round. The GPU's clocks move with what ran just
 # before: on an H200 one 8192^3 product with its epilogue in slabs read 1.74 ms timed after its compile
 # (three warm-up runs) and 1.54 ms timed after ~25 runs of its measured choice (benchmarks/bench_epilogue.py,
-# results/epilogue_h200_2026-12-02_first.json). Warm-up rounds take the clocks to their loaded state;
+# benchmarks/results/epilogue_h200_2026-12-02_first.json). Warm-up rounds take the clocks to their loaded state;
 # interleaving spreads what is left of the drift over all candidates alike.
 WARM_ROUNDS, ROUNDS = 2, 6
 
