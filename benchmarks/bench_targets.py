@@ -18,7 +18,8 @@ CNN step: 3x3 convolutions 1->32->64, dense 3136->256->10, SGD with momentum,
 batch 1024 (bench_distributed.py's model); StitchML with its default (IEEE
 float32 products and convolutions) and with `allow_tf32`, against PyTorch
 eager and torch.compile under the same TF32 settings. Matmul: 8192^3
-bfloat16 with bias and exact GeLU, against the bare cuBLAS product.
+bfloat16 with bias and exact GeLU, against the bare cuBLAS product (timed
+together in interleaved rounds; bench_epilogue.py has the whole study).
 Every contender's result is checked before it is timed; times are medians of
 CUDA-event timings after warm-up.
 """
@@ -41,6 +42,7 @@ sys.path.insert(0, HERE)
 import stitchml as sm  # noqa: E402
 from timing import median_ms  # noqa: E402
 from bench_distributed import TorchCNN, cnn_graph, cnn_weights  # noqa: E402
+from bench_epilogue import interleaved, warm_up  # noqa: E402
 
 ROWS: list[dict] = []
 OUTPUT: dict = {}  # "path", "device", "failures": where and what `write` puts after every row
@@ -319,8 +321,8 @@ def matmul(dev: torch.device, quick: bool, explore: bool) -> None:
     flops = 2 * n ** 3
     reps = 5 if quick else 20
     product = a.float() @ w.float() + bias.float()
-    bare = median_ms(lambda: a @ w, dev, reps)
-    record("matmul", case, "cuBLAS bare product", bare, "ms", tflops=round(flops / bare / 1e9))
+    prod = torch.empty_like(a)
+    contenders = [("cuBLAS bare product", lambda: torch.matmul(a, w, out=prod), {})]
     for approximate in ("none", "tanh"):
         ref = torch.nn.functional.gelu(product, approximate=approximate)
         g = sm.Graph("mlp")
@@ -332,9 +334,19 @@ def matmul(dev: torch.device, quick: bool, explore: bool) -> None:
         exe = g.compile(feeds, [y], device=str(dev))
         err = rel_err(exe.run(feeds)[y].torch(), ref)
         chosen = [getattr(s.run, "chosen", None) for s in exe.steps if s.kind == "matmul"]
-        ms = median_ms(lambda: exe.run(feeds), dev, reps)
-        record("matmul", case, f"stitchml gelu({approximate})", ms, "ms", vs_bare=round(ms / bare, 3),
-               rel_err=f"{err:.1e}", chose=chosen)
+        contenders.append((f"stitchml gelu({approximate})", lambda exe=exe, feeds=feeds: exe.run(feeds),
+                           {"rel_err": f"{err:.1e}", "chose": chosen}))
+    # Timed together in interleaved rounds after warm-up products: timed one after another, each after its
+    # compile left the GPU idle, the later contenders ran at other clocks than the bare product
+    # (bench_epilogue.py).
+    warm_up(dev, a, w, 0.5)
+    times = interleaved(contenders, dev, max(reps // 4, 2), 4)
+    bare = times[0]
+    for (name, _, extra), ms in zip(contenders, times):
+        if name == "cuBLAS bare product":
+            record("matmul", case, name, ms, "ms", tflops=round(flops / ms / 1e9))
+        else:
+            record("matmul", case, name, ms, "ms", vs_bare=round(ms / bare, 3), **extra)
     if dev.type != "cuda":
         return
     # cuBLASLt's GELU epilogue: which GeLU does it compute? (on a smaller product, against both forms)

@@ -48,6 +48,7 @@ from ..registry import CONTRACTION
 from ..runtime.launch import (Carve, Chain, CublasLtCall, FreshOutputs, KernelLaunch, LaunchPlan, ReferenceCall, TF32,
                               SameSourceView, VendorCall, ViewOf, Workspace)
 from ..runtime.steps import Step
+from . import slabs
 from .control import CONTROL_FLOW, control_step
 from .memory import _is_view, prologue_mode, separate_scratch
 from .program import CompileError, Program, copy_op
@@ -277,6 +278,10 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     vendor = _vendor(contraction, placeholders, ins, tmp, options)
     launch = KernelLaunch(src, [tmp] + [ins[i] for i in used], outs + ([flag_slot] if src.checks else []))
     run = Chain(vendor, launch)
+    slabbed = _slabbed(op, contraction, epi, used, placeholders, layouts, ins, outs, tmp, run, backend, options,
+                       new_slot)
+    if slabbed is not None:
+        return Step(op.name, template, slabbed, src.source)
     fused = _cublaslt_epilogue(body, contraction, placeholders, ins, outs) if backend == "triton" else None
     if fused is not None:
         kind, fused_run = fused[0], _precision(fused[1], options)
@@ -285,6 +290,21 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         key = f"matmul:{a.shape}x{b.shape}:{a.dtype}:{kind}{tf32}:{torch.cuda.get_device_name()}"
         run = choices.Chooser(key, {"cublas+epilogue-kernel": run, f"cublaslt-{kind}": fused_run})
     return Step(op.name, template, run, src.source)
+
+
+def _slabbed(op: Operation, contraction: Operation, epi: Program, used: list[int], placeholders, layouts: list[Layout],
+             ins: list[int], outs: list[int], tmp: int, whole: Chain, backend: str, options: dict, new_slot):
+    """With compile option `epilogue_slabs` a byte count (and `epilogue_in_place`, `epilogue_overlap`), the
+    product and its epilogue in slabs (passes/slabs.py); None otherwise, or where slabs do not apply. Never
+    by default: on an H200 every slab layout measured slower than the whole product (passes/slabs.py)."""
+    nbytes = options.get("epilogue_slabs")
+    if not nbytes or backend not in ("triton", "interpret"):
+        return None
+    a, b = (ins[placeholders.index(t)] for t in contraction.inputs)
+    run = slabs.build(op.name, contraction, epi, layouts, a, b, [ins[i] for i in used], outs, tmp, whole,
+                      _library_attrs(contraction, options), int(nbytes), bool(options.get("epilogue_in_place")),
+                      bool(options.get("epilogue_overlap")), backend == "interpret", options, new_slot)
+    return None if run is None else _precision(run, options)
 
 
 def _recurrent_step(op: Operation, template: str, plan, ins: list[int], outs: list[int], interpret: bool,
