@@ -19,9 +19,10 @@ The pattern, read backwards from the second product:
 Every intermediate must be used by the pattern alone (the kernel never stores
 the scores or probabilities), or by the pattern's backward in a training
 graph: attention_grad.py finds that backward, and forward and backward are
-replaced together by a forward kernel that also stores the log-sum-exp and a
-backward fusion of two kernels (codegen/attention_backward.py). A constant mask of -inf above the diagonal and
-0 elsewhere becomes a causal kernel, which skips the masked key tiles.
+replaced together by a forward kernel that also stores the log-sum-exp (and O
+unrounded, for half types) and a backward fusion of two kernels
+(codegen/attention_backward.py). A constant mask of -inf above the diagonal
+and 0 elsewhere becomes a causal kernel, which skips the masked key tiles.
 Every near miss (a softmax feeding a product that fails one condition) is
 reported with its reason in `ctx.attention_report`, which
 `Executable.fusion_report()` prints.
