@@ -52,7 +52,9 @@ class Tiles:
 # benchmarks/results/tune_attention_h200_2026-12-01.json), per kernel, head dimension bucket (≤ 64, larger) and
 # causal or not. "dkv" walks query tiles of block_m for block_n keys, "dq" and "forward" walk key tiles of
 # block_n for block_m queries. The backward's two float32 accumulators (and the two halves of each product)
-# favour small tiles at 4 warps.
+# favour small tiles at 4 warps. With Δ out of the dQ kernel's loop (three products per step, not four) the
+# table's dQ and dK/dV tiles stayed the fastest of benchmarks/profile_attention_backward.py's candidates at
+# L = 16k, d = 64 and L = 4k, d = 128 (results/profile_attention_backward_h200_2026-12-02.json).
 GPU_TILES: dict[tuple[str, bool, bool], Tiles] = {
     ("forward", True, False): Tiles(128, 64, 4, 3),
     ("forward", True, True): Tiles(64, 64, 4, 3),
