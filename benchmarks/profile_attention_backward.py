@@ -123,7 +123,8 @@ def sources(shape, causal: bool, interpret: bool, quick: bool, baseline):
         for tile in tiles:
             kv, dq = attention_backward.generate("attn_profile", spec, lays, [shape] * 3, "float16", interpret,
                                                  dkv_tile=tile, dq_tile=tile)
-            found.append((kernel, "table" if tile == table(kernel) else "candidate", tile, dq if kernel == "dq" else kv))
+            variant = "table" if tile == table(kernel) else "candidate"
+            found.append((kernel, variant, tile, dq if kernel == "dq" else kv))
     if baseline is not None:
         kv, dq = baseline.generate("attn_profile_base", spec, lays[:4] + lays[5:], [shape] * 3, "float16", interpret,
                                    dkv_tile=table("dkv"), dq_tile=table("dq"))
@@ -182,8 +183,8 @@ def main(argv=None) -> int:
                 dts = ["float16"] * 3 + (["float16", "float32", "float32"] if kernel == "forward" else
                                          ["float32"] + ([] if variant == "baseline" else ["float32"]) +
                                          ["float16"] * 4 + ["float32"])
-                futures[id(src)] = pool.submit(_warm, (src.name, src.source, tuple(src.grid) + (1,) * (3 - len(src.grid)),
-                                                       src.num_warps, src.constexprs, dts))
+                grid = tuple(src.grid) + (1,) * (3 - len(src.grid))
+                futures[id(src)] = pool.submit(_warm, (src.name, src.source, grid, src.num_warps, src.constexprs, dts))
     print(f"attention backward, float16, {device}; median ms; tile = BLOCK_M, BLOCK_N, warps, stages; err = max "
           "|error| / max |ref|, off = share not correctly rounded (float64 reference)")
     rows = []
