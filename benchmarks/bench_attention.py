@@ -80,10 +80,11 @@ def jax_runner(shape, causal: bool, backward: bool):
     def fwd(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
 
-    if backward:
-        fn = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fwd(q, k, v).astype(jnp.float32) * do), argnums=(0, 1, 2)))
-    else:
-        fn = jax.jit(fwd)
+    if backward:  # dO an argument, not a constant that XLA would fold at compile time (seconds at 4k)
+        step = jax.jit(jax.grad(lambda q, k, v, do: jnp.sum(fwd(q, k, v).astype(jnp.float32) * do),
+                                argnums=(0, 1, 2)))
+        return lambda: jax.block_until_ready(step(q, k, v, do))
+    fn = jax.jit(fwd)
     return lambda: jax.block_until_ready(fn(q, k, v))
 
 
