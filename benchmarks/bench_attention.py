@@ -2,6 +2,8 @@
 
     python benchmarks/bench_attention.py --json attention.json      # CUDA, float16, the three shapes below
     python benchmarks/bench_attention.py --device cpu --quick       # CPU, small sizes
+    python benchmarks/bench_attention.py --no-one-rounding          # without the split=False forward timings
+    python benchmarks/bench_attention.py --shape 1,8,16384,64       # one shape (B,H,L,d; repeatable, in order)
 
 Per shape, causal and not, forward and forward+backward (gradients of sum(O * dO) with respect to Q, K
 and V): StitchML compiles the formula from primitives (the attention pass fuses the forward into one
@@ -78,10 +80,11 @@ def jax_runner(shape, causal: bool, backward: bool):
     def fwd(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
 
-    if backward:
-        fn = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fwd(q, k, v).astype(jnp.float32) * do), argnums=(0, 1, 2)))
-    else:
-        fn = jax.jit(fwd)
+    if backward:  # dO an argument, not a constant that XLA would fold at compile time (seconds at 4k)
+        step = jax.jit(jax.grad(lambda q, k, v, do: jnp.sum(fwd(q, k, v).astype(jnp.float32) * do),
+                                argnums=(0, 1, 2)))
+        return lambda: jax.block_until_ready(step(q, k, v, do))
+    fn = jax.jit(fwd)
     return lambda: jax.block_until_ready(fn(q, k, v))
 
 
@@ -90,13 +93,35 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--one-rounding", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time the forward with attention_split=False (one more compile per row)")
+    ap.add_argument("--shape", action="append", default=None, help="B,H,L,d (repeatable; default: SHAPES)")
     args = ap.parse_args(argv)
     device = args.device
     dtype = torch.float16 if device == "cuda" else torch.float32
-    shapes = QUICK if args.quick else SHAPES
+    shapes = QUICK if args.quick else [tuple(int(n) for n in s.split(",")) for s in args.shape] if args.shape \
+        else SHAPES
     reps = 3 if args.quick else 10
     compiled = torch.compile(formula, dynamic=True) if device == "cuda" else None
     rows = []
+    env = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
+           "dtype": str(dtype)}
+    cols = ["stitchml_ms", "stitchml_one_rounding_ms", "sdpa_ms", "torch_compile_ms", "torch_eager_formula_ms",
+            "jax_ms"]
+    print(f"attention, {str(dtype).replace('torch.', '')}, {device}; median ms")
+    print(f"{'shape':>20} {'causal':>6} {'pass':>7} {'steps':>5} " + " ".join(f"{c[:-3][:14]:>14}" for c in cols)
+          + "  x SDPA", flush=True)
+
+    def show(r: dict) -> None:
+        cells = " ".join(f"{r[c]:14.4f}" if c in r else f"{'-':>14}" for c in cols)
+        print(f"{str(tuple(r['shape'])):>20} {str(r['causal']):>6} {r['pass']:>7} {r['stitchml_steps']:>5} {cells}"
+              f"  {r['stitchml_ms'] / r['sdpa_ms']:.2f}", flush=True)
+
+    def save() -> None:  # after every row: what a time limit cuts short is kept
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"environment": env, "results": rows}, f, indent=1)
+
     for shape in shapes:
         for causal in (False, True):
             for backward in (False, True):
@@ -127,7 +152,7 @@ def main(argv=None) -> int:
                         return F.scaled_dot_product_attention(a, b, c, is_causal=causal)
 
                 row["stitchml_ms"] = median_ms(lambda: exe.run(feeds), device, reps)
-                if not backward:  # the probabilities rounded once to float16 (as FlashAttention does)
+                if not backward and args.one_rounding:  # the probabilities rounded once (as FlashAttention does)
                     once, once_feeds, _ = stitch_graph(shape, dtype, causal, device, False, {"attention_split": False})
                     row["stitchml_one_rounding_ms"] = median_ms(lambda: once.run(once_feeds), device, reps)
                     once = once_feeds = None
@@ -139,23 +164,11 @@ def main(argv=None) -> int:
                 if jax_fn is not None:
                     row["jax_ms"] = median_ms(jax_fn, "cpu", reps)  # wall clock around block_until_ready
                 rows.append(row)
+                show(row)
+                save()
                 exe = feeds = outs = None  # free the arena before the next compile
                 if device == "cuda":
                     torch.cuda.empty_cache()
-    print(f"attention, {str(dtype).replace('torch.', '')}, {device}; median ms")
-    cols = ["stitchml_ms", "stitchml_one_rounding_ms", "sdpa_ms", "torch_compile_ms", "torch_eager_formula_ms",
-            "jax_ms"]
-    print(f"{'shape':>20} {'causal':>6} {'pass':>7} {'steps':>5} " + " ".join(f"{c[:-3][:14]:>14}" for c in cols)
-          + "  x SDPA")
-    for r in rows:
-        cells = " ".join(f"{r[c]:14.4f}" if c in r else f"{'-':>14}" for c in cols)
-        print(f"{str(tuple(r['shape'])):>20} {str(r['causal']):>6} {r['pass']:>7} {r['stitchml_steps']:>5} {cells}"
-              f"  {r['stitchml_ms'] / r['sdpa_ms']:.2f}")
-    if args.json:
-        env = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
-               "dtype": str(dtype)}
-        with open(args.json, "w") as f:
-            json.dump({"environment": env, "results": rows}, f, indent=1)
     return 0
 
 

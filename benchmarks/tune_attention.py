@@ -55,11 +55,12 @@ QUICK_CANDIDATES = [T(16, 16, 4, 1), T(32, 16, 4, 1), T(16, 32, 4, 1)]
 
 
 def layouts(shape):
-    """(Q, Kᵀ as a transposed view of a contiguous K, V, lse, dO) layouts of a (B, H, L, d) problem."""
+    """(Q, Kᵀ as a transposed view of a contiguous K, V, lse, O in float32, dO) layouts of a (B, H, L, d)
+    problem."""
     b, h, n, d = shape
     q = Layout.contiguous(shape)
     kt = Layout((b, h, d, n), (h * n * d, n * d, 1, d))
-    return [q, kt, q, Layout.contiguous((b, h, n)), q]
+    return [q, kt, q, Layout.contiguous((b, h, n)), q, q]
 
 
 def kernels(shape, causal: bool, kernel: str, tile: Tiles, split: bool, interpret: bool):
@@ -97,6 +98,7 @@ class Problem:
                                            for _ in range(4))
         b, h, n, d = shape
         self.out = torch.empty_like(self.q)
+        self.o32 = torch.empty(shape, device=device, dtype=torch.float32)  # O before its rounding
         self.lse = torch.empty((b, h, n), device=device, dtype=torch.float32)
         self.delta = torch.empty_like(self.lse)
         self.dq, self.dk, self.dv = (torch.empty_like(self.q) for _ in range(3))
@@ -108,8 +110,8 @@ class Problem:
     def args(self, kernel: str) -> list[torch.Tensor]:
         kt = self.k.transpose(-1, -2)
         if kernel == "forward":
-            return [self.q, kt, self.v, self.out, self.lse]
-        return [self.q, kt, self.v, self.lse, self.do, self.dq, self.dk, self.dv, self.delta]
+            return [self.q, kt, self.v, self.out, self.lse, self.o32]
+        return [self.q, kt, self.v, self.lse, self.o32, self.do, self.dq, self.dk, self.dv, self.delta]
 
     def errors(self, kernel: str) -> dict[str, float]:
         """Largest error of this kernel's results against float32 SDPA, relative to the largest reference."""
@@ -160,8 +162,8 @@ def main(argv=None) -> int:
         workers = max(1, min(15, (os.cpu_count() or 2) - 1))
         pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
         for _, kernel, _, _, src in plan:
-            dts = ["float16"] * 3 + (["float16", "float32"] if kernel == "forward" else
-                                     ["float32", "float16", "float16", "float16", "float16", "float32"])
+            dts = ["float16"] * 3 + (["float16", "float32", "float32"] if kernel == "forward" else
+                                     ["float32", "float32", "float16", "float16", "float16", "float16", "float32"])
             futures.append(pool.submit(_warm, (src.name, src.source, tuple(src.grid) + (1,) * (3 - len(src.grid)),
                                                src.num_warps, src.constexprs, dts)))
         print(f"compiling {len(plan)} kernels in {workers} processes", flush=True)
@@ -213,7 +215,7 @@ def main(argv=None) -> int:
                     continue
             try:
                 run = launcher(src, problem, kernel)
-                if kernel != "forward":  # the log-sum-exp comes from the forward, Δ from the dQ kernel
+                if kernel != "forward":  # the log-sum-exp and O come from the forward, Δ from the dQ kernel
                     for before in ("forward", "dq")[:1 if kernel == "dq" else 2]:
                         launcher(kernels(shape, causal, before, table_tile(shape, causal, before), True, interpret),
                                  problem, before)()

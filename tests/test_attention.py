@@ -276,3 +276,30 @@ def test_causal_training_step_with_many_tiles_matches_float64(monkeypatch, shape
     scopes = sensitivity(reference, [a.detach() for a in args])
     for name, t, want, scope in zip(("O", "dQ", "dK", "dV"), outs, reference(*args), scopes):
         assert_within(got[t].torch(), want.detach(), "composite", f"{name} {shape} {rows_tile} {keys_tile}", scope)
+
+
+@pytest.mark.parametrize("dtype,causal", [(sm.float16, True), (sm.bfloat16, False)], ids=str)
+def test_training_step_with_peaked_softmax_takes_delta_from_unrounded_output(dtype, causal):
+    """Scores three times wider than usual: few keys carry each row, dS = P (dP - Δ) cancels, and Δ =
+    rowsum(dO ∘ O) must come from the forward's float32 O (O rounded to the half type puts dQ and dK past
+    the tolerance rule). A causal first row's softmax is one key: its dQ is exactly 0, as the formula is."""
+    torch.manual_seed(4)
+    shape = (1, 20, 16)
+    bias = torch.full((20, 20), float("-inf")).triu(1).to(dtype.torch) if causal else None
+    g, leaves, outs = _training(shape, dtype, bias)
+    feeds = {t: (torch.randn(shape) * (3 if i < 2 else 1)).to(dtype.torch) for i, t in enumerate(leaves)}
+    exe = g.compile(feeds, outs, device="cpu")
+    assert [s.kind for s in exe.steps if s.kind.startswith("attention")] == ["attention", "attention_backward"]
+    got = exe.run(feeds)
+    mask64 = None if bias is None else bias.double()
+
+    def reference(q, k, v, do):
+        o = _reference(q, k, v, 0.25, mask64)
+        return (o, *torch.autograd.grad((o * do).sum(), (q, k, v), create_graph=True))
+
+    args = [feeds[t].double().requires_grad_() for t in leaves]
+    scopes = sensitivity(reference, [a.detach() for a in args])
+    for name, t, want, scope in zip(("O", "dQ", "dK", "dV"), outs, reference(*args), scopes):
+        assert_within(got[t].torch(), want.detach(), "composite", f"{name} {dtype.name} causal={causal}", scope)
+    if causal:
+        assert (got[outs[1]].torch()[:, 0] == 0).all()

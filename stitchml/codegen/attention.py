@@ -52,7 +52,9 @@ class Tiles:
 # benchmarks/results/tune_attention_h200_2026-12-01.json), per kernel, head dimension bucket (≤ 64, larger) and
 # causal or not. "dkv" walks query tiles of block_m for block_n keys, "dq" and "forward" walk key tiles of
 # block_n for block_m queries. The backward's two float32 accumulators (and the two halves of each product)
-# favour small tiles at 4 warps.
+# favour small tiles at 4 warps. With Δ out of the dQ kernel's loop (three products per step, not four) the
+# table's dQ and dK/dV tiles stayed the fastest of benchmarks/profile_attention_backward.py's candidates at
+# L = 16k, d = 64 and L = 4k, d = 128 (results/profile_attention_backward_h200_2026-12-02.json).
 GPU_TILES: dict[tuple[str, bool, bool], Tiles] = {
     ("forward", True, False): Tiles(128, 64, 4, 3),
     ("forward", True, True): Tiles(64, 64, 4, 3),
@@ -156,8 +158,9 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shape: t
 
     `dtype` is the element type name of Q, K and V ("float16", "bfloat16" or "float32"). `split`: see
     `product`. `lse`: the kernel also stores each row's log-sum-exp of the scores, in base-2 units, as a
-    float32 (batch..., L) output after O, which the backward kernels (attention_backward.py) read.
-    `tile`: the launch shape (default: `tiles`)."""
+    float32 (batch..., L) output after O, and for half types O before its rounding, as float32, after
+    that: the backward kernels (attention_backward.py) read both. `tile`: the launch shape (default:
+    `tiles`)."""
     q, kt, v = layouts[:3]
     batch = tuple(out_shape[:-2])
     length, head = q.shape[-2], q.shape[-1]
@@ -170,8 +173,9 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shape: t
     # float32 operands: full-precision products (tf32 would round them to 10 bits)
     precision = ', input_precision="ieee"' if dtype == "float32" else ""
     offsets = [batch_offset(batch, batch_strides(lay, batch)) for lay in layouts]
+    unrounded = lse and dtype != "float32"
     args = ["q_ptr", "kt_ptr", "v_ptr"] + (["mask_ptr"] if spec.mask else []) + ["out_ptr"] + \
-        (["lse_ptr"] if lse else [])
+        (["lse_ptr"] if lse else []) + (["o32_ptr"] if unrounded else [])
     row_ok = below("rows", length, t.block_m)
     col_ok = below("cols", keys, t.block_n)
     dim_ok = below("dims", head, block_d)
@@ -222,6 +226,9 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shape: t
     store_lse = f"""
     tl.store(lse_ptr + pid_b.to(tl.int64) * {length} + rows, m_i + tl.log2(l_i){guard(row_ok, store=True)})""" \
         if lse else ""
+    if unrounded:
+        store_lse += f"""
+    tl.store(o32_ptr + out_base + rows[:, None] * {value_dim} + vdims[None, :], o{store_guard})"""
     src = header(f"attention kernel {name}", interpret) + f'''
 
 @triton.jit

@@ -9,16 +9,19 @@ is recomputed exactly as P = exp2(S - lse) without a pass over the row. With
   It works on the transposed tiles (Sᵀ = K Qᵀ, Pᵀ, dSᵀ), so that the float32
   tiles it multiplies are left operands as computed, never transposed.
 
-The dQ kernel runs first: it sums Δ = rowsum(P ∘ dP) in its loop over the keys
-(dQ = Σ (P ∘ dP) K - Δ Σ P K) and stores Δ in a float32 scratch that the dK/dV
-kernel reads; Δ as rowsum(dO ∘ O) would need O unrounded and would differ
-from P ∘ dP by the order of its sum, which leaves rounding noise where the
-exact gradient is 0. Products of a half type carry the float32 operand as two
-halves (hi + lo), as the forward does (attention.product). A causal kernel
-applies the mask only on the tiles that cross the diagonal (see attention.py);
-bounds checks appear only where a tile can overhang. Inputs: Q, Kᵀ, V[, mask],
-lse, dO; outputs dQ, dKᵀ (stored as (d, S) or, when its buffer is (S, d), as
-dK) and dV; then the Δ scratch.
+The dQ kernel runs first: it takes Δ = rowsum(dO ∘ O) from O in float32 (the
+forward stores it unrounded for half types) and stores Δ in a float32 scratch
+that the dK/dV kernel reads, so each tile costs it three products (S, dP, dQ)
+where summing Δ = rowsum(P ∘ dP) in its own loop would take a fourth (Σ P K).
+Δ is the diagonal of dO Oᵀ, a tile product of the same operands in the same
+order as dO Vᵀ: where a query's softmax is one key (the first row of a causal
+mask) O is that key's V, Δ equals dP bit for bit and dQ is exactly 0, as the
+formula is. Products of a half type carry the float32 operand as two halves
+(hi + lo), as the forward does (attention.product). A causal kernel applies
+the mask only on the tiles that cross the diagonal (see attention.py); bounds
+checks appear only where a tile can overhang. Inputs: Q, Kᵀ, V[, mask], lse,
+O in float32, dO; outputs dQ, dKᵀ (stored as (d, S) or, when its buffer is
+(S, d), as dK) and dV; then the Δ scratch.
 """
 from __future__ import annotations
 
@@ -33,10 +36,10 @@ from .pointwise import KernelSource
 def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shapes: list[tuple[int, ...]], dtype: str,
              interpret: bool, split: bool = True, dkv_tile: Tiles | None = None,
              dq_tile: Tiles | None = None) -> tuple[KernelSource, KernelSource]:
-    """(the dKᵀ/dV kernel, the dQ kernel) for inputs of the given layouts (Q, Kᵀ, V[, mask], lse, dO).
+    """(the dKᵀ/dV kernel, the dQ kernel) for inputs of the given layouts (Q, Kᵀ, V[, mask], lse, O, dO).
     `dkv_tile`, `dq_tile`: their launch shapes (default: attention.tiles)."""
     q, kt, v = layouts[:3]
-    do_lay = layouts[-1]
+    o_lay, do_lay = layouts[-2:]
     dkt_shape = out_shapes[1]
     batch = tuple(out_shapes[2][:-2])  # dV's batch is the broadcast batch of the forward
     length, head = q.shape[-2], q.shape[-1]
@@ -50,6 +53,7 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shapes: 
         nbatch *= d
     offsets = [batch_offset(batch, batch_strides(lay, batch)) for lay in layouts[:3]]
     do_off = batch_offset(batch, batch_strides(do_lay, batch))
+    o_off = batch_offset(batch, batch_strides(o_lay, batch))
     do_strides = do_lay.strides[-2:]
     widen = ".to(tl.float32)" if interpret and dtype == "bfloat16" else ""
     elem = tl_type(as_dtype(dtype))
@@ -65,7 +69,7 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shapes: 
     kt_rows = dkt_shape[-2:] == (head, keys)
     dk_at = f"cols[:, None] + dims[None, :] * {keys}" if kt_rows else f"cols[:, None] * {head} + dims[None, :]"
     args = ", ".join(["q_ptr", "kt_ptr", "v_ptr"] + (["mask_ptr"] if spec.mask else []) +
-                     ["lse_ptr", "do_ptr", "dq_ptr", "dkt_ptr", "dv_ptr", "delta_ptr"])
+                     ["lse_ptr", "o_ptr", "do_ptr", "dq_ptr", "dkt_ptr", "dv_ptr", "delta_ptr"])
     common = f"""
     pid_b = tl.program_id(1)
     q_base = {offsets[0]}
@@ -75,13 +79,8 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shapes: 
     do_base = {do_off}
     dims = tl.arange(0, BLOCK_D)
     vdims = tl.arange(0, BLOCK_E)"""
-    as_multiplied = ""
-    if dtype != "float32":  # Δ sums P ∘ dP as the product below sees it (two halves, or one)
-        as_multiplied = (f"\n        hi = pdp.to({elem})\n        pdp = hi.to(tl.float32) + (pdp - hi.to(tl.float32))"
-                         f".to({elem}).to(tl.float32)" if split else f"\n        pdp = pdp.to({elem}).to(tl.float32)")
-
     def dq_loop(start: str, end: str, diagonal: bool) -> str:
-        """Steps over key tiles for a block of queries: dQ's sums, and Δ."""
+        """Steps over key tiles for a block of queries: dQ's sum."""
         row_ok, col_ok = below("rows", length, q_t.block_m), below("cols", keys, q_t.block_n)
         bias_checks = (down(row_ok), across(col_ok))
         bias = ""
@@ -100,10 +99,8 @@ def generate(name: str, spec: AttentionSpec, layouts: list[Layout], out_shapes: 
         s = tl.dot(q, kt{precision}) * {factor * LOG2E!r}{bias}{causal}{bounds}
         p = tl.exp2(s - lse[:, None])
         dp = tl.dot(do, vt{precision})
-        pdp = p * dp{as_multiplied}
-        delta += tl.sum(pdp, 1)
-{product("dq", "pdp", "tl.trans(kt)", dtype, split, widen)}
-{product("pk", "p", "tl.trans(kt)", dtype, split, widen)}"""
+        ds = p * (dp - delta[:, None])
+{product("dq", "ds", "tl.trans(kt)", dtype, split, widen)}"""
 
     def dkv_loop(start: str, end: str, diagonal: bool) -> str:
         """Steps over query tiles for a block of keys, on transposed tiles (keys down, queries across)."""
@@ -168,23 +165,29 @@ def {name}_dkv({args}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl
         pid_m = "tl.num_programs(0) - 1 - tl.program_id(0)"  # the longest rows first
     else:
         loops, pid_m = dq_loop("0", str(keys), False), "tl.program_id(0)"
-    # dQ = Σ_j P (dP - Δ) K = Σ_j (P ∘ dP) K - Δ Σ_j P K, with Δ = Σ_j P ∘ dP summed in the same loop: a
-    # query whose softmax is one key (the first row of a causal mask) gets exactly 0, as the formula does
+    o_checks = (down(vdim_ok), across(row_ok_q))
+    if dtype == "float32":
+        delta = f"tl.dot(do, ot{precision})"
+    else:  # O's two halves, each multiplied as V is in dP
+        delta = (f"tl.dot(do, ot.to({elem}){widen})\n    ot = (ot - ot.to({elem}).to(tl.float32)).to({elem}){widen}"
+                 "\n    delta = tl.dot(do, ot, delta)")
     q_src = header(f"attention backward (dQ) kernel {name}", interpret) + f'''
 
 @triton.jit
 def {name}_dq({args}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_E: tl.constexpr):
     pid_m = {pid_m}{common}
+    o_base = {o_off}
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     q = {load("q_ptr + q_base", "rows", q.strides[-2], "dims", q.strides[-1], *q_checks, widen=widen)}
     do = {load("do_ptr + do_base", "rows", do_lay.strides[-2], "vdims", do_lay.strides[-1], *q_do_checks, widen=widen)}
     lse = tl.load(lse_ptr + pid_b.to(tl.int64) * {length} + rows{guard(row_ok_q)})
     lse = tl.where(lse == float("-inf"), 0.0, lse)
-    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    pk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    delta = tl.zeros([BLOCK_M], tl.float32){loops}
-    dq = dq - delta[:, None] * pk
+    ot = {load("o_ptr + o_base", "vdims", o_lay.strides[-1], "rows", o_lay.strides[-2], *o_checks)}
+    delta = {delta}
+    own = tl.arange(0, BLOCK_M)
+    delta = tl.sum(tl.where(own[:, None] == own[None, :], delta, 0.0), 1)  # the diagonal: rowsum(dO ∘ O)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32){loops}
     tl.store(delta_ptr + pid_b.to(tl.int64) * {length} + rows, delta{guard(row_ok_q, store=True)})
     tl.store(dq_ptr + pid_b.to(tl.int64) * {length * head} + rows[:, None] * {head} + dims[None, :],
              (dq * {factor!r}).to({elem}){guard(down(row_ok_q), across(dim_ok), store=True)})

@@ -19,9 +19,10 @@ The pattern, read backwards from the second product:
 Every intermediate must be used by the pattern alone (the kernel never stores
 the scores or probabilities), or by the pattern's backward in a training
 graph: attention_grad.py finds that backward, and forward and backward are
-replaced together by a forward kernel that also stores the log-sum-exp and a
-backward fusion of two kernels (codegen/attention_backward.py). A constant mask of -inf above the diagonal and
-0 elsewhere becomes a causal kernel, which skips the masked key tiles.
+replaced together by a forward kernel that also stores the log-sum-exp (and O
+unrounded, for half types) and a backward fusion of two kernels
+(codegen/attention_backward.py). A constant mask of -inf above the diagonal
+and 0 elsewhere becomes a causal kernel, which skips the masked key tiles.
 Every near miss (a softmax feeding a product that fails one condition) is
 reported with its reason in `ctx.attention_report`, which
 `Executable.fusion_report()` prints.
@@ -189,7 +190,9 @@ def _copy(g: Graph, ops: list[Operation], inner: dict[int, Tensor], inputs: list
 def _body(ops: list[Operation], inputs: list[Tensor], spec: AttentionSpec, position: dict[int, int],
           lse: bool = False) -> Program:
     """The forward kernel's body: the matched ops, and with `lse` each row's log-sum-exp in base 2 (float32,
-    (batch..., L)), the second output, which the backward kernels read."""
+    (batch..., L)), the second output, which the backward kernels read. For half types a training forward
+    also stores O in float32 before its rounding (the third output; the body, which the reference backend
+    runs, widens the rounded O): the backward's Δ = rowsum(dO ∘ O) needs O to float32's precision."""
     g = Graph("attention")
     inner = _placeholders(g, inputs)
     _copy(g, ops, inner, inputs, position)
@@ -198,16 +201,20 @@ def _body(ops: list[Operation], inputs: list[Tensor], spec: AttentionSpec, posit
         top = next(inner[o.outputs[0].id] for o in ops if o.op == "reduction_maximum")
         total = next(inner[o.outputs[0].id] for o in ops if o.op == "reduction_sum")
         outs.append(g.reshape((g.logarithm(total) + top) * LOG2E, top.shape[:-1]))
+        if outs[0].dtype != float32:
+            outs.append(g.cast(outs[0], float32))
     return Program(g, outs, {"attention": spec})
 
 
 def _backward_body(fwd: list[Operation], bwd: list[Operation], inputs: list[Tensor], out: Tensor,
                    cotangent: Tensor, grads: list[Tensor], spec: AttentionSpec, position: dict[int, int]) -> Program:
     """The backward kernels' body: the forward recomputed, then the backward ops. Inputs: Q, Kᵀ, V[, mask],
-    lse, dO (the reference backend ignores lse)."""
+    lse, O in float32 (the forward's unrounded O for half types, O itself for float32), dO (the reference
+    backend ignores lse and O)."""
     g = Graph("attention_backward")
     inner = _placeholders(g, inputs)
     g.placeholder(out.shape[:-1], float32, name="lse")
+    g.placeholder(out.shape, float32, name="unrounded")
     inner[cotangent.id] = g.placeholder(cotangent.shape, cotangent.dtype, name="cotangent")
     _copy(g, fwd + bwd, inner, inputs, position)
     return Program(g, [inner[t.id] for t in grads], {"attention": spec})
@@ -294,7 +301,7 @@ def attention(program: Program, ctx) -> Program:
         return program
     g = Graph(program.graph.name)
     mapping: dict[int, Tensor] = {}
-    lse_of: dict[int, Tensor] = {}  # forward output id -> its log-sum-exp
+    lse_of: dict[int, tuple[Tensor, Tensor]] = {}  # forward output id -> its log-sum-exp, O in float32
     for op in program.operations:
         entry = found.get(op.id)
         if entry is not None and entry[0] == "forward":
@@ -305,12 +312,12 @@ def attention(program: Program, ctx) -> Program:
                                                                        "name": name}, name)
             mapping[op.outputs[0].id] = fused.outputs[0]
             if lse:
-                lse_of[op.outputs[0].id] = fused.outputs[1]
+                lse_of[op.outputs[0].id] = (fused.outputs[1], fused.outputs[2 if len(fused.outputs) == 3 else 0])
         if entry is not None and entry[0] == "backward":
             _, ops, bwd, inputs, spec, out, cotangent, grads = entry
             body = _backward_body(ops, bwd, inputs, out, cotangent, grads, spec, position)
             name = f"attention_backward_{op.name}"
-            feeds = [mapping[t.id] for t in inputs] + [lse_of[out.id], mapping[cotangent.id]]
+            feeds = [mapping[t.id] for t in inputs] + [*lse_of[out.id], mapping[cotangent.id]]
             fused = g._emit("fusion", feeds, {"body": body, "template": "attention_backward", "name": name}, name)
             for t, new in zip(grads, fused.outputs):
                 mapping[t.id] = new

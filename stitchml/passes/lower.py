@@ -254,7 +254,7 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     if template == "attention":
         src = attention.generate(op.name, body.notes["attention"], _layouts(op, plan), op.outputs[0].shape,
                                  op.inputs[0].dtype.name, interpret, options.get("attention_split", True),
-                                 lse=len(op.outputs) == 2)
+                                 lse=len(op.outputs) > 1)
         return Step(op.name, template, KernelLaunch(src, ins, outs), src.source)
     if template == "lstm_step":
         return _generation_step(op, plan, ins, outs, interpret, options, flags, new_slot)

@@ -179,8 +179,8 @@ def _scratch(op: Operation, ctx):
         product = next(o for o in body.operations if lookup(o.op).vendor is not None).outputs[0]
         has_epilogue = len([o for o in body.operations if o.op not in ("placeholder", "constant")]) > 1
         return (product.shape, product.dtype) if has_epilogue else None
-    if template == "attention_backward":  # Δ = rowsum(P ∘ dP) per query row, from the dQ kernel to the dK/dV one
-        lse = op.inputs[-2]
+    if template == "attention_backward":  # Δ = rowsum(dO ∘ O) per query row, from the dQ kernel to the dK/dV one
+        lse = op.inputs[-3]  # inputs: ..., lse, O, dO
         return lse.shape, lse.dtype
     if template == "reduction":
         from ..codegen.reduction import split_scratch
