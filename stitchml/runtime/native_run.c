@@ -541,6 +541,178 @@ static PyTypeObject RunnerType = {
     .tp_new = PyType_GenericNew,
 };
 
+
+/* A graph's lookup of a request seen before (runtime/compiled.py's ExecutableCache.quick) in C: the key of
+   identities `_request_key` builds, the cache's `_recent` entry by it, and the run of that executable's
+   prepared run. None (nothing run) where the request has another form (options, a torch.device: the
+   Python lookup takes those), no entry, or the prepared run misses. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *cache, *recent, *entries, *tensor_type, *op_type, *current, *get_device;
+    int cuda_ready;  /* the current CUDA device may be read directly (CUDA is initialised; it stays so) */
+} Lookup;
+
+static PyObject *s_prepared, *s_move_to_end, *s_fast_hits, *s_cpu, *s_colon;
+
+static void lookup_dealloc(Lookup *l) {
+    Py_XDECREF(l->cache); Py_XDECREF(l->recent); Py_XDECREF(l->entries); Py_XDECREF(l->tensor_type);
+    Py_XDECREF(l->op_type); Py_XDECREF(l->current); Py_XDECREF(l->get_device);
+    Py_TYPE(l)->tp_free((PyObject *)l);
+}
+
+static PyObject *lookup_call(Lookup *l, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
+/* Lookup(cache, recent, entries, tensor_type, op_type, current, get_device): `current(device)` is
+   `_current_cuda`, `get_device` torch's current-device call (None on builds without CUDA). */
+static int lookup_init(Lookup *l, PyObject *args, PyObject *kwds) {
+    if (l->cache != NULL) {
+        PyErr_SetString(PyExc_TypeError, "Lookup: already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "OO!OOOOO", &l->cache, &PyDict_Type, &l->recent, &l->entries, &l->tensor_type,
+                          &l->op_type, &l->current, &l->get_device))
+        return -1;
+    Py_INCREF(l->cache); Py_INCREF(l->recent); Py_INCREF(l->entries); Py_INCREF(l->tensor_type);
+    Py_INCREF(l->op_type); Py_INCREF(l->current); Py_INCREF(l->get_device);
+    l->vectorcall = (vectorcallfunc)lookup_call;
+    return 0;
+}
+
+/* Append the identities of a targets or target-ops argument to `key`; 0, 1 (another form) or -1. */
+static int add_ids(PyObject *key, PyObject *seq, PyObject *single) {
+    if (Py_TYPE(seq) == (PyTypeObject *)single) {
+        PyObject *id = PyLong_FromVoidPtr(seq);
+        int rc = id ? PyList_Append(key, id) : -1;
+        Py_XDECREF(id);
+        return rc;
+    }
+    if (!PyList_CheckExact(seq) && !PyTuple_CheckExact(seq)) return 1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *id = PyLong_FromVoidPtr(items[i]);
+        int rc = id ? PyList_Append(key, id) : -1;
+        Py_XDECREF(id);
+        if (rc < 0) return -1;
+    }
+    return 0;
+}
+
+static Py_ssize_t count(PyObject *seq, PyObject *single) {
+    return Py_TYPE(seq) == (PyTypeObject *)single ? 1 : PySequence_Fast_GET_SIZE(seq);
+}
+
+/* lookup(feeds, targets, target_ops, device, compiled, options) */
+static PyObject *lookup_call(Lookup *l, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 6) {
+        PyErr_SetString(PyExc_TypeError, "Lookup(feeds, targets, target_ops, device, compiled, options)");
+        return NULL;
+    }
+    PyObject *feeds = args[0], *targets = args[1], *ops = args[2], *device = args[3], *compiled = args[4];
+    if (PyDict_GET_SIZE(l->recent) == 0) Py_RETURN_NONE;
+    int truth = PyObject_IsTrue(args[5]);
+    if (truth != 0) {
+        if (truth < 0) return NULL;
+        Py_RETURN_NONE;  /* compile options: the Python lookup builds their key */
+    }
+    if (feeds != Py_None && !PyDict_CheckExact(feeds)) Py_RETURN_NONE;
+    if (Py_TYPE(targets) != (PyTypeObject *)l->tensor_type && !PyList_CheckExact(targets) &&
+        !PyTuple_CheckExact(targets))
+        Py_RETURN_NONE;
+    if (Py_TYPE(ops) != (PyTypeObject *)l->op_type && !PyList_CheckExact(ops) && !PyTuple_CheckExact(ops))
+        Py_RETURN_NONE;
+    PyObject *current = Py_None;  /* borrowed, or `owned` */
+    PyObject *owned = NULL;
+    int through_current;
+    if (device == Py_None) {
+        through_current = 1;
+    } else if (PyUnicode_CheckExact(device)) {
+        through_current = PyUnicode_Compare(device, s_cpu) != 0 && PyUnicode_Find(device, s_colon, 0,
+                                                                                  PY_SSIZE_T_MAX, 1) == -1;
+        if (PyErr_Occurred()) return NULL;
+    } else {
+        Py_RETURN_NONE;  /* a torch.device, or something the full lookup reports */
+    }
+    if (through_current && l->get_device != Py_None) {
+        owned = l->cuda_ready ? PyObject_CallNoArgs(l->get_device) : PyObject_CallOneArg(l->current, device);
+        if (owned == NULL) return NULL;
+        if (owned != Py_None) l->cuda_ready = 1;
+        current = owned;
+    }
+    PyObject *key = PyList_New(0), *result = NULL;
+    if (key == NULL) {
+        Py_XDECREF(owned);
+        return NULL;
+    }
+    PyObject *nfeeds = PyLong_FromSsize_t(feeds == Py_None ? 0 : PyDict_GET_SIZE(feeds));
+    PyObject *ntargets = PyLong_FromSsize_t(count(targets, l->tensor_type));
+    PyObject *empty = PyTuple_New(0);
+    PyObject *head[] = {device, current, compiled, empty, nfeeds, ntargets};
+    int rc = nfeeds && ntargets && empty ? 0 : -1;
+    for (int i = 0; rc == 0 && i < 6; i++) rc = PyList_Append(key, head[i]);
+    Py_XDECREF(nfeeds); Py_XDECREF(ntargets); Py_XDECREF(empty); Py_XDECREF(owned);
+    if (rc == 0 && feeds != Py_None) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (rc == 0 && PyDict_Next(feeds, &pos, &k, &v)) {
+            PyObject *id = PyLong_FromVoidPtr(k);
+            rc = id ? PyList_Append(key, id) : -1;
+            Py_XDECREF(id);
+        }
+    }
+    if (rc == 0) rc = add_ids(key, targets, l->tensor_type);
+    if (rc == 0) rc = add_ids(key, ops, l->op_type);
+    if (rc != 0) {
+        Py_DECREF(key);
+        if (rc < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *tuple = PyList_AsTuple(key);
+    Py_DECREF(key);
+    if (tuple == NULL) return NULL;
+    PyObject *hit = PyDict_GetItemWithError(l->recent, tuple);  /* borrowed: (signature, executable, held) */
+    Py_DECREF(tuple);
+    if (hit == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(hit);  /* another thread may drop the entry while the run goes */
+    PyObject *prepared = PyObject_GetAttr(PyTuple_GET_ITEM(hit, 1), s_prepared);
+    if (prepared == NULL || prepared == Py_None) {
+        Py_DECREF(hit);
+        if (prepared == NULL) return NULL;
+        return prepared;
+    }
+    PyObject *call[] = {feeds, Py_None};
+    result = PyObject_Vectorcall(prepared, call, 2, NULL);
+    Py_DECREF(prepared);
+    if (result != NULL && result != Py_None) {
+        PyObject *moved = PyObject_CallMethodOneArg(l->entries, s_move_to_end, PyTuple_GET_ITEM(hit, 0));
+        if (moved != NULL)
+            Py_DECREF(moved);
+        else if (PyErr_ExceptionMatches(PyExc_KeyError))
+            PyErr_Clear();  /* evicted by another thread meanwhile: this run was still its executable's */
+        else
+            Py_CLEAR(result);
+        if (result != NULL && bump(l->cache, s_fast_hits) < 0) Py_CLEAR(result);
+    }
+    Py_DECREF(hit);
+    return result;
+}
+
+static PyTypeObject LookupType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stitchml_native_run.Lookup",
+    .tp_basicsize = sizeof(Lookup),
+    .tp_dealloc = (destructor)lookup_dealloc,
+    .tp_vectorcall_offset = offsetof(Lookup, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A graph's lookup of a request seen before (runtime/native_run.py).",
+    .tp_init = (initproc)lookup_init,
+    .tp_new = PyType_GenericNew,
+};
+
 static PyObject *noop_launch(PyObject *self, PyObject *unused) {
     return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)&launch_nothing);
 }
@@ -553,7 +725,7 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "stitchml_native_run", NULL, -1, module_methods};
 
 PyMODINIT_FUNC PyInit_stitchml_native_run(void) {
-    if (PyType_Ready(&RunnerType) < 0) return NULL;
+    if (PyType_Ready(&RunnerType) < 0 || PyType_Ready(&LookupType) < 0) return NULL;
     const char *names[] = {"dtype", "shape", "get_device", "is_contiguous", "data_ptr", "clone", "_t", "runs",
                            "run_count"};
     PyObject **slots[] = {&s_dtype, &s_shape, &s_get_device, &s_is_contiguous, &s_data_ptr, &s_clone, &s_t,
@@ -561,11 +733,21 @@ PyMODINIT_FUNC PyInit_stitchml_native_run(void) {
     for (int i = 0; i < 9; i++)
         if (!(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
     if (!(one = PyLong_FromLong(1))) return NULL;
+    const char *more[] = {"_prepared", "move_to_end", "fast_hits", "cpu", ":"};
+    PyObject **more_slots[] = {&s_prepared, &s_move_to_end, &s_fast_hits, &s_cpu, &s_colon};
+    for (int i = 0; i < 5; i++)
+        if (!(*more_slots[i] = PyUnicode_InternFromString(more[i]))) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     Py_INCREF(&RunnerType);
     if (PyModule_AddObject(m, "Runner", (PyObject *)&RunnerType) < 0) {
         Py_DECREF(&RunnerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&LookupType);
+    if (PyModule_AddObject(m, "Lookup", (PyObject *)&LookupType) < 0) {
+        Py_DECREF(&LookupType);
         Py_DECREF(m);
         return NULL;
     }

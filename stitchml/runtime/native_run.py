@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from ..ir import Operation, Tensor
 from ..tensor_data import TensorData
 from .launch import KernelLaunch
 from .steps import failure
@@ -206,3 +207,14 @@ def runner(exe, prepared, stream=None):
                       tuple(tuple(r) for r in exe._results), tuple(specs), ex, _address(drv.launch), stream,
                       launches[0][0].device_index, exe._lock, resume, exe, exe.graph, torch.Tensor, TensorData,
                       tuple(d for _, d in launches))
+
+
+def lookup(cache, current, get_device):
+    """A native `quick` for the ExecutableCache `cache` (its `_recent` entries by request key), or None
+    where the extension is unavailable or turned off. `current(device)` is the current CUDA device where
+    `device` resolves through it (compiled.py's `_current_cuda`); `get_device` torch's own call for it,
+    which the lookup makes directly once CUDA is initialised (None on builds without CUDA)."""
+    mod = module() if enabled() else None
+    if mod is None:
+        return None
+    return mod.Lookup(cache, cache._recent, cache.entries, Tensor, Operation, current, get_device)
