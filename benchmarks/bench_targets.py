@@ -191,15 +191,34 @@ def latency(dev: torch.device, quick: bool) -> None:
                 record("latency", case, name, per_call_us(fn, dev, n // 2), "us", kind="per call")
         finally:
             exe._prepared = runner
+        # differences of close figures, in alternating rounds (the fastest round of each)
+        mine, theirs = paired_us(lambda: exe.run({x: a}), lambda: torch.erf(a), dev, n // 10)
+        record("latency", case, "exe.run / torch.erf, paired", mine / theirs, "x", kind="paired",
+               exe_run=round(mine, 2), torch_erf=round(theirs, 2))
         ex, plain = runner.launchers()
         if ex:  # the native run through the eleven-argument cuLaunchKernel
-            runner.set_launchers(0, plain)
+            plain_runner = native_run.runner(exe, python_run)
+            plain_runner.set_launchers(0, plain)
+            exe._prepared = plain_runner
             try:
                 assert rel_err(exe.run({x: a})[y].torch(), want) < 1e-6
-                record("latency", case, "exe.run, cuLaunchKernel", per_call_us(lambda: exe.run({x: a}), dev, n // 2),
-                       "us", kind="per call")
             finally:
-                runner.set_launchers(ex, plain)
+                exe._prepared = runner
+            with_ex, without = paired_us(lambda: runner({x: a}), lambda: plain_runner({x: a}), dev, n // 10)
+            record("latency", case, "runner: cuLaunchKernelEx, cuLaunchKernel, paired", with_ex, "us", kind="paired",
+                   cu_launch_kernel=round(without, 2))
+        saved = native_run.BLOCK_OUTPUTS
+        native_run.BLOCK_OUTPUTS = 1  # every output allocated alone
+        try:
+            single = native_run.runner(exe, python_run)
+        finally:
+            native_run.BLOCK_OUTPUTS = saved
+        blocks, alone = paired_us(lambda: runner({x: a}), lambda: single({x: a}), dev, n // 10)
+        record("latency", case, "runner: outputs from blocks, each allocated alone, paired", blocks, "us",
+               kind="paired", allocated_alone=round(alone, 2))
+        direct_call, through_run = paired_us(lambda: runner({x: a}), lambda: exe.run({x: a}), dev, n // 10)
+        record("latency", case, "runner called directly, through exe.run, paired", direct_call, "us", kind="paired",
+               through_exe_run=round(through_run, 2))
     assert rel_err(g.run({x: a}, [y], device=str(dev))[y].torch(), want) < 1e-6  # after its lookup's warm-up
     shape, stride, template = (4096,), (1,), torch.empty(0, device=dev)
     record("latency", case, "torch.empty 4K (allocation alone)",

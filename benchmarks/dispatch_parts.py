@@ -54,12 +54,14 @@ def measure(model_name: str, batch: int, n: int = 2000) -> tuple[str, list[tuple
     (in_name,), (out_name, shape) = list(pipe.input_types), next(iter(pipe.output_shapes.items()))
     table = {in_name: sm.TensorData(x.cuda()), out_name: dev.new_tensor(shape, sm.float32)}
 
+    heaps = {q: heap}  # a heap per queue: one in use by a buffer of one queue is not another queue's to take
+
     def encode(queue=q):
         cb = queue.command_buffer()
         enc = cb.ml_encoder()
         enc.set_pipeline(pipe)
         enc.set_argument_table(table)
-        enc.dispatch_network(heap)
+        enc.dispatch_network(heaps[queue])
         enc.end()
         return cb
 
@@ -74,6 +76,7 @@ def measure(model_name: str, batch: int, n: int = 2000) -> tuple[str, list[tuple
     rows = [("encode + commit (one dispatch)", median_us(whole, lambda cb: cb.wait(), n=n))]
     rows.append(("  encode alone", median_us(encode, n=n)))
     timed = dev.new_command_queue("parts-timed", timestamps=True)
+    heaps[timed] = dev.new_heap(pipe.intermediates_heap_size)
     rows.append(("encode + commit, GPU timestamps on", median_us(lambda: whole(timed), lambda cb: cb.wait(), n=n)))
 
     def eight():

@@ -153,6 +153,22 @@ def test_a_run_launches_in_c_with_the_prepared_parameter_block(fake, monkeypatch
     assert again.shape == (N,) and again.dtype == torch.float32 and again.is_contiguous()
 
 
+def test_small_outputs_come_from_blocks_and_every_result_keeps_its_values(fake, monkeypatch):
+    _, x, y, exe, _, _ = _setup(fake, monkeypatch)
+    feeds = [torch.randn(N) for _ in range(2 * native_run.BLOCK_OUTPUTS + 3)]
+    results = [exe.run({x: a})[y].torch() for a in feeds]  # all kept: later runs must not write into them
+    for a, got in zip(feeds, results):
+        np.testing.assert_array_equal(got.numpy(), (a.double() * 2).float().numpy())
+        assert got.shape == (N,) and got.is_contiguous() and got.data_ptr() % 16 == 0
+    assert len({r.data_ptr() for r in results}) == len(results)
+    blocks = {r.untyped_storage().data_ptr() for r in results}
+    assert len(blocks) == 3  # BLOCK_OUTPUTS outputs per allocation
+    monkeypatch.setattr(native_run, "BLOCK_BYTES", 4 * N - 1)  # a 256-byte output is now too large for a block
+    exe._prepared = native_run.runner(exe, executable._Prepared(exe, exe._template), stream=lambda index: 77)
+    alone = [exe.run({x: a})[y].torch() for a in feeds[:2]]
+    assert all(r.untyped_storage().nbytes() == 4 * N for r in alone)
+
+
 def test_a_caller_buffer_is_launched_on_in_place(fake, monkeypatch):
     _, x, y, exe, launch, runner = _setup(fake, monkeypatch)
     a, buf = torch.randn(N), torch.full((N,), float("nan"))

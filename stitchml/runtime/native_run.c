@@ -46,6 +46,9 @@ typedef struct {
     Py_ssize_t nout;
     Py_ssize_t *out_slot;
     PyObject **out_new, **out_args, **out_user, **out_shape, **out_dtype;  /* out_args: (shape, strides) */
+    Py_ssize_t *out_count;  /* outputs allocated at once: the allocation is a block of that many, unbound */
+    PyObject **out_pool;    /* the block's tensors not handed out yet (a tuple), or NULL */
+    Py_ssize_t *out_next;   /* the next of them */
     Py_ssize_t nres;
     PyObject **res_user;
     Py_ssize_t *res_slot;
@@ -60,7 +63,7 @@ typedef struct {
 } Runner;
 
 static PyObject *s_dtype, *s_shape, *s_get_device, *s_is_contiguous, *s_data_ptr, *s_clone, *s_t, *s_runs,
-    *s_run_count, *one;
+    *s_run_count, *s_unbind, *one, *zero;
 
 static int launch_nothing(void) { return 0; }
 static PyObject *runner_call(Runner *r, PyObject *const *args, size_t nargsf, PyObject *kwnames);
@@ -73,6 +76,7 @@ static void runner_clear_arrays(Runner *r) {
     for (Py_ssize_t i = 0; r->out_new && i < r->nout; i++) {
         Py_XDECREF(r->out_new[i]); Py_XDECREF(r->out_args[2 * i]); Py_XDECREF(r->out_args[2 * i + 1]);
         Py_XDECREF(r->out_user[i]); Py_XDECREF(r->out_shape[i]); Py_XDECREF(r->out_dtype[i]);
+        Py_XDECREF(r->out_pool[i]);
     }
     for (Py_ssize_t i = 0; r->res_user && i < r->nres; i++) Py_XDECREF(r->res_user[i]);
     for (Py_ssize_t i = 0; r->kernels && i < r->nk; i++) {
@@ -81,6 +85,7 @@ static void runner_clear_arrays(Runner *r) {
     PyMem_Free(r->template); PyMem_Free(r->feed_key); PyMem_Free(r->feed_shape); PyMem_Free(r->feed_dtype);
     PyMem_Free(r->feed_slot); PyMem_Free(r->out_slot); PyMem_Free(r->out_new); PyMem_Free(r->out_args);
     PyMem_Free(r->out_user); PyMem_Free(r->out_shape); PyMem_Free(r->out_dtype); PyMem_Free(r->res_user);
+    PyMem_Free(r->out_count); PyMem_Free(r->out_pool); PyMem_Free(r->out_next);
     PyMem_Free(r->res_slot); PyMem_Free(r->res_held); PyMem_Free(r->kernels);
 }
 
@@ -178,18 +183,26 @@ static int runner_init(Runner *r, PyObject *args, PyObject *kwds) {
         !(r->out_args = alloc_zeroed(2 * r->nout, sizeof(PyObject *))) ||
         !(r->out_user = alloc_zeroed(r->nout, sizeof(PyObject *))) ||
         !(r->out_shape = alloc_zeroed(r->nout, sizeof(PyObject *))) ||
-        !(r->out_dtype = alloc_zeroed(r->nout, sizeof(PyObject *))))
+        !(r->out_dtype = alloc_zeroed(r->nout, sizeof(PyObject *))) ||
+        !(r->out_count = alloc_zeroed(r->nout, sizeof(Py_ssize_t))) ||
+        !(r->out_pool = alloc_zeroed(r->nout, sizeof(PyObject *))) ||
+        !(r->out_next = alloc_zeroed(r->nout, sizeof(Py_ssize_t))))
         return -1;
     for (Py_ssize_t i = 0; i < r->nout; i++) {
         PyObject *o = PyTuple_GET_ITEM(outputs, i);
-        if (need_tuple(o, 6, "an output") < 0) return -1;
+        if (need_tuple(o, 7, "an output") < 0 || need_tuple(PyTuple_GET_ITEM(o, 2), 2, "an allocation") < 0)
+            return -1;
         r->out_slot[i] = (Py_ssize_t)item_int(o, 0);
         r->out_new[i] = Py_NewRef(PyTuple_GET_ITEM(o, 1));
-        r->out_args[2 * i] = Py_NewRef(PyTuple_GET_ITEM(o, 2));
-        r->out_args[2 * i + 1] = Py_NewRef(PyTuple_GET_ITEM(o, 3));
-        r->out_shape[i] = Py_NewRef(PyTuple_GET_ITEM(o, 2));
+        r->out_args[2 * i] = Py_NewRef(PyTuple_GET_ITEM(PyTuple_GET_ITEM(o, 2), 0));
+        r->out_args[2 * i + 1] = Py_NewRef(PyTuple_GET_ITEM(PyTuple_GET_ITEM(o, 2), 1));
+        r->out_shape[i] = Py_NewRef(PyTuple_GET_ITEM(o, 3));
         r->out_dtype[i] = Py_NewRef(PyTuple_GET_ITEM(o, 4));
         r->out_user[i] = PyTuple_GET_ITEM(o, 5) == Py_None ? NULL : Py_NewRef(PyTuple_GET_ITEM(o, 5));
+        r->out_count[i] = (Py_ssize_t)item_int(o, 6);
+        if (r->out_count[i] < 1 && !PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "Runner: an output's allocation count must be at least 1");
+        if (PyErr_Occurred()) return -1;
         if (r->out_slot[i] < 0 || r->out_slot[i] >= nslots) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Runner: an output's slot is out of range");
             return -1;
@@ -335,6 +348,30 @@ static int bump(PyObject *obj, PyObject *name) {
     return rc;
 }
 
+/* A fresh output `i`: allocated now, or the next tensor of a block of `out_count` of them allocated at once
+   (one allocation and one `unbind` for that many outputs: a view costs less host time than an allocation). */
+static PyObject *allocate(Runner *r, Py_ssize_t i) {
+    if (r->out_count[i] == 1) return PyObject_Vectorcall(r->out_new[i], &r->out_args[2 * i], 2, NULL);
+    PyObject *pool = r->out_pool[i];
+    if (pool != NULL && r->out_next[i] < PyTuple_GET_SIZE(pool))  /* no Python code runs up to the return */
+        return Py_NewRef(PyTuple_GET_ITEM(pool, r->out_next[i]++));
+    PyObject *block = PyObject_Vectorcall(r->out_new[i], &r->out_args[2 * i], 2, NULL);
+    if (block == NULL) return NULL;
+    PyObject *parts = PyObject_CallMethodOneArg(block, s_unbind, zero);
+    Py_DECREF(block);
+    if (parts == NULL) return NULL;
+    if (!PyTuple_CheckExact(parts) || PyTuple_GET_SIZE(parts) != r->out_count[i]) {
+        Py_DECREF(parts);
+        PyErr_SetString(PyExc_RuntimeError, "Runner: unbind did not give one tensor per output");
+        return NULL;
+    }
+    PyObject *first = Py_NewRef(PyTuple_GET_ITEM(parts, 0)), *old = r->out_pool[i];
+    r->out_pool[i] = parts;
+    r->out_next[i] = 1;
+    Py_XDECREF(old);
+    return first;
+}
+
 #define SMALL 32
 
 /* runner(feeds, outputs=None): the run's {target: TensorData}, or None (nothing run) where a feed or
@@ -401,7 +438,7 @@ static PyObject *runner_call(Runner *r, PyObject *const *args, size_t nargsf, Py
     for (Py_ssize_t i = 0; i < r->nout; i++) {
         Py_ssize_t slot = r->out_slot[i];
         if (env[slot] != NULL) continue;  /* a caller's buffer */
-        PyObject *t = PyObject_Vectorcall(r->out_new[i], &r->out_args[2 * i], 2, NULL);
+        PyObject *t = allocate(r, i);
         if (t == NULL) goto done;
         env[slot] = t;
         fresh[slot] = 1;
@@ -732,7 +769,8 @@ PyMODINIT_FUNC PyInit_stitchml_native_run(void) {
                           &s_runs, &s_run_count};
     for (int i = 0; i < 9; i++)
         if (!(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
-    if (!(one = PyLong_FromLong(1))) return NULL;
+    if (!(one = PyLong_FromLong(1)) || !(zero = PyLong_FromLong(0)) || !(s_unbind = PyUnicode_InternFromString("unbind")))
+        return NULL;
     const char *more[] = {"_prepared", "move_to_end", "fast_hits", "cpu", ":"};
     PyObject **more_slots[] = {&s_prepared, &s_move_to_end, &s_fast_hits, &s_cpu, &s_colon};
     for (int i = 0; i < 5; i++)
