@@ -6,6 +6,7 @@ a compiler."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import textwrap
 import threading
 import types
+import weakref
 
 import numpy as np
 import pytest
@@ -301,3 +303,33 @@ def test_the_disk_cache_is_keyed_and_safe_between_processes(tmp_path, monkeypatc
     assert all(p.returncode == 0 for p in procs), outs
     assert {o.strip() for o, _ in outs} == {so}
     assert os.listdir(os.path.dirname(so)) == [os.path.basename(so)]  # no temporaries left behind
+
+
+def test_runners_and_lookups_are_collected_with_their_graph(fake, monkeypatch):
+    g, x, y, exe, launch, runner = _setup(fake, monkeypatch)
+    exe.run({x: torch.randn(N)})
+    for _ in range(2):  # compiled at once; then `quick` is the native lookup
+        g.run({x: torch.randn(N)}, [y], compiled=True)
+    assert type(g._executables.quick).__name__ == "Lookup"
+    # the runner holds the DirectLaunch; the executable and the runner, the cache and its lookup hold each other
+    refs = [weakref.ref(o) for o in (g, exe, launch.direct, g._executables)]
+    del g, x, y, exe, launch, runner
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)
+
+
+def test_requests_of_another_form_go_to_the_python_lookup():
+    g = sm.Graph("forms")
+    x = g.placeholder((N,), sm.float32, name="x")
+    y = x * 2.0
+    a = torch.randn(N)
+    g.run({x: a}, [y], compiled=True)
+    cache = g._executables
+    if type(cache.quick).__name__ != "Lookup":
+        pytest.skip(f"no native lookup here: {native_run.reason}")
+    for device in (torch.device("cpu"), "cpu", None):
+        for _ in range(2):
+            hits = cache.fast_hits
+            got = g.run({x: a}, [y], device=device, compiled=True)[y]
+            np.testing.assert_array_equal(got.numpy(), (a.double() * 2).float().numpy())
+        assert cache.fast_hits == hits + 1, device  # the second of each is answered by a lookup

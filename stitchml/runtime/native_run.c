@@ -89,11 +89,41 @@ static void runner_clear_arrays(Runner *r) {
     PyMem_Free(r->res_slot); PyMem_Free(r->res_held); PyMem_Free(r->kernels);
 }
 
-static void runner_dealloc(Runner *r) {
+/* The runner holds its executable (for its counters) and the executable holds the runner (its prepared
+   run): a cycle, which the garbage collector breaks through these two. */
+static int runner_traverse(Runner *r, visitproc visit, void *arg) {
+    for (Py_ssize_t i = 0; r->template && i < r->nslots; i++) Py_VISIT(r->template[i]);
+    for (Py_ssize_t i = 0; r->feed_key && i < r->nfeeds; i++) {
+        Py_VISIT(r->feed_key[i]); Py_VISIT(r->feed_shape[i]); Py_VISIT(r->feed_dtype[i]);
+    }
+    for (Py_ssize_t i = 0; r->out_new && i < r->nout; i++) {
+        Py_VISIT(r->out_new[i]); Py_VISIT(r->out_args[2 * i]); Py_VISIT(r->out_args[2 * i + 1]);
+        Py_VISIT(r->out_user[i]); Py_VISIT(r->out_shape[i]); Py_VISIT(r->out_dtype[i]); Py_VISIT(r->out_pool[i]);
+    }
+    for (Py_ssize_t i = 0; r->res_user && i < r->nres; i++) Py_VISIT(r->res_user[i]);
+    Py_VISIT(r->stream_fn); Py_VISIT(r->stream_arg); Py_VISIT(r->acquire); Py_VISIT(r->release);
+    Py_VISIT(r->resume); Py_VISIT(r->exe); Py_VISIT(r->graph); Py_VISIT(r->tensor_type); Py_VISIT(r->data_type);
+    Py_VISIT(r->keep);
+    return 0;
+}
+
+static int runner_clear(Runner *r) {
     runner_clear_arrays(r);
-    Py_XDECREF(r->stream_fn); Py_XDECREF(r->stream_arg); Py_XDECREF(r->acquire); Py_XDECREF(r->release);
-    Py_XDECREF(r->resume); Py_XDECREF(r->exe); Py_XDECREF(r->graph); Py_XDECREF(r->tensor_type);
-    Py_XDECREF(r->data_type); Py_XDECREF(r->keep);
+    r->template = NULL; r->feed_key = NULL; r->feed_shape = NULL; r->feed_dtype = NULL; r->feed_slot = NULL;
+    r->out_slot = NULL; r->out_new = NULL; r->out_args = NULL; r->out_user = NULL; r->out_shape = NULL;
+    r->out_dtype = NULL; r->out_count = NULL; r->out_pool = NULL; r->out_next = NULL; r->res_user = NULL;
+    r->res_slot = NULL; r->res_held = NULL; r->kernels = NULL;
+    r->nslots = r->nfeeds = r->nout = r->nres = r->nk = 0;
+    r->vectorcall = NULL;  /* cleared: calls raise TypeError */
+    Py_CLEAR(r->stream_fn); Py_CLEAR(r->stream_arg); Py_CLEAR(r->acquire); Py_CLEAR(r->release);
+    Py_CLEAR(r->resume); Py_CLEAR(r->exe); Py_CLEAR(r->graph); Py_CLEAR(r->tensor_type); Py_CLEAR(r->data_type);
+    Py_CLEAR(r->keep);
+    return 0;
+}
+
+static void runner_dealloc(Runner *r) {
+    PyObject_GC_UnTrack(r);
+    runner_clear(r);
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
 
@@ -570,7 +600,9 @@ static PyTypeObject RunnerType = {
     .tp_dealloc = (destructor)runner_dealloc,
     .tp_vectorcall_offset = offsetof(Runner, vectorcall),
     .tp_call = PyVectorcall_Call,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)runner_traverse,
+    .tp_clear = (inquiry)runner_clear,
     .tp_doc = "A prepared run launched from C (runtime/native_run.py).",
     .tp_methods = runner_methods,
     .tp_getset = runner_getset,
@@ -587,31 +619,47 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *cache, *recent, *entries, *tensor_type, *op_type, *current, *get_device;
+    PyObject *fallback;  /* the Python lookup, for requests of another form (compile options, a torch.device) */
     int cuda_ready;  /* the current CUDA device may be read directly (CUDA is initialised; it stays so) */
 } Lookup;
 
 static PyObject *s_prepared, *s_move_to_end, *s_fast_hits, *s_cpu, *s_colon;
 
+/* The lookup holds its cache and the cache holds the lookup (its `quick`): collectable, as the runner. */
+static int lookup_traverse(Lookup *l, visitproc visit, void *arg) {
+    Py_VISIT(l->cache); Py_VISIT(l->recent); Py_VISIT(l->entries); Py_VISIT(l->tensor_type); Py_VISIT(l->op_type);
+    Py_VISIT(l->current); Py_VISIT(l->get_device); Py_VISIT(l->fallback);
+    return 0;
+}
+
+static int lookup_clear(Lookup *l) {
+    l->vectorcall = NULL;
+    Py_CLEAR(l->cache); Py_CLEAR(l->recent); Py_CLEAR(l->entries); Py_CLEAR(l->tensor_type); Py_CLEAR(l->op_type);
+    Py_CLEAR(l->current); Py_CLEAR(l->get_device); Py_CLEAR(l->fallback);
+    return 0;
+}
+
 static void lookup_dealloc(Lookup *l) {
-    Py_XDECREF(l->cache); Py_XDECREF(l->recent); Py_XDECREF(l->entries); Py_XDECREF(l->tensor_type);
-    Py_XDECREF(l->op_type); Py_XDECREF(l->current); Py_XDECREF(l->get_device);
+    PyObject_GC_UnTrack(l);
+    lookup_clear(l);
     Py_TYPE(l)->tp_free((PyObject *)l);
 }
 
 static PyObject *lookup_call(Lookup *l, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 
-/* Lookup(cache, recent, entries, tensor_type, op_type, current, get_device): `current(device)` is
-   `_current_cuda`, `get_device` torch's current-device call (None on builds without CUDA). */
+/* Lookup(cache, recent, entries, tensor_type, op_type, current, get_device, fallback): `current(device)` is
+   `_current_cuda`, `get_device` torch's current-device call (None on builds without CUDA), `fallback` the
+   Python lookup of the same arguments. */
 static int lookup_init(Lookup *l, PyObject *args, PyObject *kwds) {
     if (l->cache != NULL) {
         PyErr_SetString(PyExc_TypeError, "Lookup: already initialised");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OO!OOOOO", &l->cache, &PyDict_Type, &l->recent, &l->entries, &l->tensor_type,
-                          &l->op_type, &l->current, &l->get_device))
+    if (!PyArg_ParseTuple(args, "OO!OOOOOO", &l->cache, &PyDict_Type, &l->recent, &l->entries, &l->tensor_type,
+                          &l->op_type, &l->current, &l->get_device, &l->fallback))
         return -1;
     Py_INCREF(l->cache); Py_INCREF(l->recent); Py_INCREF(l->entries); Py_INCREF(l->tensor_type);
-    Py_INCREF(l->op_type); Py_INCREF(l->current); Py_INCREF(l->get_device);
+    Py_INCREF(l->op_type); Py_INCREF(l->current); Py_INCREF(l->get_device); Py_INCREF(l->fallback);
     l->vectorcall = (vectorcallfunc)lookup_call;
     return 0;
 }
@@ -649,10 +697,8 @@ static PyObject *lookup_call(Lookup *l, PyObject *const *args, size_t nargsf, Py
     PyObject *feeds = args[0], *targets = args[1], *ops = args[2], *device = args[3], *compiled = args[4];
     if (PyDict_GET_SIZE(l->recent) == 0) Py_RETURN_NONE;
     int truth = PyObject_IsTrue(args[5]);
-    if (truth != 0) {
-        if (truth < 0) return NULL;
-        Py_RETURN_NONE;  /* compile options: the Python lookup builds their key */
-    }
+    if (truth < 0) return NULL;
+    if (truth) return PyObject_Vectorcall(l->fallback, args, 6, NULL);  /* compile options: their key is Python's */
     if (feeds != Py_None && !PyDict_CheckExact(feeds)) Py_RETURN_NONE;
     if (Py_TYPE(targets) != (PyTypeObject *)l->tensor_type && !PyList_CheckExact(targets) &&
         !PyTuple_CheckExact(targets))
@@ -669,7 +715,7 @@ static PyObject *lookup_call(Lookup *l, PyObject *const *args, size_t nargsf, Py
                                                                                   PY_SSIZE_T_MAX, 1) == -1;
         if (PyErr_Occurred()) return NULL;
     } else {
-        Py_RETURN_NONE;  /* a torch.device, or something the full lookup reports */
+        return PyObject_Vectorcall(l->fallback, args, 6, NULL);  /* a torch.device, or something to report */
     }
     if (through_current && l->get_device != Py_None) {
         owned = l->cuda_ready ? PyObject_CallNoArgs(l->get_device) : PyObject_CallOneArg(l->current, device);
@@ -744,7 +790,9 @@ static PyTypeObject LookupType = {
     .tp_dealloc = (destructor)lookup_dealloc,
     .tp_vectorcall_offset = offsetof(Lookup, vectorcall),
     .tp_call = PyVectorcall_Call,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)lookup_traverse,
+    .tp_clear = (inquiry)lookup_clear,
     .tp_doc = "A graph's lookup of a request seen before (runtime/native_run.py).",
     .tp_init = (initproc)lookup_init,
     .tp_new = PyType_GenericNew,

@@ -232,4 +232,5 @@ def lookup(cache, current, get_device):
     mod = module() if enabled() else None
     if mod is None:
         return None
-    return mod.Lookup(cache, cache._recent, cache.entries, Tensor, Operation, current, get_device)
+    python = type(cache).quick.__get__(cache)  # requests of another form (options, a torch.device)
+    return mod.Lookup(cache, cache._recent, cache.entries, Tensor, Operation, current, get_device, python)
