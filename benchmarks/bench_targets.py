@@ -29,7 +29,6 @@ CUDA-event timings after warm-up.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -48,6 +47,7 @@ from timing import median_ms  # noqa: E402
 from bench_distributed import TorchCNN, cnn_graph, cnn_weights  # noqa: E402
 from stitchml.runtime import native_run  # noqa: E402
 from stitchml.runtime.executable import _Prepared  # noqa: E402
+from latency_parts import stubbed  # noqa: E402
 
 ROWS: list[dict] = []
 OUTPUT: dict = {}  # "path", "device", "failures": where and what `write` puts after every row
@@ -230,8 +230,7 @@ def latency(dev: torch.device, quick: bool) -> None:
     # The host work around the launch: the same runs with the launch stubbed out (the native runner launches
     # through an entry that does nothing; the Python one's step does nothing); `g.run`'s lookup is what its
     # run costs over the executable's own.
-    stubs = _Stubs(native_run.module())
-    with stubs.off(exe):
+    with stubbed(exe):
         record("latency", case, "exe.run without its launch", per_call_us(lambda: exe.run({x: a}), dev, n // 2), "us",
                kind="per call", native=native)
         record("latency", case, "exe.run outputs= without its launch",
@@ -247,7 +246,7 @@ def latency(dev: torch.device, quick: bool) -> None:
         return
     gexe = next(iter(g._executables.entries.values()))
     cache = g._executables
-    with stubs.off(gexe):
+    with stubbed(gexe):
         own, both = paired_us(lambda: gexe.run({x: a}), lambda: g.run({x: a}, [y], device=str(dev)), dev, n // 4)
         record("latency", case, "g.run lookup alone", both - own, "us", kind="per call",
                g_run_without_launch=round(both, 2), exe_run_without_launch=round(own, 2),
@@ -261,31 +260,6 @@ def latency(dev: torch.device, quick: bool) -> None:
                        g_run_without_launch=round(both, 2), exe_run_without_launch=round(own, 2))
             finally:
                 cache.quick = native_quick
-
-
-class _Stubs:
-    """Runs of an executable with its launches stubbed out: a native runner launches through an entry that
-    does nothing and succeeds, a Python prepared run's steps do nothing."""
-
-    def __init__(self, mod):
-        self.noop = mod.noop_launch() if mod is not None else None
-
-    @contextlib.contextmanager
-    def off(self, exe):
-        runner, steps = exe._prepared, exe.steps
-        saved = runner.launchers() if type(runner).__name__ == "Runner" else None
-        real = [s.run for s in steps]
-        if saved is not None:
-            runner.set_launchers(self.noop, self.noop)
-        for s in steps:
-            s.run = lambda env: None
-        try:
-            yield
-        finally:
-            if saved is not None:
-                runner.set_launchers(*saved)
-            for s, r in zip(steps, real):
-                s.run = r
 
 
 def few_steps(dev: torch.device, quick: bool) -> None:

@@ -333,3 +333,20 @@ def test_requests_of_another_form_go_to_the_python_lookup():
             got = g.run({x: a}, [y], device=device, compiled=True)[y]
             np.testing.assert_array_equal(got.numpy(), (a.double() * 2).float().numpy())
         assert cache.fast_hits == hits + 1, device  # the second of each is answered by a lookup
+
+
+def test_the_launch_entries_can_be_swapped_for_measurements(fake, monkeypatch):
+    _, x, y, exe, launch, runner = _setup(fake, monkeypatch)
+    ex, plain = runner.launchers()
+    assert (ex, plain) == (ctypes.cast(fake.launch_ex, ctypes.c_void_p).value,
+                           ctypes.cast(fake.launch, ctypes.c_void_p).value)
+    calls = [_var(fake, name, ctypes.c_longlong).value for name in ("ex_calls", "plain_calls")]
+    noop = native_run.module().noop_launch()
+    runner.set_launchers(noop, noop)  # the host path alone: nothing launched, the run still completes
+    assert runner({x: torch.randn(N)})[y].shape == (N,) and runner.counts == (1, 0)
+    runner.set_launchers(0, plain)  # no Ex entry: cuLaunchKernel
+    a = torch.randn(N)
+    np.testing.assert_array_equal(runner({x: a})[y].numpy(), (a.double() * 2).float().numpy())
+    assert runner.entries() == ("cuLaunchKernel",)
+    assert [_var(fake, name, ctypes.c_longlong).value for name in ("ex_calls", "plain_calls")] == \
+        [calls[0], calls[1] + 1]
