@@ -105,19 +105,18 @@ def measure(model_name: str, batch: int, n: int = 2000) -> tuple[str, list[tuple
     rows.append(("  wait() once the GPU is done", median_us(lambda: finished.pop().wait(), next_finished, n=n)))
     launch = pipe.launcher(pipe._checked_table, heap)
     bound = getattr(launch, "__self__", None)
-    rows.append(("  the bound launch on the queue", median_us(lambda: launch(q.stream), lambda _: q.stream.synchronize(),
-                                                              n=n)))
+    idle = lambda _: q.stream.synchronize()  # noqa: E731
+    rows.append(("  the bound launch on the queue", median_us(lambda: launch(q.stream), idle, n=n)))
     if bound is not None and bound.graph is not None:
         with torch.cuda.stream(q.stream):
-            rows.append(("  torch's CUDAGraph.replay()", median_us(bound.graph.replay, lambda _: q.stream.synchronize(),
-                                                                   n=n)))
+            rows.append(("  torch's CUDAGraph.replay()", median_us(bound.graph.replay, idle, n=n)))
     ev = torch.cuda.Event(enable_timing=True)
     ev.record(q.stream)
     rows.append(("  timing event record (torch)", median_us(lambda: ev.record(q.stream), n=n)))
     rt = cudart.runtime()
     if rt is not None:
-        rows.append(("  timing event record (direct)", median_us(lambda: rt.event_record(ev.cuda_event, q.stream.cuda_stream),
-                                                                 n=n)))
+        record = lambda: rt.event_record(ev.cuda_event, q.stream.cuda_stream)  # noqa: E731
+        rows.append(("  timing event record (direct)", median_us(record, n=n)))
     get, put = torch._C._cuda_getCurrentStream, torch._C._cuda_setStream
     ids = (q.stream.stream_id, q.stream.device_index, q.stream.device_type)
 

@@ -817,7 +817,8 @@ PyMODINIT_FUNC PyInit_stitchml_native_run(void) {
                           &s_runs, &s_run_count};
     for (int i = 0; i < 9; i++)
         if (!(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
-    if (!(one = PyLong_FromLong(1)) || !(zero = PyLong_FromLong(0)) || !(s_unbind = PyUnicode_InternFromString("unbind")))
+    if (!(one = PyLong_FromLong(1)) || !(zero = PyLong_FromLong(0)) ||
+        !(s_unbind = PyUnicode_InternFromString("unbind")))
         return NULL;
     const char *more[] = {"_prepared", "move_to_end", "fast_hits", "cpu", ":"};
     PyObject **more_slots[] = {&s_prepared, &s_move_to_end, &s_fast_hits, &s_cpu, &s_colon};
