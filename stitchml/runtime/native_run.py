@@ -10,16 +10,19 @@ each feed against the prepared key (exact tensor type, dtype identity, shape,
 device, contiguity) and returns None on a miss, as `_Prepared` does, so that
 the general path converts the feed or raises its FeedError; it allocates the
 fresh outputs with the prepared `new_empty_strided` (small ones many at a time,
-`BLOCK_OUTPUTS`; a caller's buffers skip it), writes the buffers' addresses into each kernel's parameter block (the
-DirectLaunch's own memory, which the runner holds), calls the driver's
-`cuLaunchKernelEx` (`cuLaunchKernel` where the driver refuses the first) and
-builds the results, under the graph's run lock, counting `runs` and
-`run_count`. A buffer off the alignment a kernel was compiled for, or a launch
-the driver refuses, hands that kernel and the rest to their steps in Python
-(Triton's launcher), whose failures become the typed errors of `failure`.
-On an H200's host a one-kernel `exe.run` took 6.7 microseconds per call this
-way against 15.0 through the Python prepared run and 8.1 for one eager
-`torch.erf` (benchmarks/bench_targets.py --sections latency).
+`BLOCK_OUTPUTS`; a caller's buffers skip it), writes the buffers' addresses
+into each kernel's parameter block (the DirectLaunch's own memory, which the
+runner holds), calls the driver's `cuLaunchKernelEx` (`cuLaunchKernel` where
+the driver refuses the first) and builds the results, under the graph's run
+lock, counting `runs` and `run_count`. A buffer off the alignment a kernel was
+compiled for, or a launch the driver refuses, hands that kernel and the rest
+to their steps in Python (Triton's launcher), whose failures become the typed
+errors of `failure`. On an H200's host a one-kernel `exe.run` took 6.7
+microseconds per call this way, against 8.1 for one eager `torch.erf` and
+11.7-15.0 through the Python prepared run (benchmarks/bench_targets.py
+--sections latency). A `Lookup` of the same extension is `Graph.run`'s lookup
+of a request seen before (`ExecutableCache.quick`, runtime/compiled.py): 1.0
+microseconds there against 2.1 in Python.
 
 The extension is built the way Triton builds its own launcher: the system C
 compiler and Python's headers (no cuda.h: the driver's two entry points come
