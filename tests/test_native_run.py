@@ -23,6 +23,7 @@ import torch
 import stitchml as sm
 from stitchml.errors import ExecutionError, FeedError
 from stitchml.runtime import direct, executable, native_run
+from stitchml.runtime.compiled import ExecutableCache
 from stitchml.runtime.launch import KernelLaunch
 
 FAKE_DRIVER = r"""
@@ -272,6 +273,13 @@ def test_without_a_compiler_prepared_runs_stay_in_python_and_say_why(monkeypatch
     exe.steps[0].run = _Launch(types.SimpleNamespace(drv=None), exe.steps[0].run.slots)
     assert native_run.runner(exe, executable._Prepared(exe, exe._template), stream=lambda i: 0) is None
     assert isinstance(executable._prepare(exe), executable._Prepared)
+
+
+def test_the_native_path_can_be_turned_off(fake, monkeypatch):
+    _, x, y, exe, _, _ = _setup(fake, monkeypatch)
+    monkeypatch.setenv("STITCHML_NATIVE_RUN", "0")
+    assert native_run.runner(exe, executable._Prepared(exe, exe._template), stream=lambda i: 77) is None
+    assert native_run.lookup(ExecutableCache(), lambda device: None, None) is None
 
 
 def test_the_disk_cache_is_keyed_and_safe_between_processes(tmp_path, monkeypatch):
