@@ -8,12 +8,16 @@ Latency: a 4K-element GeLU executable of one kernel; per run, the median wall
 time of the call and a synchronisation (`wall`), and the host time per call
 when calls go back to back (`per call`), against one eager torch kernel, a
 synchronisation alone and the replay of a CUDA graph of one kernel: `exe.run`
-(fresh output, and a caller's buffer), `g.run`, which launch entry the direct
-launcher took (cuLaunchKernelEx or cuLaunchKernel) and the run through the other
-and through Triton's launcher, the output's allocation, the run with its launch
-stubbed out, and `g.run`'s lookup (its run over the executable's own, launches
+(fresh output, and a caller's buffer) through its prepared run in C
+(runtime/native_run.py) and through the Python prepared run with its ctypes
+launch, `g.run`, the native run through cuLaunchKernel, the output's
+allocation (three ways), the runs with their launch stubbed out, and `g.run`'s
+lookup, native and Python (its run over the executable's own, launches
 stubbed, in alternating rounds). Section `few`: an executable of two steps,
 replayed as a CUDA graph (the default) against its steps launched one by one.
+Section `package` (not run by default): zoo models (--models, default cnn and
+resnet18) at batch 1 through ML pipelines: wall, host and CUDA-event time of a
+dispatch, and where one cnn dispatch's host time goes (dispatch_parts.py).
 CNN step: 3x3 convolutions 1->32->64, dense 3136->256->10, SGD with momentum,
 batch 1024 (bench_distributed.py's model); StitchML with its default (IEEE
 float32 products and convolutions) and with `allow_tf32`, against PyTorch
@@ -43,6 +47,9 @@ import stitchml as sm  # noqa: E402
 from timing import median_ms  # noqa: E402
 from bench_distributed import TorchCNN, cnn_graph, cnn_weights  # noqa: E402
 from bench_epilogue import interleaved, warm_up  # noqa: E402
+from stitchml.runtime import native_run  # noqa: E402
+from stitchml.runtime.executable import _Prepared  # noqa: E402
+from latency_parts import stubbed  # noqa: E402
 
 ROWS: list[dict] = []
 OUTPUT: dict = {}  # "path", "device", "failures": where and what `write` puts after every row
@@ -135,6 +142,24 @@ def latency(dev: torch.device, quick: bool) -> None:
     err = max(err, rel_err(exe.run({x: shifted})[y].torch(), torch.nn.functional.gelu(shifted.double())))
     assert err < 1e-6, err
     case = "4K GeLU, one kernel"
+    # the prepared run: in C (runtime/native_run.py's Runner) where the extension built, else in Python
+    # (_Prepared, the launch through ctypes); both are timed where the first is there
+    runner = exe._prepared
+    native = type(runner).__name__ == "Runner"
+    python_run = _Prepared(exe, exe._template) if exe._prepared is not None else None
+    if native:  # the native run's own checks: a feed it does not take goes the general way, typed errors stay
+        calls = runner.counts
+        err = max(rel_err(exe.run({x: a.cpu()})[y].torch(), want), rel_err(exe.run({x: sm.TensorData(a)})[y].torch(),
+                                                                            want))
+        assert err < 1e-6 and runner.counts[0] == calls[0] + 1, (err, calls, runner.counts)  # the CPU feed moved
+        try:
+            exe.run({x: a.double()})
+            raise AssertionError("a float64 feed ran")
+        except sm.errors.FeedError:
+            pass
+    record("latency", case, "prepared run", float(native), "", kind="flag", prepared=type(runner).__name__,
+           launcher=getattr(launch, "launcher", type(launch).__name__),
+           native_reason=native_run.reason, entries=runner.entries() if native else None)
     o2 = torch.empty_like(a)
     contenders = [("synchronize alone", lambda: None),
                   ("torch.erf (one eager kernel)", lambda: torch.erf(a)),
@@ -152,61 +177,91 @@ def latency(dev: torch.device, quick: bool) -> None:
         with torch.cuda.graph(graph):
             torch.erf(a, out=o2)
         contenders.insert(3, ("CUDA graph replay (one kernel)", graph.replay))
-    prepared = exe._prepared is not None  # the run prepared once (runtime/executable.py's _Prepared)
     for name, fn in contenders:
-        record("latency", case, name, wall_us(fn, dev, n), "us", kind="wall",
-               launcher=getattr(launch, "launcher", type(launch).__name__), prepared=prepared)
-        record("latency", case, name, per_call_us(fn, dev, n // 2), "us", kind="per call")
+        record("latency", case, name, wall_us(fn, dev, n), "us", kind="wall", native=native)
+        record("latency", case, name, per_call_us(fn, dev, n // 2), "us", kind="per call", native=native)
+    if native:
+        record("latency", case, "native runs (launched in C, resumed in Python)", float(runner.counts[0]), "",
+               kind="count", resumed=runner.counts[1], entries=runner.entries())
+    if native:  # the same runs through the Python prepared run and its ctypes launch
+        exe._prepared = python_run
+        try:
+            assert rel_err(exe.run({x: a})[y].torch(), want) < 1e-6
+            for name, fn in (("exe.run, Python prepared run (ctypes launch)", lambda: exe.run({x: a})),
+                             ("exe.run outputs=, Python prepared run", lambda: exe.run({x: a}, outputs={y: out}))):
+                record("latency", case, name, wall_us(fn, dev, n), "us", kind="wall")
+                record("latency", case, name, per_call_us(fn, dev, n // 2), "us", kind="per call")
+        finally:
+            exe._prepared = runner
+        # differences of close figures, in alternating rounds (the fastest round of each)
+        mine, theirs = paired_us(lambda: exe.run({x: a}), lambda: torch.erf(a), dev, n // 10)
+        record("latency", case, "exe.run / torch.erf, paired", mine / theirs, "x", kind="paired",
+               exe_run=round(mine, 2), torch_erf=round(theirs, 2))
+        ex, plain = runner.launchers()
+        if ex:  # the native run through the eleven-argument cuLaunchKernel
+            plain_runner = native_run.runner(exe, python_run)
+            plain_runner.set_launchers(0, plain)
+            exe._prepared = plain_runner
+            try:
+                assert rel_err(exe.run({x: a})[y].torch(), want) < 1e-6
+            finally:
+                exe._prepared = runner
+            with_ex, without = paired_us(lambda: runner({x: a}), lambda: plain_runner({x: a}), dev, n // 10)
+            record("latency", case, "runner: cuLaunchKernelEx, cuLaunchKernel, paired", with_ex, "us", kind="paired",
+                   cu_launch_kernel=round(without, 2))
+        saved = native_run.BLOCK_OUTPUTS
+        native_run.BLOCK_OUTPUTS = 1  # every output allocated alone
+        try:
+            single = native_run.runner(exe, python_run)
+        finally:
+            native_run.BLOCK_OUTPUTS = saved
+        blocks, alone = paired_us(lambda: runner({x: a}), lambda: single({x: a}), dev, n // 10)
+        record("latency", case, "runner: outputs from blocks, each allocated alone, paired", blocks, "us",
+               kind="paired", allocated_alone=round(alone, 2))
+        direct_call, through_run = paired_us(lambda: runner({x: a}), lambda: exe.run({x: a}), dev, n // 10)
+        record("latency", case, "runner called directly, through exe.run, paired", direct_call, "us", kind="paired",
+               through_exe_run=round(through_run, 2))
     assert rel_err(g.run({x: a}, [y], device=str(dev))[y].torch(), want) < 1e-6  # after its lookup's warm-up
     shape, stride, template = (4096,), (1,), torch.empty(0, device=dev)
     record("latency", case, "torch.empty 4K (allocation alone)",
            per_call_us(lambda: torch.empty(shape, dtype=torch.float32, device=dev), dev, n // 2), "us", kind="per call")
     record("latency", case, "new_empty_strided 4K (the prepared run's)",
            per_call_us(lambda: template.new_empty_strided(shape, stride), dev, n // 2), "us", kind="per call")
-    direct = getattr(launch, "direct", None)
-    if direct is not None:
-        record("latency", case, "direct launch entry", float(direct.ex is not None), "", kind="flag",
-               entry="cuLaunchKernelEx" if direct.ex is not None else "cuLaunchKernel")
-        if direct.ex is not None:  # the same run through the eleven-argument cuLaunchKernel
-            direct.ex = None
-            try:
-                assert rel_err(exe.run({x: a})[y].torch(), want) < 1e-6
-                record("latency", case, "exe.run, cuLaunchKernel", per_call_us(lambda: exe.run({x: a}), dev, n // 2),
-                       "us", kind="per call")
-            finally:
-                direct.ex = direct.drv.launch_ex
-        launch.direct = None  # the same run through Triton's own launcher of the compiled kernel
-        try:
-            record("latency", case, "exe.run, Triton's launcher", wall_us(lambda: exe.run({x: a}), dev, n), "us",
-                   kind="wall")
-            record("latency", case, "exe.run, Triton's launcher", per_call_us(lambda: exe.run({x: a}), dev, n // 2),
-                   "us", kind="per call")
-        finally:
-            launch.direct = direct
-    # The host work around the launch: the same runs with the kernel step's work stubbed out; `g.run`'s
-    # lookup is what its run costs over the executable's own.
-    step = exe.steps[0]
-    step.run = lambda env: None
-    try:
-        stubbed = per_call_us(lambda: exe.run({x: a}), dev, n // 2)
-        record("latency", case, "exe.run without its launch", stubbed, "us", kind="per call")
+    record("latency", case, "unbind of 16 x 4K, per tensor (batched allocation)",
+           per_call_us(lambda: torch.empty((16, 4096), device=dev).unbind(0), dev, n // 8) / 16, "us", kind="per call")
+    # The host work around the launch: the same runs with the launch stubbed out (the native runner launches
+    # through an entry that does nothing; the Python one's step does nothing); `g.run`'s lookup is what its
+    # run costs over the executable's own.
+    with stubbed(exe):
+        record("latency", case, "exe.run without its launch", per_call_us(lambda: exe.run({x: a}), dev, n // 2), "us",
+               kind="per call", native=native)
         record("latency", case, "exe.run outputs= without its launch",
                per_call_us(lambda: exe.run({x: a}, outputs={y: out}), dev, n // 2), "us", kind="per call")
-    finally:
-        step.run = launch
+        if native:
+            exe._prepared = python_run
+            try:
+                record("latency", case, "exe.run without its launch, Python prepared run",
+                       per_call_us(lambda: exe.run({x: a}), dev, n // 2), "us", kind="per call")
+            finally:
+                exe._prepared = runner
     if g._executables is None:  # the graph runs op by op here (the Triton interpreter): no executable to look up
         return
     gexe = next(iter(g._executables.entries.values()))
-    gstep = gexe.steps[0]
-    real = gstep.run
-    gstep.run = lambda env: None
-    try:
+    cache = g._executables
+    with stubbed(gexe):
         own, both = paired_us(lambda: gexe.run({x: a}), lambda: g.run({x: a}, [y], device=str(dev)), dev, n // 4)
-    finally:
-        gstep.run = real
-    record("latency", case, "g.run lookup alone", both - own, "us", kind="per call",
-           g_run_without_launch=round(both, 2), exe_run_without_launch=round(own, 2),
-           prepared=gexe._prepared is not None)
+        record("latency", case, "g.run lookup alone", both - own, "us", kind="per call",
+               g_run_without_launch=round(both, 2), exe_run_without_launch=round(own, 2),
+               prepared=type(gexe._prepared).__name__, lookup=type(cache.quick).__name__)
+        if "quick" in vars(cache):  # the native lookup: the Python one (ExecutableCache.quick) for comparison
+            native_quick = vars(cache).pop("quick")
+            try:
+                own, both = paired_us(lambda: gexe.run({x: a}), lambda: g.run({x: a}, [y], device=str(dev)), dev,
+                                      n // 4)
+                record("latency", case, "g.run lookup alone, Python lookup", both - own, "us", kind="per call",
+                       g_run_without_launch=round(both, 2), exe_run_without_launch=round(own, 2))
+            finally:
+                cache.quick = native_quick
 
 
 def few_steps(dev: torch.device, quick: bool) -> None:
@@ -228,6 +283,39 @@ def few_steps(dev: torch.device, quick: bool) -> None:
         record("latency", f"{len(exe.steps)} steps (matmul+tanh, softmax)", f"exe.run, {label}",
                per_call_us(lambda: exe.run({x: b}), dev, n // 2), "us", kind="per call",
                replay=exe._graph_state is not None, prepared=exe._prepared is not None)
+
+
+# -- packaged networks through pipelines -----------------------------------------------------------------
+def package(dev: torch.device, quick: bool, models: list[str], deadline: float) -> None:
+    """Zoo models at batch 1 through an ML pipeline (bench_package.py's stitchml contender): wall per
+    dispatch (encode, commit, wait), host time of encode + commit, the bound launch alone, CUDA-event time;
+    then where the host time of one cnn dispatch goes (dispatch_parts.py)."""
+    import types
+
+    from bench_package import _stitchml
+    from stitchml.package import zoo
+
+    args = types.SimpleNamespace(warmup=5 if quick else 20, iters=20 if quick else 200)
+    sdev = sm.device(str(dev))
+    for name in models:
+        if time.perf_counter() > deadline:
+            record("package", f"{name} batch 1", "skipped (time)", 0.0, "")
+            continue
+        model, (example,) = zoo.build(name)
+        t0 = time.perf_counter()
+        r = _stitchml(sm, model, example[:1], sdev, args)
+        assert r["check_max_error"] < 1e-3, (name, r["check_max_error"])
+        extra = {k: r[k] for k in ("replayed", "zero_copy", "kernel_count", "check_max_error") if k in r}
+        for key in ("wall_us", "encode_commit_us", "encode_commit_back_to_back_us", "launch_us", "cuda_event_us"):
+            if key in r:
+                record("package", f"{name} batch 1", key, r[key], "us", **extra,
+                       setup_s=round(time.perf_counter() - t0, 1))
+        if name == "cnn" and dev.type == "cuda":  # before the larger models, which a time limit may cut
+            from dispatch_parts import measure
+
+            note, rows = measure("cnn", 1, n=500 if quick else 2000)
+            for part, us in rows:
+                record("package", "cnn batch 1 dispatch parts", part.strip(), us, "us", note=note)
 
 
 # -- CNN training step ---------------------------------------------------------------------------------
@@ -381,7 +469,11 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
     p.add_argument("--explore", action="store_true", help="also the trials: channels-last, Triton persistent GEMM")
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
-    p.add_argument("--sections", nargs="+", default=["latency", "few", "matmul", "cnn"])
+    p.add_argument("--sections", nargs="+", default=["latency", "few", "matmul", "cnn"],
+                   help="latency, few, matmul, cnn, package")
+    p.add_argument("--models", nargs="+", default=["cnn", "resnet18"], help="zoo models of the package section")
+    p.add_argument("--budget", type=float, default=600.0,
+                   help="seconds after which the package section skips its remaining models")
     p.add_argument("--json")
     args = p.parse_args(argv)
     dev = torch.device(args.device)
@@ -401,6 +493,8 @@ def main(argv=None) -> int:
                 cnn(dev, args.quick, args.explore, not args.no_compile)
             elif section == "matmul":
                 matmul(dev, args.quick, args.explore)
+            elif section == "package":
+                package(dev, args.quick, args.models, started + args.budget)
         except Exception as e:  # noqa: BLE001  (one failing section must not lose the others' figures)
             failures[section] = f"{type(e).__name__}: {e}"
             print(f"section {section} failed: {failures[section]}", flush=True)

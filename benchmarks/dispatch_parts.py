@@ -33,8 +33,18 @@ def main() -> int:
     parser.add_argument("--model", default="cnn")
     parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
-    model, (example,) = zoo.build(args.model)
-    x = example[:1].repeat(args.batch, *[1] * (example.dim() - 1))
+    note, rows = measure(args.model, args.batch)
+    print(note)
+    for name, us in rows:
+        print(f"{name:<36} {us:8.2f} us")
+    return 0
+
+
+def measure(model_name: str, batch: int, n: int = 2000) -> tuple[str, list[tuple[str, float]]]:
+    """(a line saying what ran, [(piece, median host microseconds)]) for one dispatch of zoo model
+    `model_name` at `batch` on the current CUDA device."""
+    model, (example,) = zoo.build(model_name)
+    x = example[:1].repeat(batch, *[1] * (example.dim() - 1))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fn = sm.package.from_torch(model, (x,)).function()
@@ -44,12 +54,14 @@ def main() -> int:
     (in_name,), (out_name, shape) = list(pipe.input_types), next(iter(pipe.output_shapes.items()))
     table = {in_name: sm.TensorData(x.cuda()), out_name: dev.new_tensor(shape, sm.float32)}
 
+    heaps = {q: heap}  # a heap per queue: one in use by a buffer of one queue is not another queue's to take
+
     def encode(queue=q):
         cb = queue.command_buffer()
         enc = cb.ml_encoder()
         enc.set_pipeline(pipe)
         enc.set_argument_table(table)
-        enc.dispatch_network(heap)
+        enc.dispatch_network(heaps[queue])
         enc.end()
         return cb
 
@@ -61,10 +73,11 @@ def main() -> int:
     for _ in range(5):
         whole().wait()
     pending = [encode()]  # commit alone: each timed commit takes a buffer encoded before the timing
-    rows = [("encode + commit (one dispatch)", median_us(whole, lambda cb: cb.wait()))]
-    rows.append(("  encode alone", median_us(encode)))
+    rows = [("encode + commit (one dispatch)", median_us(whole, lambda cb: cb.wait(), n=n))]
+    rows.append(("  encode alone", median_us(encode, n=n)))
     timed = dev.new_command_queue("parts-timed", timestamps=True)
-    rows.append(("encode + commit, GPU timestamps on", median_us(lambda: whole(timed), lambda cb: cb.wait())))
+    heaps[timed] = dev.new_heap(pipe.intermediates_heap_size)
+    rows.append(("encode + commit, GPU timestamps on", median_us(lambda: whole(timed), lambda cb: cb.wait(), n=n)))
 
     def eight():
         cb = q.command_buffer()
@@ -76,25 +89,34 @@ def main() -> int:
         enc.end()
         cb.commit()
         return cb
-    rows.append(("  per dispatch, 8 in one buffer", median_us(eight, lambda cb: cb.wait(), n=500) / 8))
+    rows.append(("  per dispatch, 8 in one buffer", median_us(eight, lambda cb: cb.wait(), n=n // 4) / 8))
 
     def commit():
         cb = pending.pop()
         cb.commit()
         return cb
-    rows.append(("  commit alone", median_us(commit, lambda cb: (cb.wait(), pending.append(encode())))))
+    rows.append(("  commit alone", median_us(commit, lambda cb: (cb.wait(), pending.append(encode())), n=n)))
+    finished = [whole()]  # a dispatch whose GPU work is over before each timing: what wait() itself costs
+    q.stream.synchronize()
+
+    def next_finished(_):
+        finished.append(whole())
+        q.stream.synchronize()
+    rows.append(("  wait() once the GPU is done", median_us(lambda: finished.pop().wait(), next_finished, n=n)))
     launch = pipe.launcher(pipe._checked_table, heap)
     bound = getattr(launch, "__self__", None)
-    rows.append(("  the bound launch on the queue", median_us(lambda: launch(q.stream), lambda _: q.stream.synchronize())))
+    idle = lambda _: q.stream.synchronize()  # noqa: E731
+    rows.append(("  the bound launch on the queue", median_us(lambda: launch(q.stream), idle, n=n)))
     if bound is not None and bound.graph is not None:
         with torch.cuda.stream(q.stream):
-            rows.append(("  torch's CUDAGraph.replay()", median_us(bound.graph.replay, lambda _: q.stream.synchronize())))
+            rows.append(("  torch's CUDAGraph.replay()", median_us(bound.graph.replay, idle, n=n)))
     ev = torch.cuda.Event(enable_timing=True)
     ev.record(q.stream)
-    rows.append(("  timing event record (torch)", median_us(lambda: ev.record(q.stream))))
+    rows.append(("  timing event record (torch)", median_us(lambda: ev.record(q.stream), n=n)))
     rt = cudart.runtime()
     if rt is not None:
-        rows.append(("  timing event record (direct)", median_us(lambda: rt.event_record(ev.cuda_event, q.stream.cuda_stream))))
+        record = lambda: rt.event_record(ev.cuda_event, q.stream.cuda_stream)  # noqa: E731
+        rows.append(("  timing event record (direct)", median_us(record, n=n)))
     get, put = torch._C._cuda_getCurrentStream, torch._C._cuda_setStream
     ids = (q.stream.stream_id, q.stream.device_index, q.stream.device_type)
 
@@ -102,14 +124,12 @@ def main() -> int:
         prev = get(0)
         put(*ids)
         put(*prev)
-    rows.append(("  stream switch and back", median_us(switch)))
-    rows.append(("  torch.cuda.stream() context", median_us(lambda: _ctx(q.stream))))
-    print(f"{args.model} batch {args.batch} on {torch.cuda.get_device_name()}, torch {torch.__version__}; "
-          f"kernels {pipe.executable.kernel_count}, replayed {bool(bound and bound.graph is not None)}, "
-          f"zero copy {bool(bound and bound.zero_copy)}, direct CUDA calls {cudart.runtime() is not None}")
-    for name, us in rows:
-        print(f"{name:<36} {us:8.2f} us")
-    return 0
+    rows.append(("  stream switch and back", median_us(switch, n=n)))
+    rows.append(("  torch.cuda.stream() context", median_us(lambda: _ctx(q.stream), n=n)))
+    note = (f"{model_name} batch {batch} on {torch.cuda.get_device_name()}, torch {torch.__version__}; "
+            f"kernels {pipe.executable.kernel_count}, replayed {bool(bound and bound.graph is not None)}, "
+            f"zero copy {bool(bound and bound.zero_copy)}, direct CUDA calls {cudart.runtime() is not None}")
+    return note, rows
 
 
 def _ctx(stream):

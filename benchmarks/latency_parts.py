@@ -1,4 +1,6 @@
-"""Where the host time of a one-kernel run goes (informs runtime/executable.py's plain path)."""
+"""Where the host time of a one-kernel run goes (informs runtime/executable.py's plain path and
+runtime/native_run.py)."""
+import contextlib
 import os
 import sys
 import time
@@ -7,6 +9,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stitchml as sm  # noqa: E402
+from stitchml.runtime import native_run  # noqa: E402
 
 
 def per_call(fn, n=5000):
@@ -18,6 +21,27 @@ def per_call(fn, n=5000):
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t) / n * 1e6
+
+
+@contextlib.contextmanager
+def stubbed(exe):
+    """Runs of `exe` with its launches stubbed out: the native runner (runtime/native_run.py) launches
+    through an entry that does nothing and succeeds, the Python prepared run's steps do nothing."""
+    runner, steps = exe._prepared, exe.steps
+    native = type(runner).__name__ == "Runner"
+    saved, real = runner.launchers() if native else None, [s.run for s in steps]
+    if native:
+        noop = native_run.module().noop_launch()
+        runner.set_launchers(noop, noop)
+    for s in steps:
+        s.run = lambda env: None
+    try:
+        yield
+    finally:
+        for s, r in zip(steps, real):
+            s.run = r
+        if native:
+            runner.set_launchers(*saved)
 
 
 def main():
@@ -38,15 +62,12 @@ def main():
             ("torch.empty 4K", per_call(lambda: torch.empty((4096,), dtype=torch.float32, device="cuda"))),
             ("torch.erf 4K (one eager op)", per_call(lambda: torch.erf(a))),
             ("g.run (a request seen before)", per_call(lambda: g.run({x: a}, [y])))]
-    real = exe.steps[0].run
-    exe.steps[0].run = lambda env: None
-    rows.append(("exe.run without the launch", per_call(lambda: exe.run({x: a}))))
-    exe.steps[0].run = real
+    with stubbed(exe):
+        rows.append(("exe.run without the launch", per_call(lambda: exe.run({x: a}))))
     # g.run's lookup: its run over its executable's own, both with the kernel's work stubbed out
     gexe = next(iter(g._executables.entries.values()))
-    greal, gexe.steps[0].run = gexe.steps[0].run, lambda env: None
-    own, both = per_call(lambda: gexe.run({x: a})), per_call(lambda: g.run({x: a}, [y]))
-    gexe.steps[0].run = greal
+    with stubbed(gexe):
+        own, both = per_call(lambda: gexe.run({x: a})), per_call(lambda: g.run({x: a}, [y]))
     rows.append(("g.run lookup (g.run - exe.run, launches stubbed)", both - own))
     for name, us in rows:
         print(f"{name:<50} {us:7.2f} us")

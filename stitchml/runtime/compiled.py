@@ -25,6 +25,7 @@ from ..tensor_data import TensorData, resolve_device
 from .asyncrun import submit  # noqa: F401  (Graph.run_async's entry)
 from .buckets import BucketedExecutable, Refused, bucket_types, check_spec, pad_graph
 from .eager import RunContext, check_request, run_graph as run_eager
+from . import native_run
 from .executable import Executable, Signature
 
 log = logging.getLogger("stitchml.compile")
@@ -321,6 +322,7 @@ class ExecutableCache:
         self._fast: dict[tuple, tuple[Signature, tuple]] = {}
         self._recent: dict[tuple, tuple[Signature, Executable, tuple]] = {}  # `quick`'s: by _request_key
         self.fast_hits = 0  # requests `quick` or `fast` answered (tests and benchmarks read it)
+        self._native_tried = False  # whether `quick` was offered to the native lookup (runtime/native_run.py)
 
     def fast(self, feeds, targets, target_ops, device, compiled, options=None) -> Executable | None:
         """The executable `get` returned for this same request (`Graph.run`'s arguments) before, or None."""
@@ -347,6 +349,11 @@ class ExecutableCache:
         if len(self._recent) >= self.FAST_SIZE and request not in self._recent:
             self._recent.clear()
         self._recent[request] = entry
+        if not self._native_tried:  # an entry `quick` can serve: from now on, look requests up in C
+            self._native_tried = True
+            lookup = native_run.lookup(self, _current_cuda, _current_device)
+            if lookup is not None:
+                self.quick = lookup
 
     def quick(self, feeds, targets, target_ops, device, compiled, options=None) -> dict | None:
         """The result of a run of a request seen before (`Graph.run`'s arguments) by the executable `get`
@@ -464,8 +471,10 @@ class ExecutableCache:
         self.entries[sig] = exe
         while len(self.entries) > self.size:
             dropped, _ = self.entries.popitem(last=False)
-            # `quick` holds executables themselves: let the dropped one go
-            self._recent = {k: v for k, v in self._recent.items() if v[0] is not dropped}
+            # `quick` holds executables themselves: let the dropped one go (in place: the native lookup holds
+            # this dictionary)
+            for k in [k for k, v in self._recent.items() if v[0] is dropped]:
+                del self._recent[k]
             self.evicted[dropped] = None
             self.log.append(f"evicted {graph.name!r} {dropped.describe()} (least recently used of {self.size})")
             while len(self.evicted) > 64 * self.size:  # remember enough to explain recompiles, not every shape

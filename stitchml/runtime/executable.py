@@ -32,7 +32,7 @@ from ..errors import ExecutionError, FeedError, GraphError
 from ..ir import Operation, Tensor
 from .steps import built_at, failure, raise_flagged, run_steps
 from ..tensor_data import TensorData
-from . import cudart
+from . import cudart, native_run
 
 
 @dataclass(frozen=True)
@@ -438,7 +438,7 @@ class Executable:
                     env[slot] = torch.empty(shape, dtype=dtype, device=device)
             run_steps(self.steps, env, self._checks, self._flag_slot)
             if self._prepared is None and _Prepared.applies(self):  # the kernels have launched once: prepare
-                self._prepared = _Prepared(self, self._template)
+                self._prepared = _prepare(self)
             if outputs:
                 return self._finish(env, None, self._arena_for(None))
             result = {}  # _collect without caller buffers
@@ -668,6 +668,17 @@ class _Prepared:
 
 
 _new_data = object.__new__
+
+
+def _prepare(exe: "Executable"):
+    """The prepared run of `exe`: in C where every step is a directly launched kernel and the extension
+    builds (runtime/native_run.py), else `_Prepared`."""
+    prepared = _Prepared(exe, exe._template)
+    try:
+        return native_run.runner(exe, prepared) or prepared
+    except Exception as e:  # noqa: BLE001  (a runner that cannot be made leaves the Python one, which works)
+        native_run.log.warning("the prepared run of %s stays in Python: %s: %s", exe.graph.name, type(e).__name__, e)
+        return prepared
 
 
 def _contiguous_strides(shape) -> tuple[int, ...]:
