@@ -35,8 +35,8 @@ import logging
 
 import torch
 
-from ..codegen import (attention, attention_backward, cpu, cpu_window, lstm, lstm_step, matmul, pointwise, pooling,
-                       product_argmax, reduction)
+from ..codegen import (attention, attention_backward, convolution, cpu, cpu_window, lstm, lstm_step, matmul, pointwise,
+                       pooling, product_argmax, reduction)
 from ..runtime import choices, native_conv
 from ..codegen.common import Layout
 from ..dtypes import float32
@@ -229,7 +229,10 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
             out = op.outputs[0]
             launch = FreshOutputs(KernelLaunch(src, ins, outs), ins, [(outs[0], out.shape, out.dtype.torch)], run)
             return Step(op.name, "pooling", launch, src.source)
-        return Step(op.name, "vendor", _precision(run, options) if prim.kind == CONTRACTION else run)
+        vendor = _precision(run, options) if prim.kind == CONTRACTION else run
+        if backend in ("triton", "interpret") and op.op == "convolution_transpose2d":
+            return _convolution_step(op, op, None, _layouts(op, plan), ins, outs, vendor, backend, options, "vendor")
+        return Step(op.name, "vendor", vendor)
     body, template = op.attrs["body"], op.attrs["template"]
     if backend == "reference":
         run = ReferenceCall(lookup(op.op).impl, ins, outs, op.attrs, into=True)
@@ -266,6 +269,11 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         delta = [scratch_slots[op.id]]  # Δ per query row: the dQ kernel writes it, the dK/dV kernel reads it
         return Step(op.name, template, Chain(KernelLaunch(dq, ins, outs + delta), KernelLaunch(kv, ins, outs + delta)),
                     dq.source + kv.source)
+    if template == "convolution" and _split_contraction(op, plan)[1] is None:
+        contraction, _, _, placeholders, _ = _split_contraction(op, plan)
+        vendor = _vendor(contraction, placeholders, ins, outs[0], options)
+        return _convolution_step(op, contraction, body, _layouts(op, plan), ins, outs, vendor, backend, options,
+                                 template)
     if template == "matmul" and any(matmul.split(body).prologues):
         return _prologue_step(op, plan, ins, outs, scratch_slots.get(op.id), backend, options, flags, new_slot)
     contraction, epi, used, placeholders, layouts = _split_contraction(op, plan)
@@ -277,6 +285,9 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     vendor = _vendor(contraction, placeholders, ins, tmp, options)
     launch = KernelLaunch(src, [tmp] + [ins[i] for i in used], outs + ([flag_slot] if src.checks else []))
     run = Chain(vendor, launch)
+    if template == "convolution":
+        return _convolution_step(op, contraction, body, _layouts(op, plan), ins, outs, run, backend, options,
+                                 template, src.source)
     fused = _cublaslt_epilogue(body, contraction, placeholders, ins, outs) if backend == "triton" else None
     if fused is not None:
         kind, fused_run = fused[0], _precision(fused[1], options)
@@ -285,6 +296,34 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         key = f"matmul:{a.shape}x{b.shape}:{a.dtype}:{kind}{tf32}:{torch.cuda.get_device_name()}"
         run = choices.Chooser(key, {"cublas+epilogue-kernel": run, f"cublaslt-{kind}": fused_run})
     return Step(op.name, template, run, src.source)
+
+
+def _convolution_step(op: Operation, contraction: Operation, body: Program | None, layouts: list[Layout],
+                      ins: list[int], outs: list[int], library, backend: str, options: dict, kind: str,
+                      library_source: str | None = None) -> Step:
+    """A convolution (with its epilogue, or a stride-1 transposed convolution alone) as the library call
+    `library`, as the Triton convolution template (codegen/convolution.py), or, on CUDA, the faster of the two
+    measured on the first run. Option `conv_template`: "measure" (the default: measured on CUDA, the library
+    under the interpreter), "triton" (the template wherever it applies) or "library"."""
+    mode = options.get("conv_template", "measure")
+    if mode not in ("measure", "triton", "library"):
+        raise CompileError(f"option conv_template expects 'measure', 'triton' or 'library', got {mode!r}")
+    reason = convolution.unsupported(contraction)
+    if mode == "library" or reason or mode == "measure" and backend != "triton":
+        return Step(op.name, kind, library, library_source)
+    src = convolution.generate(op.name, body, layouts, backend == "interpret", options,
+                               contraction=None if body is not None else contraction)
+    launch = KernelLaunch(src, ins, outs)
+    if body is None:  # an op that is otherwise a library call: its result has memory of its own
+        out = contraction.outputs[0]
+        launch = FreshOutputs(launch, ins[:2], [(outs[0], out.shape, out.dtype.torch)], library)
+    if mode == "triton":
+        return Step(op.name, "convolution", launch, src.source)
+    digest = hashlib.sha256(src.source.encode()).hexdigest()[:16]
+    key = f"conv-template:{convolution.key(contraction, contraction.outputs[0].dtype, options)}:{digest}:" \
+          f"{torch.cuda.get_device_name()}"
+    return Step(op.name, kind, choices.Chooser(key, {"library": library, "triton-convolution": launch}),
+                src.source + (library_source or ""))
 
 
 def _recurrent_step(op: Operation, template: str, plan, ins: list[int], outs: list[int], interpret: bool,

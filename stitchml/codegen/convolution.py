@@ -1,0 +1,265 @@
+"""The convolution template: a direct (implicit-GEMM) 2-D convolution with its pointwise epilogue, in one
+Triton kernel.
+
+cuDNN computes a convolution into memory of its own and a generated kernel applies the epilogue (bias,
+ReLU, the ReLU's mask for the backward pass): the product makes a round trip through memory. On shapes
+where cuDNN's kernels fit badly (one input channel, a few dozen channels over small images) that round
+trip and the library's own kernel cost more than the arithmetic. Here each program computes a tile of
+output pixels (rows: batch x height x width) by output channels (columns) as a product over the window's
+taps (input channel x kernel row x kernel column), loading the input through the window's indices
+(zero outside the padded image) and the weights in place, then applies the epilogue to the tile in
+registers and stores every value the kernel returns once.
+
+Windows of at most `SMALL_TAPS` taps (a first layer of one input channel: 9) are unrolled into
+multiply-adds in float32, exact in any mode; longer ones use `tl.dot` over blocks of taps, in IEEE
+float32 unless the compile allows TF32 (`allow_tf32`), as the library call would.
+
+The transposed convolution of stride 1 (the data gradient of a stride-1 convolution) is the same kernel
+reading the window backwards: input row `oh + top - kh * dilation`, the weights' two channel axes
+swapped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..dtypes import DType
+from ..ir import Operation
+from ..ops.contraction import _nchw_shape, _resolve_padding, _transpose_out_hw, _weights_dims
+from ..registry import ELEMENTWISE, lookup
+from .common import DIVISIONS, Layout, checks_divisor, compute_dtype, expression, header, literal, tl_type
+from .pointwise import KernelSource
+
+SMALL_TAPS = 32  # windows of at most this many taps are unrolled multiply-adds, longer ones tile products
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class Window:
+    """A convolution as the kernel walks it: per output pixel (n, oh, ow) and channel co, the sum over
+    input channel ci and taps (kh, kw) of x[n, ci, oh * sh + oh0 + kh * dh, ow * sw + ow0 + kw * dw] *
+    weight(co, ci, kh, kw); extents are NCHW, strides of x and the weights per logical axis."""
+
+    n: int
+    cin: int
+    h: int
+    w: int
+    cout: int
+    ho: int
+    wo: int
+    kh: int
+    kw: int
+    stride: tuple[int, int]
+    origin: tuple[int, int]
+    dilation: tuple[int, int]
+    x_strides: tuple[int, int, int, int]  # n, ci, h, w
+    w_strides: tuple[int, int, int, int]  # co, ci, kh, kw
+    nhwc: bool
+
+
+def _x_strides(lay: Layout, layout: str) -> tuple[int, ...]:
+    s = lay.strides
+    return tuple(s) if layout == "NCHW" else (s[0], s[3], s[1], s[2])
+
+
+def _w_strides(lay: Layout, layout: str) -> tuple[int, ...]:
+    s = lay.strides  # OIHW, or HWIO: (kh, kw, i, o)
+    return tuple(s) if layout == "OIHW" else (s[3], s[2], s[0], s[1])
+
+
+def unsupported(op: Operation) -> str:
+    """Why the template cannot compute contraction `op` ("" when it can)."""
+    if op.op not in ("convolution2d", "convolution_transpose2d"):
+        return f"{op.op} has no convolution template"
+    x = op.inputs[0]
+    if x.dtype.name not in DTYPES:
+        return f"the template computes {', '.join(DTYPES)}, not {x.dtype.name}"
+    if op.attrs["groups"] != 1:
+        return "grouped convolutions go to the library"
+    if op.op == "convolution_transpose2d" and tuple(op.attrs["stride"]) != (1, 1):
+        return "transposed convolutions of stride > 1 go to the library"
+    sizes = [t.type.numel() for t in (*op.inputs, *op.outputs)]
+    if max(sizes) >= 2**31:
+        return "a tensor of 2**31 elements or more"
+    return ""
+
+
+def window(op: Operation, x_layout: Layout, w_layout: Layout) -> Window:
+    """The `Window` of a convolution2d or a stride-1 convolution_transpose2d op (see `unsupported`)."""
+    attrs = op.attrs
+    layout, wl = attrs["data_layout"], attrs["weights_layout"]
+    x, out = op.inputs[0], op.outputs[0]
+    n, c, h, w = _nchw_shape(x.shape, layout)
+    _, _, ho, wo = _nchw_shape(out.shape, layout)
+    o, i, kh, kw = _weights_dims(op.inputs[1].shape, wl)
+    (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
+    ws = _w_strides(w_layout, wl)
+    if op.op == "convolution2d":
+        top, _, left, _ = _resolve_padding(attrs["padding"], (h, w), (kh, kw), (sh, sw), (dh, dw))
+        return Window(n, c, h, w, o, ho, wo, kh, kw, (sh, sw), (-top, -left), (dh, dw),
+                      _x_strides(x_layout, layout), ws, layout == "NHWC")
+    # transposed, stride 1: dx[ih] = sum_kh dy[ih + top - kh * dh] w[kh]; the weights' O axis is summed
+    target = (ho, wo) if len(op.inputs) == 3 else _transpose_out_hw(h, w, (kh, kw), attrs,
+                                                                       attrs.get("output_padding", (0, 0)))
+    top, _, left, _ = _resolve_padding(attrs["padding"], target, (kh, kw), (sh, sw), (dh, dw))
+    return Window(n, c, h, w, i, ho, wo, kh, kw, (1, 1), (top, left), (-dh, -dw), _x_strides(x_layout, layout),
+                  (ws[1], ws[0], ws[2], ws[3]), layout == "NHWC")
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def blocks(win: Window, dtype: str, interpret: bool, options: dict) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); `options["conv_blocks"]` overrides."""
+    if "conv_blocks" in options:
+        return tuple(options["conv_blocks"])
+    bn = max(16, min(64, _pow2(win.cout)))
+    if interpret:
+        return 32, bn, 16, 4, 1
+    if win.cin * win.kh * win.kw <= SMALL_TAPS:
+        return 128, bn, 16, 4, 1
+    return 128, bn, 32 if dtype == "float32" else 64, 4, 3
+
+
+def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options: dict | None = None,
+             contraction: Operation | None = None) -> KernelSource:
+    """Triton source for a convolution kernel `body` (a Program: the convolution and a pointwise epilogue)
+    reading inputs of the given layouts; with `contraction` set, `body` is None and the kernel computes
+    that op alone from its first two inputs."""
+    options = options or {}
+    if contraction is None:
+        from .matmul import split  # the same split of a kernel body into product and epilogue
+
+        parts = split(body)
+        conv, epilogue = parts.contraction, parts.epilogue
+        if any(p is not None for p in parts.prologues):
+            raise NotImplementedError("a convolution's operands are read from memory")
+        placeholders = [op.outputs[0] for op in body.operations if op.op == "placeholder"]
+        outputs = list(body.outputs)
+    else:
+        conv, epilogue, placeholders, outputs = contraction, [], list(contraction.inputs), [contraction.outputs[0]]
+    reason = unsupported(conv)
+    if reason:
+        raise NotImplementedError(reason)
+    arg_of = {t.id: f"in{i}" for i, t in enumerate(placeholders)}
+    layout_of = {t.id: lay for t, lay in zip(placeholders, in_layouts)}
+    xt, wt = conv.inputs[:2]
+    if xt.id not in arg_of or wt.id not in arg_of:
+        raise NotImplementedError("a convolution's operands are read from memory")
+    win = window(conv, layout_of[xt.id], layout_of[wt.id])
+    out = conv.outputs[0]
+    dt = out.dtype
+    taps = win.cin * win.kh * win.kw
+    bm, bn, bk, warps, stages = blocks(win, dt.name, interpret, options)
+    hw = win.ho * win.wo
+    xs, ws = win.x_strides, win.w_strides
+    (sh, sw), (oh0, ow0), (dh, dw) = win.stride, win.origin, win.dilation
+    wide = max(t.type.numel() for t in (*placeholders, *outputs)) >= 2**31 - 2**20
+    cast = ".to(tl.int64)" if wide else ""
+
+    def term(var: str, stride: int) -> str:
+        return "" if stride == 0 else f" + {var}" if stride == 1 else f" + {var} * {stride}"
+
+    def ptr(t, extra: str = "") -> str:
+        lay = layout_of[t.id]
+        return arg_of[t.id] + (f" + {lay.offset}" if lay.offset else "") + extra
+
+    x_in, w_in = ptr(xt), ptr(wt)
+    lines = [f"    x_row = nn * {xs[0]}", f"    ih0 = oh * {sh} + {oh0}", f"    iw0 = ow * {sw} + {ow0}",
+             "    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"]
+    if taps <= SMALL_TAPS:
+        for ci in range(win.cin):
+            for a in range(win.kh):
+                lines += [f"    ih = ih0 + {a * dh}", f"    h_ok = m_ok & (ih >= 0) & (ih < {win.h})"]
+                for b in range(win.kw):
+                    lines += [f"    iw = iw0 + {b * dw}",
+                              f"    xv = tl.load({x_in} + x_row{term(str(ci), xs[1])}{term('ih', xs[2])}"
+                              f"{term('iw', xs[3])}, mask=h_ok & (iw >= 0) & (iw < {win.w}), other=0)"
+                              ".to(tl.float32)",
+                              f"    wv = tl.load({w_in} + rn * {ws[0]} + {ci * ws[1] + a * ws[2] + b * ws[3]}, "
+                              "mask=n_ok, other=0).to(tl.float32)",
+                              "    acc += xv[:, None] * wv[None, :]"]
+    else:
+        precision = "" if dt.name != "float32" else \
+            ', input_precision="tf32"' if options.get("allow_tf32") else ', input_precision="ieee"'
+        dot_type = tl_type(dt)
+        # the interpreter holds bfloat16 as raw integers, which its tl.dot multiplies as integers (codegen/matmul.py)
+        widen = ".to(tl.float32)" if interpret and dt.name == "bfloat16" else ""
+        lines += [f"    for k0 in range(0, {taps}, BLOCK_K):",
+                  "        rk = k0 + tl.arange(0, BLOCK_K)",
+                  f"        k_ok = rk < {taps}",
+                  f"        kw_ = rk % {win.kw}",
+                  f"        kh_ = (rk // {win.kw}) % {win.kh}",
+                  f"        ci = rk // {win.kh * win.kw}",
+                  f"        ih = ih0[:, None] + kh_[None, :] * {dh}",
+                  f"        iw = iw0[:, None] + kw_[None, :] * {dw}",
+                  f"        ok = m_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < {win.h}) & (iw >= 0) & "
+                  f"(iw < {win.w})",
+                  f"        a = tl.load({x_in} + x_row[:, None]{term('ci[None, :]', xs[1])}{term('ih', xs[2])}"
+                  f"{term('iw', xs[3])}, mask=ok, other=0).to({dot_type}){widen}",
+                  f"        b = tl.load({w_in} + rn[None, :] * {ws[0]}{term('ci[:, None]', ws[1])}"
+                  f"{term('kh_[:, None]', ws[2])}{term('kw_[:, None]', ws[3])}, "
+                  f"mask=k_ok[:, None] & n_ok[None, :], other=0).to({dot_type}){widen}",
+                  f"        acc = tl.dot(a, b, acc{precision})"]
+    # the product rounded to its type, as the library stores it, then the epilogue on the tile
+    rounded = "acc" if dt == compute_dtype(dt) else f"acc.to({tl_type(dt)}).to(tl.float32)"
+    lines.append(f"    c = {rounded}")
+    axes = ("nn[:, None]", "oh[:, None]", "ow[:, None]", "rn[None, :]") if win.nhwc else \
+        ("nn[:, None]", "rn[None, :]", "oh[:, None]", "ow[:, None]")
+    value = {out.id: "c"}
+    names = iter(range(1 << 30))
+    for op in epilogue:
+        o = op.outputs[0]
+        if op.op == "constant":
+            value[o.id] = literal(op.attrs["value"], o.dtype)
+            continue
+        if lookup(op.op).kind != ELEMENTWISE or op.op in DIVISIONS and checks_divisor(op):
+            raise NotImplementedError(f"{op.op} ({op.name}) in a convolution's epilogue")
+        args = []
+        for t in op.inputs:
+            if t.id not in value:
+                lay = layout_of[t.id].broadcast_to(out.shape)
+                terms = "".join(term(v, s) for v, s in zip(axes, lay.strides))
+                var = f"x{next(names)}"
+                lines.append(f"    {var} = tl.load({ptr(t)}{terms}, mask=m_ok[:, None] & n_ok[None, :], other=0)"
+                             f".to({tl_type(compute_dtype(t.dtype))})")
+                value[t.id] = var
+            args.append(value[t.id])
+        var = f"v{next(names)}"
+        lines.append(f"    {var} = {expression(op, args)}")
+        value[o.id] = var
+    where = "rm[:, None] * {c} + rn[None, :]".format(c=win.cout) if win.nhwc else \
+        f"nn[:, None] * {win.cout * hw} + rn[None, :] * {hw} + (rm % {hw})[:, None]"
+    for i, t in enumerate(outputs):
+        if t.shape != out.shape:
+            raise NotImplementedError(f"convolution kernel output {t.name} of shape {t.shape} is not the "
+                                      f"product's {out.shape}")
+        v = value.get(t.id, "c")
+        lines.append(f"    tl.store(out{i} + {where}, ({v}).to({tl_type(t.dtype)}), "
+                     "mask=m_ok[:, None] & n_ok[None, :])")
+    params = ", ".join([arg_of[t.id] for t in placeholders] + [f"out{i}" for i in range(len(outputs))])
+    what = "transposed convolution" if conv.op == "convolution_transpose2d" else "convolution"
+    src = header(f"{what} kernel {name}", interpret) + f'''
+
+@triton.jit
+def {name}({params}, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rm = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)){cast}
+    rn = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)){cast}
+    m_ok = rm < M
+    n_ok = rn < {win.cout}
+    ow = rm % {win.wo}
+    oh = (rm // {win.wo}) % {win.ho}
+    nn = rm // {hw}
+''' + "\n".join(lines) + "\n"
+    m = win.n * hw
+    grid = (-(-m // bm), -(-win.cout // bn))
+    return KernelSource(name, src, grid, warps, {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, "convolution",
+                        sizes=(m,), num_stages=stages)
+
+
+def key(op: Operation, dtype: DType, options: dict) -> str:
+    """What a measured choice between this template and the library depends on, besides the source."""
+    x, w = op.inputs[:2]
+    tf32 = ":tf32" if options.get("allow_tf32") and dtype.name == "float32" else ""
+    attrs = ",".join(f"{k}={op.attrs[k]}" for k in ("stride", "padding", "dilation", "data_layout", "weights_layout"))
+    return f"{op.op}:{x.shape}x{w.shape}:{attrs}:{dtype}{tf32}"
