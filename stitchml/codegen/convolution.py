@@ -263,3 +263,110 @@ def key(op: Operation, dtype: DType, options: dict) -> str:
     tf32 = ":tf32" if options.get("allow_tf32") and dtype.name == "float32" else ""
     attrs = ",".join(f"{k}={op.attrs[k]}" for k in ("stride", "padding", "dilation", "data_layout", "weights_layout"))
     return f"{op.op}:{x.shape}x{w.shape}:{attrs}:{dtype}{tf32}"
+
+
+@dataclass
+class WeightsGradientSource:
+    """The weights' gradient as two kernels: `partial` sums each of `splits` slices of the pixels into a
+    float32 scratch of `scratch` elements, `finish` adds the slices in order (deterministic) into the
+    gradient, in the weights' layout and type."""
+
+    partial: KernelSource
+    finish: KernelSource
+    splits: int
+    scratch: int
+
+
+def weights_gradient(name: str, op: Operation, in_layouts: list[Layout], interpret: bool,
+                     options: dict | None = None) -> WeightsGradientSource:
+    """Kernels for `convolution2d_weights_gradient(dy, x, weights_like)`: per output channel co and tap
+    (ci, kh, kw), the sum over the pixels (n, oh, ow) of dy[n, co, oh, ow] * x[n, ci, window], a product
+    of co x taps over a long contraction, split over the pixels (see `WeightsGradientSource`)."""
+    options = options or {}
+    if op.op != "convolution2d_weights_gradient":
+        raise NotImplementedError(f"{op.op} is not a weights gradient")
+    dy, x, wl = op.inputs
+    attrs = op.attrs
+    if x.dtype.name not in DTYPES or attrs["groups"] != 1:
+        raise NotImplementedError("the template computes ungrouped float convolutions")
+    if max(t.type.numel() for t in op.inputs) >= 2**31 - 2**20:
+        raise NotImplementedError("a tensor of 2**31 elements or more")
+    layout = attrs["data_layout"]
+    n, cin, h, w = _nchw_shape(x.shape, layout)
+    _, cout, ho, wo = _nchw_shape(dy.shape, layout)
+    _, _, kh, kw = _weights_dims(wl.shape, attrs["weights_layout"])
+    (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
+    top, _, left, _ = _resolve_padding(attrs["padding"], (h, w), (kh, kw), (sh, sw), (dh, dw))
+    ys, xs = _x_strides(in_layouts[0], layout), _x_strides(in_layouts[1], layout)
+    taps, hw, pixels = cin * kh * kw, ho * wo, n * ho * wo
+    if interpret:
+        bm, bn, bk, warps, stages = 16, 16, 16, 4, 1
+    else:
+        bm, bn = max(16, min(64, _pow2(cout))), max(16, min(64, _pow2(taps)))
+        bk, warps, stages = (32 if x.dtype.name == "float32" else 64), 4, 3
+    tiles = -(-cout // bm) * -(-taps // bn)
+    want = 4 * options.get("sm_count", 132) if not interpret else 4
+    splits = max(1, min(-(-pixels // (4 * bk)), -(-want // tiles)))
+    dt = x.dtype
+    dot_type = tl_type(dt)
+    widen = ".to(tl.float32)" if interpret and dt.name == "bfloat16" else ""
+    precision = "" if dt.name != "float32" else \
+        ', input_precision="tf32"' if options.get("allow_tf32") else ', input_precision="ieee"'
+    scratch = splits * cout * taps
+
+    def off(t: Layout) -> str:
+        return f" + {t.offset}" if t.offset else ""
+
+    partial = header(f"convolution weights gradient {name}, partial sums", interpret) + f'''
+
+@triton.jit
+def {name}_partial(dy, x, like, part, P, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    split = tl.program_id(2)
+    m_ok = rm < {cout}
+    n_ok = rn < {taps}
+    kw_ = rn % {kw}
+    kh_ = (rn // {kw}) % {kh}
+    ci = rn // {kh * kw}
+    chunk = tl.cdiv(tl.cdiv(P, {splits}), BLOCK_K) * BLOCK_K
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for p0 in range(split * chunk, split * chunk + chunk, BLOCK_K):
+        rp = p0 + tl.arange(0, BLOCK_K)
+        p_ok = rp < P
+        ow = rp % {wo}
+        oh = (rp // {wo}) % {ho}
+        nn = rp // {hw}
+        a = tl.load(dy{off(in_layouts[0])} + nn[None, :] * {ys[0]} + rm[:, None] * {ys[1]} + oh[None, :] * {ys[2]} +
+                    ow[None, :] * {ys[3]}, mask=m_ok[:, None] & p_ok[None, :], other=0).to({dot_type}){widen}
+        ih = oh[:, None] * {sh} + {-top} + kh_[None, :] * {dh}
+        iw = ow[:, None] * {sw} + {-left} + kw_[None, :] * {dw}
+        ok = p_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < {h}) & (iw >= 0) & (iw < {w})
+        b = tl.load(x{off(in_layouts[1])} + nn[:, None] * {xs[0]} + ci[None, :] * {xs[1]} + ih * {xs[2]} +
+                    iw * {xs[3]}, mask=ok, other=0).to({dot_type}){widen}
+        acc = tl.dot(a, b, acc{precision})
+    tl.store(part + split * {cout * taps} + rm[:, None] * {taps} + rn[None, :], acc,
+             mask=m_ok[:, None] & n_ok[None, :])
+'''
+    out_strides = _w_strides(Layout.contiguous(wl.shape), attrs["weights_layout"])
+    block = 256 if not interpret else 64
+    finish = header(f"convolution weights gradient {name}, sum of the slices", interpret) + f'''
+
+@triton.jit
+def {name}_finish(part, out, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < {cout * taps}
+    s = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k in range({splits}):
+        s += tl.load(part + k * {cout * taps} + i, mask=ok, other=0)
+    co = i // {taps}
+    t = i % {taps}
+    tl.store(out + co * {out_strides[0]} + (t // {kh * kw}) * {out_strides[1]} + ((t // {kw}) % {kh}) * {out_strides[2]}
+             + (t % {kw}) * {out_strides[3]}, s.to({dot_type}), mask=ok)
+'''
+    grid = (-(-taps // bn), -(-cout // bm), splits)
+    return WeightsGradientSource(
+        KernelSource(f"{name}_partial", partial, grid, warps, {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk},
+                     "convolution", sizes=(pixels,), num_stages=stages),
+        KernelSource(f"{name}_finish", finish, (-(-cout * taps // block),), 4, {"BLOCK": block}, "convolution"),
+        splits, scratch)

@@ -232,6 +232,8 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         vendor = _precision(run, options) if prim.kind == CONTRACTION else run
         if backend in ("triton", "interpret") and op.op == "convolution_transpose2d":
             return _convolution_step(op, op, None, _layouts(op, plan), ins, outs, vendor, backend, options, "vendor")
+        if backend in ("triton", "interpret") and op.op == "convolution2d_weights_gradient":
+            return _weights_gradient_step(op, _layouts(op, plan), ins, outs, vendor, backend, options, new_slot)
         return Step(op.name, "vendor", vendor)
     body, template = op.attrs["body"], op.attrs["template"]
     if backend == "reference":
@@ -305,11 +307,8 @@ def _convolution_step(op: Operation, contraction: Operation, body: Program | Non
     `library`, as the Triton convolution template (codegen/convolution.py), or, on CUDA, the faster of the two
     measured on the first run. Option `conv_template`: "measure" (the default: measured on CUDA, the library
     under the interpreter), "triton" (the template wherever it applies) or "library"."""
-    mode = options.get("conv_template", "measure")
-    if mode not in ("measure", "triton", "library"):
-        raise CompileError(f"option conv_template expects 'measure', 'triton' or 'library', got {mode!r}")
-    reason = convolution.unsupported(contraction)
-    if mode == "library" or reason or mode == "measure" and backend != "triton":
+    mode = _template_mode(options, backend)
+    if mode is None or convolution.unsupported(contraction):
         return Step(op.name, kind, library, library_source)
     src = convolution.generate(op.name, body, layouts, backend == "interpret", options,
                                contraction=None if body is not None else contraction)
@@ -317,13 +316,48 @@ def _convolution_step(op: Operation, contraction: Operation, body: Program | Non
     if body is None:  # an op that is otherwise a library call: its result has memory of its own
         out = contraction.outputs[0]
         launch = FreshOutputs(launch, ins[:2], [(outs[0], out.shape, out.dtype.torch)], library)
+    return _measured(op.name, kind, convolution.key(contraction, contraction.outputs[0].dtype, options), library,
+                     launch, src.source + (library_source or ""), mode)
+
+
+def _measured(name: str, kind: str, key: str, library, launch, source: str, mode: str) -> Step:
+    """The template's launch (option conv_template "triton") or the faster of it and the library call."""
     if mode == "triton":
-        return Step(op.name, "convolution", launch, src.source)
-    digest = hashlib.sha256(src.source.encode()).hexdigest()[:16]
-    key = f"conv-template:{convolution.key(contraction, contraction.outputs[0].dtype, options)}:{digest}:" \
-          f"{torch.cuda.get_device_name()}"
-    return Step(op.name, kind, choices.Chooser(key, {"library": library, "triton-convolution": launch}),
-                src.source + (library_source or ""))
+        return Step(name, "convolution", launch, source)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    key = f"conv-template:{key}:{digest}:{torch.cuda.get_device_name()}"
+    return Step(name, kind, choices.Chooser(key, {"library": library, "triton-convolution": launch}), source)
+
+
+def _template_mode(options: dict, backend: str) -> str | None:
+    """How option `conv_template` applies here: "triton", "measure", or None (the library call alone)."""
+    mode = options.get("conv_template", "measure")
+    if mode not in ("measure", "triton", "library"):
+        raise CompileError(f"option conv_template expects 'measure', 'triton' or 'library', got {mode!r}")
+    if mode == "library" or mode == "measure" and backend != "triton":
+        return None
+    return mode
+
+
+def _weights_gradient_step(op: Operation, layouts: list[Layout], ins: list[int], outs: list[int], library,
+                           backend: str, options: dict, new_slot) -> Step:
+    """A convolution's weights gradient as the library call or the template's split product and the sum of
+    its slices (codegen/convolution.py), as option `conv_template` says (see `_convolution_step`)."""
+    mode = _template_mode(options, backend)
+    try:
+        src = None if mode is None else convolution.weights_gradient(op.name, op, layouts, backend == "interpret",
+                                                                     options)
+    except NotImplementedError:
+        src = None
+    if src is None:
+        return Step(op.name, "vendor", library)
+    part = new_slot()
+    run = Workspace([(part, (src.scratch,), torch.float32)], ins[0],
+                    Chain(KernelLaunch(src.partial, ins, [part]), KernelLaunch(src.finish, [part], outs)))
+    out = op.outputs[0]
+    launch = FreshOutputs(run, ins[:2], [(outs[0], out.shape, out.dtype.torch)], library)
+    return _measured(op.name, "vendor", convolution.key(op, out.dtype, options), library, launch,
+                     src.partial.source + src.finish.source, mode)
 
 
 def _recurrent_step(op: Operation, template: str, plan, ins: list[int], outs: list[int], interpret: bool,
