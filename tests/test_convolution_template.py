@@ -1,0 +1,98 @@
+"""The Triton convolution template (codegen/convolution.py) under Triton's interpreter, against float64 torch:
+the forward convolution with its epilogue, the stride-1 transposed convolution of the data gradient and the
+split weights gradient, over the paddings, strides, dilations and layouts the template claims."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import stitchml as sm
+from stitchml.errors import GraphError
+
+from tolerance import allowed
+
+# (input NCHW shape, output channels, kernel, padding, stride, dilation, layout): one input channel (unrolled
+# multiply-adds), asymmetric padding with stride 2, channels-last with dilation (tiled products)
+CASES = [((2, 1, 7, 9), 5, 3, "same", 1, 1, "NCHW"),
+         ((2, 5, 8, 9), 6, 3, (1, 0, 2, 1), 2, 1, "NCHW"),
+         ((1, 6, 9, 8), 4, 3, "same", 1, 2, "NHWC")]
+
+
+def _pads(padding, k: int, dilation: int) -> tuple[int, int, int, int]:
+    if padding == "same":
+        total = dilation * (k - 1)
+        return (total // 2, total - total // 2) * 2
+    return tuple(padding)
+
+
+def _check(got: torch.Tensor, want: torch.Tensor, cond: torch.Tensor, n: int, what: str) -> None:
+    """Within the suite's rule for a contraction of `n` terms whose sensitivity is `cond` (sum |a| |b|)."""
+    tol = allowed(sm.float32, "contraction", want, (cond, torch.full_like(want, float(n)), torch.zeros_like(want)))
+    err = (got.double() - want).abs()
+    assert bool((err <= tol).all()), f"{what}: worst {float((err - tol).max())} beyond the tolerance"
+
+
+@pytest.mark.parametrize("case", CASES, ids=["cin1-same", "stride2-asymmetric", "nhwc-dilation2"])
+def test_convolution_epilogue_and_gradients_match_float64(triton_interpreter, case):
+    shape, cout, k, padding, stride, dilation, layout = case
+    n, cin, h, w = shape
+    gen = torch.Generator().manual_seed(0)
+    a, wt = torch.randn(shape, generator=gen), torch.randn(cout, cin, k, k, generator=gen)
+    bias = torch.randn(cout, generator=gen)
+    top, bottom, left, right = _pads(padding, k, dilation)
+
+    def conv(x, weights):  # float64 NCHW reference
+        return F.conv2d(F.pad(x, (left, right, top, bottom)), weights, stride=stride, dilation=dilation)
+
+    pre = conv(a.double(), wt.double()) + bias.double()[None, :, None, None]
+    r = torch.randn(pre.shape, generator=gen)
+    g = sm.Graph("conv")
+    nhwc = layout == "NHWC"
+    x = g.placeholder(tuple(a.permute(0, 2, 3, 1).shape) if nhwc else shape, sm.float32, name="x")
+    wv = g.placeholder((k, k, cin, cout) if nhwc else (cout, cin, k, k), sm.float32, name="w")
+    b = g.placeholder((cout,), sm.float32, name="b")
+    rv = g.placeholder(tuple(r.permute(0, 2, 3, 1).shape) if nhwc else tuple(r.shape), sm.float32, name="r")
+    desc = sm.Convolution2DDescriptor(padding=padding, stride=stride, dilation=dilation, data_layout=layout,
+                                      weights_layout="HWIO" if nhwc else "OIHW")
+    y = g.relu(g.convolution2d(x, wv, desc) + g.reshape(b, (1, 1, 1, cout) if nhwc else (1, cout, 1, 1)))
+    grads = g.gradients(g.reduction_sum(y * rv), [x, wv])
+    feeds = {x: a.permute(0, 2, 3, 1).contiguous() if nhwc else a, b: bias,
+             wv: wt.permute(2, 3, 1, 0).contiguous() if nhwc else wt, rv: r.permute(0, 2, 3, 1).contiguous() if nhwc else r}
+    exe = g.compile(feeds, [y, grads[x], grads[wv]], device="cpu", options={"conv_template": "triton"})
+    sources = exe.kernel_sources()
+    made = sorted(t for t in ("convolution kernel", "transposed convolution kernel", "weights gradient")
+                  if any(t in s for s in sources.values()))
+    assert made == (["convolution kernel", "transposed convolution kernel", "weights gradient"] if stride == 1
+                    else ["convolution kernel", "weights gradient"]), made  # stride 2: cuDNN's data gradient
+    out = exe.run(feeds)
+
+    def nchw(t):
+        t = t.torch()
+        return t.permute(0, 3, 1, 2) if nhwc and t.dim() == 4 and t.shape != wt.shape else t
+
+    taps = cin * k * k
+    cond = conv(a.double().abs(), wt.double().abs()) + bias.double().abs()[None, :, None, None]
+    _check(nchw(out[y]), pre.relu(), cond, taps + 1, "forward")
+    # gradients of sum(relu(pre) * r): dy = r where pre > 0 (both sides agree where |pre| is not tiny)
+    dy = torch.where(pre > 0, r.double(), 0.0)
+    a64, w64 = a.double().requires_grad_(), wt.double().requires_grad_()
+    dx_ref, dw_ref = torch.autograd.grad(conv(a64, w64), [a64, w64], dy)
+    a64, w64 = a.double().abs().requires_grad_(), wt.double().abs().requires_grad_()
+    dx_cond, dw_cond = torch.autograd.grad(conv(a64, w64), [a64, w64], dy.abs())
+    assert bool(((pre.abs() > 1e-4) | (pre == 0)).all())  # no ReLU decision within float32 rounding
+    _check(nchw(out[grads[x]]), dx_ref, dx_cond, cout * k * k, "data gradient")
+    dw = out[grads[wv]].torch()
+    _check(dw.permute(3, 2, 0, 1) if nhwc else dw, dw_ref, dw_cond, n * pre.shape[2] * pre.shape[3], "weights gradient")
+
+
+def test_the_default_measures_on_cuda_and_keeps_the_library_under_the_interpreter(triton_interpreter):
+    g = sm.Graph("conv")
+    x = g.placeholder((1, 2, 5, 5), sm.float32, name="x")
+    w = g.placeholder((3, 2, 3, 3), sm.float32, name="w")
+    y = g.relu(g.convolution2d(x, w, sm.Convolution2DDescriptor(padding="same")))
+    feeds = {x: torch.randn(1, 2, 5, 5), w: torch.randn(3, 2, 3, 3)}
+    exe = g.compile(feeds, [y], device="cpu")
+    assert not any("convolution kernel" in s for s in exe.kernel_sources().values())
+    with pytest.raises(GraphError, match="conv_template expects 'measure', 'triton' or 'library', got 'cudnn'"):
+        g.compile(feeds, [y], device="cpu", options={"conv_template": "cudnn"})
