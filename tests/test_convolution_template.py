@@ -12,18 +12,21 @@ from stitchml.errors import GraphError
 
 from tolerance import allowed
 
-# (input NCHW shape, output channels, kernel, padding, stride, dilation, layout): one input channel (unrolled
-# multiply-adds), asymmetric padding with stride 2, channels-last with dilation (tiled products)
-CASES = [((2, 1, 7, 9), 5, 3, "same", 1, 1, "NCHW"),
-         ((2, 5, 8, 9), 6, 3, (1, 0, 2, 1), 2, 1, "NCHW"),
-         ((1, 6, 9, 8), 4, 3, "same", 1, 2, "NHWC")]
+# (input NCHW shape, output channels, kernel, padding, stride, dilation, layout, options): one input channel
+# (unrolled multiply-adds), asymmetric padding with stride 2, channels-last with dilation (tiled products over the
+# flattened window), 16 and 17 channels (tiled products one tap at a time, input tiles loaded either way)
+CASES = [((2, 1, 7, 9), 5, 3, "same", 1, 1, "NCHW", {}),
+         ((2, 5, 8, 9), 6, 3, (1, 0, 2, 1), 2, 1, "NCHW", {}),
+         ((1, 6, 9, 8), 4, 3, "same", 1, 2, "NHWC", {}),
+         ((1, 16, 6, 5), 17, 3, "same", 1, 1, "NCHW", {}),
+         ((1, 16, 6, 5), 17, 3, "valid", 1, 1, "NCHW", {"conv_order": "pixels"})]
 
 
 def _pads(padding, k: int, dilation: int) -> tuple[int, int, int, int]:
     if padding == "same":
         total = dilation * (k - 1)
         return (total // 2, total - total // 2) * 2
-    return tuple(padding)
+    return (0, 0, 0, 0) if padding == "valid" else tuple(padding)
 
 
 def _check(got: torch.Tensor, want: torch.Tensor, cond: torch.Tensor, n: int, what: str) -> None:
@@ -33,9 +36,10 @@ def _check(got: torch.Tensor, want: torch.Tensor, cond: torch.Tensor, n: int, wh
     assert bool((err <= tol).all()), f"{what}: worst {float((err - tol).max())} beyond the tolerance"
 
 
-@pytest.mark.parametrize("case", CASES, ids=["cin1-same", "stride2-asymmetric", "nhwc-dilation2"])
+@pytest.mark.parametrize("case", CASES, ids=["cin1-same", "stride2-asymmetric", "nhwc-dilation2", "cin16-same",
+                                             "cin16-valid-pixels"])
 def test_convolution_epilogue_and_gradients_match_float64(triton_interpreter, case):
-    shape, cout, k, padding, stride, dilation, layout = case
+    shape, cout, k, padding, stride, dilation, layout, options = case
     n, cin, h, w = shape
     gen = torch.Generator().manual_seed(0)
     a, wt = torch.randn(shape, generator=gen), torch.randn(cout, cin, k, k, generator=gen)
@@ -59,7 +63,7 @@ def test_convolution_epilogue_and_gradients_match_float64(triton_interpreter, ca
     grads = g.gradients(g.reduction_sum(y * rv), [x, wv])
     feeds = {x: a.permute(0, 2, 3, 1).contiguous() if nhwc else a, b: bias,
              wv: wt.permute(2, 3, 1, 0).contiguous() if nhwc else wt, rv: r.permute(0, 2, 3, 1).contiguous() if nhwc else r}
-    exe = g.compile(feeds, [y, grads[x], grads[wv]], device="cpu", options={"conv_template": "triton"})
+    exe = g.compile(feeds, [y, grads[x], grads[wv]], device="cpu", options={"conv_template": "triton", **options})
     sources = exe.kernel_sources()
     made = sorted(t for t in ("convolution kernel", "transposed convolution kernel", "weights gradient")
                   if any(t in s for s in sources.values()))

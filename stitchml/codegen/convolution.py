@@ -30,6 +30,8 @@ from .common import DIVISIONS, Layout, checks_divisor, compute_dtype, expression
 from .pointwise import KernelSource
 
 SMALL_TAPS = 32  # windows of at most this many taps are unrolled multiply-adds, longer ones tile products
+SMALL_WEIGHT_TAPS = 16  # weights gradients of at most this many taps keep an accumulator per tap
+TAP_MAJOR_CHANNELS = 16  # from this many input channels a product's step is one tap's block of channels
 DTYPES = ("float16", "bfloat16", "float32")
 
 
@@ -105,6 +107,17 @@ def window(op: Operation, x_layout: Layout, w_layout: Layout) -> Window:
                   (ws[1], ws[0], ws[2], ws[3]), layout == "NHWC")
 
 
+def variants(op: Operation) -> list[dict]:
+    """Options of the template worth measuring against each other for contraction `op` on a GPU: the
+    input tile's load order where the product steps one tap's channels at a time."""
+    x, w = op.inputs[:2]
+    cin = _nchw_shape(x.shape, op.attrs["data_layout"])[1]
+    _, _, kh, kw = _weights_dims(w.shape, op.attrs["weights_layout"])
+    if cin * kh * kw > SMALL_TAPS and cin >= TAP_MAJOR_CHANNELS:
+        return [{}, {"conv_order": "pixels"}]
+    return [{}]
+
+
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
@@ -167,6 +180,11 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
     x_in, w_in = ptr(xt), ptr(wt)
     lines = [f"    x_row = nn * {xs[0]}", f"    ih0 = oh * {sh} + {oh0}", f"    iw0 = ow * {sw} + {ow0}",
              "    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"]
+    precision = "" if dt.name != "float32" else \
+        ', input_precision="tf32"' if options.get("allow_tf32") else ', input_precision="ieee"'
+    dot_type = tl_type(dt)
+    # the interpreter holds bfloat16 as raw integers, which its tl.dot multiplies as integers (codegen/matmul.py)
+    widen = ".to(tl.float32)" if interpret and dt.name == "bfloat16" else ""
     if taps <= SMALL_TAPS:
         for ci in range(win.cin):
             for a in range(win.kh):
@@ -179,12 +197,32 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
                               f"    wv = tl.load({w_in} + rn * {ws[0]} + {ci * ws[1] + a * ws[2] + b * ws[3]}, "
                               "mask=n_ok, other=0).to(tl.float32)",
                               "    acc += xv[:, None] * wv[None, :]"]
+    elif win.cin >= TAP_MAJOR_CHANNELS:
+        # one tap at a time, a block of input channels per step: the window's indices are computed per pixel
+        # (a vector) instead of per pixel and tap; `conv_order` "pixels" loads the input tile channels by
+        # pixels, pixels fastest (NCHW images are contiguous along their rows), and transposes it in registers
+        blocks_c = -(-win.cin // bk)
+        by_pixels = options.get("conv_order", "channels") == "pixels"
+        if by_pixels:
+            tile = f"x_at[None, :]{term('ci[:, None]', xs[1])}", "ok[None, :] & c_ok[:, None]"
+        else:
+            tile = f"x_at[:, None]{term('ci[None, :]', xs[1])}", "ok[:, None] & c_ok[None, :]"
+        lines += [f"    for it in range(0, {win.kh * win.kw * blocks_c}):",
+                  f"        t = it // {blocks_c}",
+                  f"        ci = (it % {blocks_c}) * BLOCK_K + tl.arange(0, BLOCK_K)",
+                  f"        c_ok = ci < {win.cin}",
+                  f"        kh_ = t // {win.kw}",
+                  f"        kw_ = t % {win.kw}",
+                  f"        ih = ih0 + kh_ * {dh}",
+                  f"        iw = iw0 + kw_ * {dw}",
+                  f"        ok = m_ok & (ih >= 0) & (ih < {win.h}) & (iw >= 0) & (iw < {win.w})",
+                  f"        x_at = x_row{term('ih', xs[2])}{term('iw', xs[3])}",
+                  f"        a = tl.load({x_in} + {tile[0]}, mask={tile[1]}, other=0).to({dot_type}){widen}",
+                  f"        b = tl.load({w_in} + rn[None, :] * {ws[0]}{term('ci[:, None]', ws[1])}"
+                  f"{term('kh_', ws[2])}{term('kw_', ws[3])}, mask=c_ok[:, None] & n_ok[None, :], other=0)"
+                  f".to({dot_type}){widen}",
+                  f"        acc = tl.dot({'tl.trans(a)' if by_pixels else 'a'}, b, acc{precision})"]
     else:
-        precision = "" if dt.name != "float32" else \
-            ', input_precision="tf32"' if options.get("allow_tf32") else ', input_precision="ieee"'
-        dot_type = tl_type(dt)
-        # the interpreter holds bfloat16 as raw integers, which its tl.dot multiplies as integers (codegen/matmul.py)
-        widen = ".to(tl.float32)" if interpret and dt.name == "bfloat16" else ""
         lines += [f"    for k0 in range(0, {taps}, BLOCK_K):",
                   "        rk = k0 + tl.arange(0, BLOCK_K)",
                   f"        k_ok = rk < {taps}",
@@ -299,55 +337,103 @@ def weights_gradient(name: str, op: Operation, in_layouts: list[Layout], interpr
     top, _, left, _ = _resolve_padding(attrs["padding"], (h, w), (kh, kw), (sh, sw), (dh, dw))
     ys, xs = _x_strides(in_layouts[0], layout), _x_strides(in_layouts[1], layout)
     taps, hw, pixels = cin * kh * kw, ho * wo, n * ho * wo
-    if interpret:
-        bm, bn, bk, warps, stages = 16, 16, 16, 4, 1
-    else:
-        bm, bn = max(16, min(64, _pow2(cout))), max(16, min(64, _pow2(taps)))
-        bk, warps, stages = (32 if x.dtype.name == "float32" else 64), 4, 3
-    tiles = -(-cout // bm) * -(-taps // bn)
-    want = 4 * options.get("sm_count", 132) if not interpret else 4
-    splits = max(1, min(-(-pixels // (4 * bk)), -(-want // tiles)))
     dt = x.dtype
     dot_type = tl_type(dt)
     widen = ".to(tl.float32)" if interpret and dt.name == "bfloat16" else ""
     precision = "" if dt.name != "float32" else \
         ', input_precision="tf32"' if options.get("allow_tf32") else ', input_precision="ieee"'
+    form = "small" if taps <= SMALL_WEIGHT_TAPS else "tap" if cin >= TAP_MAJOR_CHANNELS else "flat"
+    bm = max(16, min(64, _pow2(cout)))
+    if form == "small":  # a 2-D accumulator per tap, summed over the pixels once at the end
+        bn, bk, warps, stages = 16, (16 if interpret else 64), (4 if interpret else 8), 1
+        tiles = -(-cout // bm)
+        grid_n = 1
+    elif form == "tap":  # one tap and a block of input channels per program
+        bn = max(16, min(64, _pow2(cin)))
+        bk, warps, stages = 16 if interpret else 32 if dt.name == "float32" else 64, 4, (1 if interpret else 3)
+        grid_n = kh * kw * -(-cin // bn)
+        tiles = -(-cout // bm) * grid_n
+    else:
+        bn = max(16, min(64, _pow2(taps)))
+        bk, warps, stages = 16 if interpret else 32 if dt.name == "float32" else 64, 4, (1 if interpret else 3)
+        grid_n = -(-taps // bn)
+        tiles = -(-cout // bm) * grid_n
+    if interpret:
+        bm = 16
+        tiles = -(-cout // bm) * grid_n
+    want = 4 * options.get("sm_count", 132) if not interpret else 4
+    splits = max(1, min(-(-pixels // (4 * bk)), -(-want // tiles)))
     scratch = splits * cout * taps
 
     def off(t: Layout) -> str:
         return f" + {t.offset}" if t.offset else ""
 
+    dy_tile = (f"tl.load(dy{off(in_layouts[0])} + nn[None, :] * {ys[0]} + rm[:, None] * {ys[1]} + oh[None, :] * "
+               f"{ys[2]} + ow[None, :] * {ys[3]}, mask=m_ok[:, None] & p_ok[None, :], other=0)")
+    x_ptr = f"x{off(in_layouts[1])}"
+    head, body, tail = [], [], []
+    if form == "small":
+        cells = [(c, a, b) for c in range(cin) for a in range(kh) for b in range(kw)]
+        head += [f"    acc{t} = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)" for t in range(len(cells))]
+        body.append(f"        a = {dy_tile}.to(tl.float32)")
+        for t, (c, a, b) in enumerate(cells):
+            body += [f"        ih = oh * {sh} + {a * dh - top}",
+                     f"        iw = ow * {sw} + {b * dw - left}",
+                     f"        ok = p_ok & (ih >= 0) & (ih < {h}) & (iw >= 0) & (iw < {w})",
+                     f"        xv = tl.load({x_ptr} + nn * {xs[0]} + {c * xs[1]} + ih * {xs[2]} + iw * {xs[3]}, mask=ok, "
+                     "other=0).to(tl.float32)",
+                     f"        acc{t} += a * xv[None, :]"]
+            tail.append(f"    tl.store(part + split * {cout * taps} + rm * {taps} + {t}, tl.sum(acc{t}, axis=1), "
+                        "mask=m_ok)")
+    elif form == "tap":
+        blocks_c = -(-cin // bn)
+        head += ["    t = tl.program_id(0) // " + str(blocks_c),
+                 f"    rc = (tl.program_id(0) % {blocks_c}) * BLOCK_N + tl.arange(0, BLOCK_N)",
+                 f"    c_ok = rc < {cin}",
+                 f"    kh_ = t // {kw}",
+                 f"    kw_ = t % {kw}",
+                 "    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"]
+        body += [f"        a = {dy_tile}.to({dot_type}){widen}",
+                 f"        ih = oh * {sh} + {-top} + kh_ * {dh}",
+                 f"        iw = ow * {sw} + {-left} + kw_ * {dw}",
+                 f"        ok = p_ok & (ih >= 0) & (ih < {h}) & (iw >= 0) & (iw < {w})",
+                 f"        b = tl.load({x_ptr} + (nn * {xs[0]} + ih * {xs[2]} + iw * {xs[3]})[:, None] + rc[None, :] * "
+                 f"{xs[1]}, mask=ok[:, None] & c_ok[None, :], other=0).to({dot_type}){widen}",
+                 f"        acc = tl.dot(a, b, acc{precision})"]
+        tail.append(f"    tl.store(part + split * {cout * taps} + rm[:, None] * {taps} + (rc * {kh * kw} + t)[None, :], "
+                    "acc, mask=m_ok[:, None] & c_ok[None, :])")
+    else:
+        head += ["    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)",
+                 f"    n_ok = rn < {taps}",
+                 f"    kw_ = rn % {kw}",
+                 f"    kh_ = (rn // {kw}) % {kh}",
+                 f"    ci = rn // {kh * kw}",
+                 "    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"]
+        body += [f"        a = {dy_tile}.to({dot_type}){widen}",
+                 f"        ih = oh[:, None] * {sh} + {-top} + kh_[None, :] * {dh}",
+                 f"        iw = ow[:, None] * {sw} + {-left} + kw_[None, :] * {dw}",
+                 f"        ok = p_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < {h}) & (iw >= 0) & (iw < {w})",
+                 f"        b = tl.load({x_ptr} + nn[:, None] * {xs[0]} + ci[None, :] * {xs[1]} + ih * {xs[2]} + "
+                 f"iw * {xs[3]}, mask=ok, other=0).to({dot_type}){widen}",
+                 f"        acc = tl.dot(a, b, acc{precision})"]
+        tail.append(f"    tl.store(part + split * {cout * taps} + rm[:, None] * {taps} + rn[None, :], acc, "
+                    "mask=m_ok[:, None] & n_ok[None, :])")
     partial = header(f"convolution weights gradient {name}, partial sums", interpret) + f'''
 
 @triton.jit
 def {name}_partial(dy, x, like, part, P, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     split = tl.program_id(2)
     m_ok = rm < {cout}
-    n_ok = rn < {taps}
-    kw_ = rn % {kw}
-    kh_ = (rn // {kw}) % {kh}
-    ci = rn // {kh * kw}
     chunk = tl.cdiv(tl.cdiv(P, {splits}), BLOCK_K) * BLOCK_K
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+''' + "\n".join(head) + f'''
     for p0 in range(split * chunk, split * chunk + chunk, BLOCK_K):
         rp = p0 + tl.arange(0, BLOCK_K)
         p_ok = rp < P
         ow = rp % {wo}
         oh = (rp // {wo}) % {ho}
         nn = rp // {hw}
-        a = tl.load(dy{off(in_layouts[0])} + nn[None, :] * {ys[0]} + rm[:, None] * {ys[1]} + oh[None, :] * {ys[2]} +
-                    ow[None, :] * {ys[3]}, mask=m_ok[:, None] & p_ok[None, :], other=0).to({dot_type}){widen}
-        ih = oh[:, None] * {sh} + {-top} + kh_[None, :] * {dh}
-        iw = ow[:, None] * {sw} + {-left} + kw_[None, :] * {dw}
-        ok = p_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < {h}) & (iw >= 0) & (iw < {w})
-        b = tl.load(x{off(in_layouts[1])} + nn[:, None] * {xs[0]} + ci[None, :] * {xs[1]} + ih * {xs[2]} +
-                    iw * {xs[3]}, mask=ok, other=0).to({dot_type}){widen}
-        acc = tl.dot(a, b, acc{precision})
-    tl.store(part + split * {cout * taps} + rm[:, None] * {taps} + rn[None, :], acc,
-             mask=m_ok[:, None] & n_ok[None, :])
-'''
+''' + "\n".join(body + tail) + "\n"
     out_strides = _w_strides(Layout.contiguous(wl.shape), attrs["weights_layout"])
     block = 256 if not interpret else 64
     finish = header(f"convolution weights gradient {name}, sum of the slices", interpret) + f'''
@@ -364,7 +450,7 @@ def {name}_finish(part, out, BLOCK: tl.constexpr):
     tl.store(out + co * {out_strides[0]} + (t // {kh * kw}) * {out_strides[1]} + ((t // {kw}) % {kh}) * {out_strides[2]}
              + (t % {kw}) * {out_strides[3]}, s.to({dot_type}), mask=ok)
 '''
-    grid = (-(-taps // bn), -(-cout // bm), splits)
+    grid = (grid_n, -(-cout // bm), splits)
     return WeightsGradientSource(
         KernelSource(f"{name}_partial", partial, grid, warps, {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk},
                      "convolution", sizes=(pixels,), num_stages=stages),

@@ -310,23 +310,30 @@ def _convolution_step(op: Operation, contraction: Operation, body: Program | Non
     mode = _template_mode(options, backend)
     if mode is None or convolution.unsupported(contraction):
         return Step(op.name, kind, library, library_source)
-    src = convolution.generate(op.name, body, layouts, backend == "interpret", options,
-                               contraction=None if body is not None else contraction)
-    launch = KernelLaunch(src, ins, outs)
-    if body is None:  # an op that is otherwise a library call: its result has memory of its own
-        out = contraction.outputs[0]
-        launch = FreshOutputs(launch, ins[:2], [(outs[0], out.shape, out.dtype.torch)], library)
+    launches, sources = [], []
+    for variant in convolution.variants(contraction) if mode == "measure" else [{}]:
+        src = convolution.generate(op.name, body, layouts, backend == "interpret", {**options, **variant},
+                                   contraction=None if body is not None else contraction)
+        launch = KernelLaunch(src, ins, outs)
+        if body is None:  # an op that is otherwise a library call: its result has memory of its own
+            out = contraction.outputs[0]
+            launch = FreshOutputs(launch, ins[:2], [(outs[0], out.shape, out.dtype.torch)], library)
+        launches.append(launch)
+        sources.append(src.source)
     return _measured(op.name, kind, convolution.key(contraction, contraction.outputs[0].dtype, options), library,
-                     launch, src.source + (library_source or ""), mode)
+                     launches, "".join(sources) + (library_source or ""), mode)
 
 
-def _measured(name: str, kind: str, key: str, library, launch, source: str, mode: str) -> Step:
-    """The template's launch (option conv_template "triton") or the faster of it and the library call."""
+def _measured(name: str, kind: str, key: str, library, launches: list, source: str, mode: str) -> Step:
+    """The template's launch (option conv_template "triton": the first variant) or the fastest of the
+    library call and the template's variants."""
     if mode == "triton":
-        return Step(name, "convolution", launch, source)
+        return Step(name, "convolution", launches[0], source)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     key = f"conv-template:{key}:{digest}:{torch.cuda.get_device_name()}"
-    return Step(name, kind, choices.Chooser(key, {"library": library, "triton-convolution": launch}), source)
+    candidates = {"library": library} | {f"triton-convolution{f'-{i}' if i else ''}": launch
+                                         for i, launch in enumerate(launches)}
+    return Step(name, kind, choices.Chooser(key, candidates), source)
 
 
 def _template_mode(options: dict, backend: str) -> str | None:
@@ -356,7 +363,7 @@ def _weights_gradient_step(op: Operation, layouts: list[Layout], ins: list[int],
                     Chain(KernelLaunch(src.partial, ins, [part]), KernelLaunch(src.finish, [part], outs)))
     out = op.outputs[0]
     launch = FreshOutputs(run, ins[:2], [(outs[0], out.shape, out.dtype.torch)], library)
-    return _measured(op.name, "vendor", convolution.key(op, out.dtype, options), library, launch,
+    return _measured(op.name, "vendor", convolution.key(op, out.dtype, options), library, [launch],
                      src.partial.source + src.finish.source, mode)
 
 
