@@ -100,3 +100,32 @@ def test_the_default_measures_on_cuda_and_keeps_the_library_under_the_interprete
     assert not any("convolution kernel" in s for s in exe.kernel_sources().values())
     with pytest.raises(GraphError, match="conv_template expects 'measure', 'triton' or 'library', got 'cudnn'"):
         g.compile(feeds, [y], device="cpu", options={"conv_template": "cudnn"})
+
+
+@pytest.mark.parametrize("window", [2, 3])
+def test_a_max_pooling_of_the_epilogue_is_computed_in_the_convolution_kernel(triton_interpreter, window):
+    """conv + bias + ReLU + max pooling whose windows tile the output: one kernel stores the ReLU (which the
+    pooling's gradient reads) and the pooled values; both and the data gradient match float64. A window of
+    3 does not reshape into a tile's power-of-two axes: it pools in a step of its own."""
+    gen = torch.Generator().manual_seed(1)
+    h, w = 4 * window, 5 * window
+    a, wt, bias = torch.randn(2, 3, h, w, generator=gen), torch.randn(6, 3, 3, 3, generator=gen), torch.randn(6, generator=gen)
+    g = sm.Graph("conv_pool")
+    x = g.placeholder((2, 3, h, w), sm.float32, name="x")
+    wv = g.placeholder((6, 3, 3, 3), sm.float32, name="w")
+    b = g.placeholder((6,), sm.float32, name="b")
+    relu = g.relu(g.convolution2d(x, wv, sm.Convolution2DDescriptor(padding="same")) + g.reshape(b, (1, 6, 1, 1)))
+    pooled = g.max_pooling2d(relu, sm.Pooling2DDescriptor(kernel_size=window))
+    dx = g.gradients(g.reduction_sum(pooled), [x])[x]
+    feeds = {x: a, wv: wt, b: bias}
+    exe = g.compile(feeds, [relu, pooled, dx], device="cpu", options={"conv_template": "triton"})
+    assert (pooled.op.name in [s.name for s in exe.steps]) == (window == 3)
+    out = exe.run(feeds)
+    a64, w64 = a.double().requires_grad_(), wt.double()
+    pre = F.conv2d(a64, w64, bias.double(), padding=1)
+    want = F.max_pool2d(pre.relu(), window)
+    cond = F.conv2d(a.double().abs(), wt.double().abs(), bias.double().abs(), padding=1)
+    _check(out[relu].torch(), pre.relu().detach(), cond, 28, "relu")
+    _check(out[pooled].torch(), want.detach(), F.max_pool2d(cond, window), 28, "pooled")
+    grad = torch.autograd.grad(want.sum(), a64)[0]
+    assert torch.allclose(out[dx].torch().double(), grad, atol=1e-4)

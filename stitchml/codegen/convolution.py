@@ -134,11 +134,33 @@ def blocks(win: Window, dtype: str, interpret: bool, options: dict) -> tuple[int
     return 128, bn, 32 if dtype == "float32" else 64, 4, 3
 
 
+def poolable(body, output: int, attrs: dict) -> str:
+    """Why the kernel of convolution `body` cannot also max-pool its output `output` with pooling `attrs`
+    ("" when it can): windows of power-of-two extents that tile the NCHW output, and rows short enough for
+    a tile to hold a row of windows."""
+    from .matmul import split
+    from .pooling import fits
+
+    conv = split(body).contraction
+    out = conv.outputs[0]
+    if conv.op != "convolution2d" or conv.attrs["data_layout"] != "NCHW" or attrs.get("data_layout") != "NCHW":
+        return "pooling inside a convolution kernel takes NCHW convolutions"
+    if body.outputs[output].shape != out.shape or not fits(attrs, out.shape):
+        return "the pooling windows do not tile the convolution's output"
+    if any(k & (k - 1) for k in attrs["kernel_size"]):
+        return "a pooling window of other than power-of-two extents"
+    if attrs["kernel_size"][0] * _pow2(out.shape[3]) > 256:
+        return "a window's rows take more than 256 lanes of a tile"
+    return ""
+
+
 def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options: dict | None = None,
-             contraction: Operation | None = None) -> KernelSource:
+             contraction: Operation | None = None, pool: tuple[int, tuple[int, int]] | None = None) -> KernelSource:
     """Triton source for a convolution kernel `body` (a Program: the convolution and a pointwise epilogue)
     reading inputs of the given layouts; with `contraction` set, `body` is None and the kernel computes
-    that op alone from its first two inputs."""
+    that op alone from its first two inputs. With `pool` (body output index, window), the kernel also
+    max-pools that output (see `poolable`) into a last output: its tiles then hold whole rows of windows
+    (rows padded to a power of two), pooled in registers."""
     options = options or {}
     if contraction is None:
         from .matmul import split  # the same split of a kernel body into product and epilogue
@@ -164,6 +186,9 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
     dt = out.dtype
     taps = win.cin * win.kh * win.kw
     bm, bn, bk, warps, stages = blocks(win, dt.name, interpret, options)
+    if pool is not None:
+        band = pool[1][0] * _pow2(win.wo)  # one row of windows: its window rows, each padded to a power of two
+        bm = max(bm, band)
     hw = win.ho * win.wo
     xs, ws = win.x_strides, win.w_strides
     (sh, sw), (oh0, ow0), (dh, dw) = win.stride, win.origin, win.dilation
@@ -267,7 +292,8 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
         lines.append(f"    {var} = {expression(op, args)}")
         value[o.id] = var
     where = "rm[:, None] * {c} + rn[None, :]".format(c=win.cout) if win.nhwc else \
-        f"nn[:, None] * {win.cout * hw} + rn[None, :] * {hw} + (rm % {hw})[:, None]"
+        f"nn[:, None] * {win.cout * hw} + rn[None, :] * {hw} + (rm % {hw})[:, None]" if pool is None else \
+        f"nn[:, None] * {win.cout * hw} + rn[None, :] * {hw} + (oh * {win.wo} + ow)[:, None]"
     for i, t in enumerate(outputs):
         if t.shape != out.shape:
             raise NotImplementedError(f"convolution kernel output {t.name} of shape {t.shape} is not the "
@@ -275,22 +301,47 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
         v = value.get(t.id, "c")
         lines.append(f"    tl.store(out{i} + {where}, ({v}).to({tl_type(t.dtype)}), "
                      "mask=m_ok[:, None] & n_ok[None, :])")
-    params = ", ".join([arg_of[t.id] for t in placeholders] + [f"out{i}" for i in range(len(outputs))])
+    names_out = [f"out{i}" for i in range(len(outputs))]
+    m = win.n * hw
+    grid_m = -(-m // bm)
+    if pool is None:
+        pixels = f"""    m_ok = rm < M
+    ow = rm % {win.wo}
+    oh = (rm // {win.wo}) % {win.ho}
+    nn = rm // {hw}"""
+    else:
+        # rm walks rows of windows: (n, pooled row) groups of kh rows of `width` lanes, the last lanes masked
+        (kp, lp), width = pool[1], _pow2(win.wo)
+        ph, pw = win.ho // kp, win.wo // lp
+        pixels = f"""    ow = rm % {width}
+    grp = rm // {kp * width}
+    oh = (grp % {ph}) * {kp} + (rm // {width}) % {kp}
+    nn = grp // {ph}
+    m_ok = (ow < {win.wo}) & (grp < M)"""
+        rows = bm // (kp * width)
+        v = value.get(outputs[pool[0]].id, "c")
+        lines += [f"    pv = tl.reshape({v}, ({rows}, {kp}, {width // lp}, {lp}, BLOCK_N))",
+                  "    pv = tl.reduce(tl.reduce(pv, 3, _maximum), 1, _maximum)",
+                  f"    pg = (tl.program_id(0) * {rows} + tl.arange(0, {rows})){cast}[:, None, None]",
+                  f"    pc = tl.arange(0, {width // lp})[None, :, None]",
+                  f"    tl.store(pooled + (pg // {ph}) * {win.cout * ph * pw} + rn[None, None, :] * {ph * pw} + "
+                  f"(pg % {ph}) * {pw} + pc, pv.to({tl_type(outputs[pool[0]].dtype)}), "
+                  f"mask=(pg < M) & (pc < {pw}) & n_ok[None, None, :])"]
+        names_out.append("pooled")
+        m = win.n * ph
+        grid_m = -(-m * kp * width // bm)
+    params = ", ".join([arg_of[t.id] for t in placeholders] + names_out)
     what = "transposed convolution" if conv.op == "convolution_transpose2d" else "convolution"
-    src = header(f"{what} kernel {name}", interpret) + f'''
+    src = header(f"{what} kernel {name}", interpret, reduction=pool is not None) + f'''
 
 @triton.jit
 def {name}({params}, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rm = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)){cast}
     rn = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)){cast}
-    m_ok = rm < M
     n_ok = rn < {win.cout}
-    ow = rm % {win.wo}
-    oh = (rm // {win.wo}) % {win.ho}
-    nn = rm // {hw}
+{pixels}
 ''' + "\n".join(lines) + "\n"
-    m = win.n * hw
-    grid = (-(-m // bm), -(-win.cout // bn))
+    grid = (grid_m, -(-win.cout // bn))
     return KernelSource(name, src, grid, warps, {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, "convolution",
                         sizes=(m,), num_stages=stages)
 

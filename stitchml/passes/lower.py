@@ -170,15 +170,17 @@ def build_launch_plan(program: Program, plan, backend: str, options: dict, run_c
     module = cpu.Module()  # the native CPU backend's kernels, compiled together below
     if backend == "native":
         options = {**options, "native_module": module}
+    pools = _pooled_convolutions(program, backend, options)  # convolution kernel id -> (output index, pooling op)
+    pooled = {pool.id for _, pool in pools.values()}
     for op in program.operations:
-        if op.op in ("placeholder", "variable", "constant", "assign_variable"):
+        if op.op in ("placeholder", "variable", "constant", "assign_variable") or op.id in pooled:
             continue
         try:
             if op.op in CONTROL_FLOW:
                 step = control_step(op, [slots[t.id] for t in op.inputs], [slots[t.id] for t in op.outputs], ctx)
             else:
                 step = _step(op, plan, slots, scratch_slots, backend, options, run_context, (checks, flag_slot),
-                             new_slot)
+                             new_slot, pools.get(op.id))
         except StitchError:
             raise
         except Exception as e:  # a kernel the code generator cannot make: name the user's ops and lines
@@ -186,12 +188,36 @@ def build_launch_plan(program: Program, plan, backend: str, options: dict, run_c
             raise CompileError(f"lower: {ops}: {type(e).__name__}: {e}") from e
         step.writes = tuple(t.id for t in op.outputs) + ((plan.scratch[op.id],) if op.id in plan.scratch else ())
         step.ops = _computes(op)
+        if op.id in pools:  # the step computes the pooling of one of its outputs too
+            step.writes += (pools[op.id][1].outputs[0].id,)
+            step.ops += (pools[op.id][1],)
         step.inputs = tuple((t.name, slots[t.id]) for t in op.inputs)
         steps.append(step)
     module.build()
     for kernel, reason in module.errors.items():
         log.info("kernel %s runs through its reference implementation on the CPU: %s", kernel, reason)
     return LaunchPlan(steps, slots, scratch_slots, checks, flag_slot if checks else None, extra[0] - flag_slot - 1)
+
+
+def _pooled_convolutions(program: Program, backend: str, options: dict) -> dict[int, tuple[int, Operation]]:
+    """Max poolings whose windows tile an output of a convolution kernel the template may compute
+    (codegen/convolution.py, `poolable`): that kernel pools in registers, the pooling has no step of its own.
+    By kernel id: (the kernel's output index the pooling reads, the pooling op)."""
+    if _template_mode(options, backend) is None:
+        return {}
+    made = {t.id: (op, i) for op in program.operations if op.op == "fusion" and
+            op.attrs["template"] == "convolution" for i, t in enumerate(op.outputs)}
+    found: dict[int, tuple[int, Operation]] = {}
+    for op in program.operations:
+        if op.op != "max_pooling2d" or op.inputs[0].id not in made:
+            continue
+        kernel, i = made[op.inputs[0].id]
+        body = kernel.attrs["body"]
+        if kernel.id in found or convolution.unsupported(matmul.split(body).contraction) or \
+                convolution.poolable(body, i, op.attrs):
+            continue
+        found[kernel.id] = (i, op)
+    return found
 
 
 def _computes(op: Operation) -> tuple[Operation, ...]:
@@ -202,7 +228,7 @@ def _computes(op: Operation) -> tuple[Operation, ...]:
 
 
 def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, options: dict, run_context,
-          flags: tuple[list[Operation], int], new_slot) -> Step:
+          flags: tuple[list[Operation], int], new_slot, pool: tuple[int, Operation] | None = None) -> Step:
     ins = [slots[t.id] for t in op.inputs]
     outs = [slots[t.id] for t in op.outputs]
     if _is_view(op) and plan.place[op.outputs[0].id][:2] != ("buffer", op.outputs[0].id):
@@ -275,7 +301,7 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         contraction, _, _, placeholders, _ = _split_contraction(op, plan)
         vendor = _vendor(contraction, placeholders, ins, outs[0], options)
         return _convolution_step(op, contraction, body, _layouts(op, plan), ins, outs, vendor, backend, options,
-                                 template)
+                                 template, None, _pool_output(pool, outs, slots))
     if template == "matmul" and any(matmul.split(body).prologues):
         return _prologue_step(op, plan, ins, outs, scratch_slots.get(op.id), backend, options, flags, new_slot)
     contraction, epi, used, placeholders, layouts = _split_contraction(op, plan)
@@ -289,7 +315,7 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     run = Chain(vendor, launch)
     if template == "convolution":
         return _convolution_step(op, contraction, body, _layouts(op, plan), ins, outs, run, backend, options,
-                                 template, src.source)
+                                 template, src.source, _pool_output(pool, outs, slots))
     fused = _cublaslt_epilogue(body, contraction, placeholders, ins, outs) if backend == "triton" else None
     if fused is not None:
         kind, fused_run = fused[0], _precision(fused[1], options)
@@ -300,21 +326,38 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     return Step(op.name, template, run, src.source)
 
 
+def _pool_output(pool: tuple[int, Operation] | None, outs: list[int], slots: dict):
+    """(output index, pooling op, its reference call, its output slot) for `_convolution_step`, or None."""
+    if pool is None:
+        return None
+    i, op = pool
+    out = slots[op.outputs[0].id]
+    return i, op, ReferenceCall(lookup(op.op).impl, [outs[i]], [out], op.attrs), out
+
+
 def _convolution_step(op: Operation, contraction: Operation, body: Program | None, layouts: list[Layout],
                       ins: list[int], outs: list[int], library, backend: str, options: dict, kind: str,
-                      library_source: str | None = None) -> Step:
+                      library_source: str | None = None, pool=None) -> Step:
     """A convolution (with its epilogue, or a stride-1 transposed convolution alone) as the library call
     `library`, as the Triton convolution template (codegen/convolution.py), or, on CUDA, the faster of the two
     measured on the first run. Option `conv_template`: "measure" (the default: measured on CUDA, the library
     under the interpreter), "triton" (the template wherever it applies) or "library"."""
     mode = _template_mode(options, backend)
+    if pool is not None:  # with a pooling of an output (`_pooled_convolutions`): the library call pools after it
+        library = Chain(library, pool[2])
     if mode is None or convolution.unsupported(contraction):
         return Step(op.name, kind, library, library_source)
     launches, sources = [], []
     for variant in convolution.variants(contraction) if mode == "measure" else [{}]:
         src = convolution.generate(op.name, body, layouts, backend == "interpret", {**options, **variant},
-                                   contraction=None if body is not None else contraction)
-        launch = KernelLaunch(src, ins, outs)
+                                   contraction=None if body is not None else contraction,
+                                   pool=None if pool is None else (pool[0], tuple(pool[1].attrs["kernel_size"])))
+        if pool is not None:  # the pooled result has memory of its own, as the pooling's library call gives it
+            pooled = pool[1].outputs[0]
+            launch = FreshOutputs(KernelLaunch(src, ins, outs + [pool[3]]), ins[:1],
+                                  [(pool[3], pooled.shape, pooled.dtype.torch)], library)
+        else:
+            launch = KernelLaunch(src, ins, outs)
         if body is None:  # an op that is otherwise a library call: its result has memory of its own
             out = contraction.outputs[0]
             launch = FreshOutputs(launch, ins[:2], [(outs[0], out.shape, out.dtype.torch)], library)
