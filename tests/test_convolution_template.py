@@ -129,3 +129,25 @@ def test_a_max_pooling_of_the_epilogue_is_computed_in_the_convolution_kernel(tri
     _check(out[pooled].torch(), want.detach(), F.max_pool2d(cond, window), 28, "pooled")
     grad = torch.autograd.grad(want.sum(), a64)[0]
     assert torch.allclose(out[dx].torch().double(), grad, atol=1e-4)
+
+
+def test_a_candidate_that_fails_when_measured_is_not_chosen(tmp_path, monkeypatch):
+    """A generated kernel that this GPU or Triton refuses (a compile error) leaves the measured choice to the
+    others, with the reason kept; when every candidate fails, the first failure is raised."""
+    from stitchml.runtime import choices
+
+    monkeypatch.setenv("STITCHML_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(choices, "_decisions", {})
+    monkeypatch.setattr(choices, "_time", lambda fn, env: fn(env) or 1.0)
+    monkeypatch.setattr(choices.torch.cuda, "is_current_stream_capturing", lambda: False)  # no CUDA here
+
+    def refused(env):
+        raise RuntimeError("PassManager::run failed")
+
+    ran = []
+    chooser = choices.Chooser("conv", {"triton-convolution": refused, "library": lambda env: ran.append(1)})
+    chooser([])
+    assert chooser.chosen == "library" and ran == [1, 1]  # measured once, then run
+    assert chooser.failures == {"triton-convolution": "RuntimeError: PassManager::run failed"}
+    with pytest.raises(RuntimeError, match="PassManager"):
+        choices.Chooser("other", {"a": refused, "b": refused})([])

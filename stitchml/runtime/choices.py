@@ -71,6 +71,7 @@ class Chooser:
         self.candidates = candidates
         self.chosen: str | None = None
         self.timings: dict[str, float] = {}
+        self.failures: dict[str, str] = {}  # candidates that raised when measured, and what they raised
         # Set when every candidate must run once even if a decision is stored: compiling kernels for a
         # package has to compile each candidate's kernels, since the machine that loads it may choose another.
         self.remeasure = False
@@ -88,7 +89,15 @@ class Chooser:
             return known
         if torch.cuda.is_current_stream_capturing():
             return next(iter(self.candidates))
-        self.timings = {name: _time(fn, env) for name, fn in self.candidates.items()}
+        self.timings, first = {}, None
+        for name, fn in self.candidates.items():
+            try:
+                self.timings[name] = _time(fn, env)
+            except Exception as e:  # noqa: BLE001  (a generated kernel this GPU or Triton refuses is not chosen)
+                self.failures[name] = f"{type(e).__name__}: {e}"
+                first = first or e
+        if not self.timings:
+            raise first
         best = min(self.timings, key=self.timings.get)
         _store(self.key, best)
         return best
