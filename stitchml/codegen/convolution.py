@@ -283,8 +283,12 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
             if t.id not in value:
                 lay = layout_of[t.id].broadcast_to(out.shape)
                 terms = "".join(term(v, s) for v, s in zip(axes, lay.strides))
+                # a value constant along the tile's rows (a bias) or columns loads as one row or column
+                rows = any(st for v, st in zip(axes, lay.strides) if v.endswith("[:, None]"))
+                cols = any(st for v, st in zip(axes, lay.strides) if v.endswith("[None, :]"))
+                mask = " & ".join(m for m, used in (("m_ok[:, None]", rows), ("n_ok[None, :]", cols)) if used)
                 var = f"x{next(names)}"
-                lines.append(f"    {var} = tl.load({ptr(t)}{terms}, mask=m_ok[:, None] & n_ok[None, :], other=0)"
+                lines.append(f"    {var} = tl.load({ptr(t)}{terms}{f', mask={mask}, other=0' if mask else ''})"
                              f".to({tl_type(compute_dtype(t.dtype))})")
                 value[t.id] = var
             args.append(value[t.id])
