@@ -16,8 +16,9 @@ stubbed, in alternating rounds). Section `few`: an executable of two steps,
 replayed as a CUDA graph (the default) against its steps launched one by one.
 CNN step: 3x3 convolutions 1->32->64, dense 3136->256->10, SGD with momentum,
 batch 1024 (bench_distributed.py's model); StitchML with its default (IEEE
-float32 products and convolutions) and with `allow_tf32`, against PyTorch
-eager and torch.compile under the same TF32 settings. Matmul: 8192^3
+float32 products and convolutions) and with `allow_tf32` (with `--explore` also
+cuDNN alone, `conv_template="library"`, and cuDNN on channels-last operands),
+against PyTorch eager and torch.compile under the same TF32 settings. Matmul: 8192^3
 bfloat16 with bias and exact GeLU, against the bare cuBLAS product.
 Every contender's result is checked before it is timed; times are medians of
 CUDA-event timings after warm-up.
@@ -243,8 +244,10 @@ def cnn(dev: torch.device, quick: bool, explore: bool, with_compile: bool) -> No
     reps = 5 if quick else 30
 
     variants = [("stitchml", {}), ("stitchml allow_tf32", {"allow_tf32": True})]
-    if explore:
-        variants += [("stitchml allow_tf32 + conv_channels_last", {"allow_tf32": True, "conv_channels_last": True}),
+    if explore:  # cuDNN alone (no convolution template) and cuDNN on channels-last operands
+        variants += [("stitchml conv_template=library", {"conv_template": "library"}),
+                     ("stitchml allow_tf32 conv_template=library", {"allow_tf32": True, "conv_template": "library"}),
+                     ("stitchml allow_tf32 + conv_channels_last", {"allow_tf32": True, "conv_channels_last": True}),
                      ("stitchml conv_channels_last", {"conv_channels_last": True})]
     for name, options in variants:
         g, x, y, loss, steps = cnn_graph(weights, batch, None)
@@ -257,15 +260,17 @@ def cnn(dev: torch.device, quick: bool, explore: bool, with_compile: bool) -> No
         assert err < (1e-2 if options.get("allow_tf32") else 1e-4), (name, first, reference)
         ms = median_ms(lambda: exe.run(feeds), dev, reps)
         launchers = sorted({getattr(s.run, "launcher", None) for s in exe.steps} - {None})
+        chosen = {s.name: s.run.chosen for s in exe.steps if getattr(s.run, "chosen", None)}
         record("cnn", case, name, ms, "ms", loss_rel_err=f"{err:.1e}", kernels=exe.kernel_count,
                replay=exe._graph_state is not None, compile_s=round(time.perf_counter() - t0, 1),
-               launchers="|".join(launchers))
+               launchers="|".join(launchers), chosen=chosen)
         if explore and dev.type == "cuda" and name in ("stitchml", "stitchml allow_tf32"):
             report = exe.profile({x: xs, y: ys}, repeats=3)
             top = sorted(report.rows, key=lambda r: -r["ms"])[:10]
             print("   slowest steps (ms):", "; ".join(f"{r['step']} {r['ms']:.3f}" for r in top), flush=True)
             ROWS.append({"section": "cnn-profile", "case": case, "contender": name,
-                         "steps": [{k: r[k] for k in ("step", "kind", "ms")} for r in report.rows]})
+                         "steps": [{k: r[k] for k in ("step", "kind", "ms")} | {"chosen": chosen.get(r["step"])}
+                                   for r in report.rows]})
 
     torch_variants = [("torch eager, IEEE float32", (False, False), "eager", False),
                       ("torch eager, torch's default flags", (False, True), "eager", False),

@@ -151,3 +151,20 @@ def test_a_candidate_that_fails_when_measured_is_not_chosen(tmp_path, monkeypatc
     assert chooser.failures == {"triton-convolution": "RuntimeError: PassManager::run failed"}
     with pytest.raises(RuntimeError, match="PassManager"):
         choices.Chooser("other", {"a": refused, "b": refused})([])
+
+
+def test_an_epilogue_the_template_has_no_form_for_keeps_the_library_call(triton_interpreter):
+    """An integer division in the epilogue (the template does not flag zero divisors): the library call and
+    the generated epilogue, with the pooling after them, even where the template is asked for."""
+    g = sm.Graph("conv")
+    x = g.placeholder((1, 2, 4, 4), sm.float32, name="x")
+    w = g.placeholder((3, 2, 3, 3), sm.float32, name="w")
+    d = g.placeholder((1, 3, 4, 4), sm.int32, name="d")
+    y = g.convolution2d(x, w, sm.Convolution2DDescriptor(padding="same"))
+    z = g.max_pooling2d(g.cast(g.floor_division(g.cast(y, sm.int32), d), sm.float32), sm.Pooling2DDescriptor(kernel_size=2))
+    feeds = {x: torch.randn(1, 2, 4, 4) * 4, w: torch.randn(3, 2, 3, 3), d: torch.randint(1, 3, (1, 3, 4, 4), dtype=torch.int32)}
+    exe = g.compile(feeds, [z], device="cpu", options={"conv_template": "triton"})
+    assert not any("convolution kernel" in s for s in exe.kernel_sources().values())
+    want = F.max_pool2d(torch.div(F.conv2d(feeds[x], feeds[w], padding=1).to(torch.int32), feeds[d],
+                                  rounding_mode="floor").float(), 2)
+    assert torch.equal(exe.run(feeds)[z].torch(), want)

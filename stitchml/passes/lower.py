@@ -349,9 +349,13 @@ def _convolution_step(op: Operation, contraction: Operation, body: Program | Non
         return Step(op.name, kind, library, library_source)
     launches, sources = [], []
     for variant in convolution.variants(contraction) if mode == "measure" else [{}]:
-        src = convolution.generate(op.name, body, layouts, backend == "interpret", {**options, **variant},
-                                   contraction=None if body is not None else contraction,
-                                   pool=None if pool is None else (pool[0], tuple(pool[1].attrs["kernel_size"])))
+        try:
+            src = convolution.generate(op.name, body, layouts, backend == "interpret", {**options, **variant},
+                                       contraction=None if body is not None else contraction,
+                                       pool=None if pool is None else (pool[0], tuple(pool[1].attrs["kernel_size"])))
+        except NotImplementedError as e:  # an epilogue the template has no form for: the library call alone
+            log.info("kernel %s stays the library call: %s", op.name, e)
+            return Step(op.name, kind, library, library_source)
         if pool is not None:  # the pooled result has memory of its own, as the pooling's library call gives it
             pooled = pool[1].outputs[0]
             launch = FreshOutputs(KernelLaunch(src, ins, outs + [pool[3]]), ins[:1],
