@@ -250,11 +250,7 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         x = op.inputs[-1] if op.op == "max_pooling2d_gradient" else None  # (dy, source)
         if x is not None and backend in ("triton", "interpret") and x.dtype.is_floating and \
                 pooling.fits(op.attrs, x.shape):
-            src = pooling.max_pool_gradient(f"{op.name}_kernel", x.shape, op.attrs["kernel_size"], x.dtype,
-                                            backend == "interpret")
-            out = op.outputs[0]
-            launch = FreshOutputs(KernelLaunch(src, ins, outs), ins, [(outs[0], out.shape, out.dtype.torch)], run)
-            return Step(op.name, "pooling", launch, src.source)
+            return _pool_gradient_step(op, x, ins, outs, run, backend, options)
         vendor = _precision(run, options) if prim.kind == CONTRACTION else run
         if backend in ("triton", "interpret") and op.op == "convolution_transpose2d":
             return _convolution_step(op, op, None, _layouts(op, plan), ins, outs, vendor, backend, options, "vendor")
@@ -324,6 +320,31 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         key = f"matmul:{a.shape}x{b.shape}:{a.dtype}:{kind}{tf32}:{torch.cuda.get_device_name()}"
         run = choices.Chooser(key, {"cublas+epilogue-kernel": run, f"cublaslt-{kind}": fused_run})
     return Step(op.name, template, run, src.source)
+
+
+def _pool_gradient_step(op: Operation, x, ins: list[int], outs: list[int], library, backend: str,
+                        options: dict) -> Step:
+    """The gradient of a max pooling whose windows tile its input (codegen/pooling.py): a program per block of
+    windows, or for 2x2 windows per block of rows of windows; option `pool_gradient` "measure" (the default:
+    the faster of the two on CUDA, the per-window kernel under the interpreter), "windows" or "rows"."""
+    mode = options.get("pool_gradient", "measure")
+    if mode not in ("measure", "windows", "rows"):
+        raise CompileError(f"option pool_gradient expects 'measure', 'windows' or 'rows', got {mode!r}")
+    interpret, out = backend == "interpret", op.outputs[0]
+    sources = {}
+    if mode != "rows" or not pooling.rows_fit(op.attrs, x.shape):
+        sources["windows"] = pooling.max_pool_gradient(f"{op.name}_kernel", x.shape, op.attrs["kernel_size"], x.dtype,
+                                                       interpret)
+    if mode != "windows" and (mode == "rows" or backend == "triton") and pooling.rows_fit(op.attrs, x.shape):
+        sources["rows"] = pooling.max_pool_gradient_rows(f"{op.name}_rows", x.shape, x.dtype, interpret)
+    launches = {k: FreshOutputs(KernelLaunch(src, ins, outs), ins, [(outs[0], out.shape, out.dtype.torch)], library)
+                for k, src in sources.items()}
+    source = "".join(src.source for src in sources.values())
+    if len(launches) == 1:
+        return Step(op.name, "pooling", next(iter(launches.values())), source)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    key = f"pool-gradient:{x.shape}:{x.dtype}:{digest}:{torch.cuda.get_device_name()}"
+    return Step(op.name, "pooling", choices.Chooser(key, launches), source)
 
 
 def _pool_output(pool: tuple[int, Operation] | None, outs: list[int], slots: dict):
