@@ -118,6 +118,17 @@ def variants(op: Operation) -> list[dict]:
     return [{}]
 
 
+def weights_variants(op: Operation) -> list[dict]:
+    """Options of `weights_gradient` worth measuring against each other on a GPU: pixels per step of the
+    split product (twice the default)."""
+    dy, x, wl = op.inputs
+    cin = _nchw_shape(x.shape, op.attrs["data_layout"])[1]
+    _, _, kh, kw = _weights_dims(wl.shape, op.attrs["weights_layout"])
+    if cin * kh * kw <= SMALL_WEIGHT_TAPS:
+        return [{}, {"wgrad_pixels": 128}]
+    return [{}, {"wgrad_pixels": 64 if x.dtype.name == "float32" else 128}]
+
+
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
@@ -354,6 +365,7 @@ def key(op: Operation, dtype: DType, options: dict) -> str:
     """What a measured choice between this template and the library depends on, besides the source."""
     x, w = op.inputs[:2]
     tf32 = ":tf32" if options.get("allow_tf32") and dtype.name == "float32" else ""
+    tf32 += ":channels_last" if options.get("conv_channels_last") else ""  # the library call it is measured against
     attrs = ",".join(f"{k}={op.attrs[k]}" for k in ("stride", "padding", "dilation", "data_layout", "weights_layout"))
     return f"{op.op}:{x.shape}x{w.shape}:{attrs}:{dtype}{tf32}"
 
@@ -416,6 +428,8 @@ def weights_gradient(name: str, op: Operation, in_layouts: list[Layout], interpr
     if interpret:
         bm = 16
         tiles = -(-cout // bm) * grid_n
+    elif "wgrad_pixels" in options:  # pixels per step, a variant measured on the GPU (`weights_variants`)
+        bk = options["wgrad_pixels"]
     want = 4 * options.get("sm_count", 132) if not interpret else 4
     splits = max(1, min(-(-pixels // (4 * bk)), -(-want // tiles)))
     scratch = splits * cout * taps

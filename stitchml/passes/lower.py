@@ -419,20 +419,22 @@ def _weights_gradient_step(op: Operation, layouts: list[Layout], ins: list[int],
     """A convolution's weights gradient as the library call or the template's split product and the sum of
     its slices (codegen/convolution.py), as option `conv_template` says (see `_convolution_step`)."""
     mode = _template_mode(options, backend)
-    try:
-        src = None if mode is None else convolution.weights_gradient(op.name, op, layouts, backend == "interpret",
-                                                                     options)
-    except NotImplementedError:
-        src = None
-    if src is None:
+    if mode is None:
         return Step(op.name, "vendor", library)
-    part = new_slot()
-    run = Workspace([(part, (src.scratch,), torch.float32)], ins[0],
-                    Chain(KernelLaunch(src.partial, ins, [part]), KernelLaunch(src.finish, [part], outs)))
-    out = op.outputs[0]
-    launch = FreshOutputs(run, ins[:2], [(outs[0], out.shape, out.dtype.torch)], library)
-    return _measured(op.name, "vendor", convolution.key(op, out.dtype, options), library, [launch],
-                     src.partial.source + src.finish.source, mode)
+    launches, sources, out = [], [], op.outputs[0]
+    for variant in convolution.weights_variants(op) if mode == "measure" else [{}]:
+        try:
+            src = convolution.weights_gradient(op.name, op, layouts, backend == "interpret", {**options, **variant})
+        except NotImplementedError as e:
+            log.info("%s stays the library call: %s", op.name, e)
+            return Step(op.name, "vendor", library)
+        part = new_slot()
+        run = Workspace([(part, (src.scratch,), torch.float32)], ins[0],
+                        Chain(KernelLaunch(src.partial, ins, [part]), KernelLaunch(src.finish, [part], outs)))
+        launches.append(FreshOutputs(run, ins[:2], [(outs[0], out.shape, out.dtype.torch)], library))
+        sources.append(src.partial.source + src.finish.source)
+    return _measured(op.name, "vendor", convolution.key(op, out.dtype, options), library, launches, "".join(sources),
+                     mode)
 
 
 def _recurrent_step(op: Operation, template: str, plan, ins: list[int], outs: list[int], interpret: bool,
