@@ -16,7 +16,10 @@ float32 unless the compile allows TF32 (`allow_tf32`), as the library call would
 
 The transposed convolution of stride 1 (the data gradient of a stride-1 convolution) is the same kernel
 reading the window backwards: input row `oh + top - kh * dilation`, the weights' two channel axes
-swapped.
+swapped. A max pooling of the epilogue's output whose windows tile it can be computed in the same kernel
+(`poolable`): its tiles then hold whole rows of windows. The weights' gradient (`weights_gradient`) is a
+product of output channels by taps over all the pixels, split over the pixels into partial sums that a
+second kernel adds in a fixed order.
 """
 from __future__ import annotations
 
