@@ -14,12 +14,14 @@ from tolerance import allowed
 
 # (input NCHW shape, output channels, kernel, padding, stride, dilation, layout, options): one input channel
 # (unrolled multiply-adds), asymmetric padding with stride 2, channels-last with dilation (tiled products over the
-# flattened window), 16 and 17 channels (tiled products one tap at a time, input tiles loaded either way)
+# flattened window), 16 and 17 channels (tiled products one tap at a time, input tiles loaded either way, or
+# over the flattened window as measured variants)
 CASES = [((2, 1, 7, 9), 5, 3, "same", 1, 1, "NCHW", {}),
          ((2, 5, 8, 9), 6, 3, (1, 0, 2, 1), 2, 1, "NCHW", {}),
          ((1, 6, 9, 8), 4, 3, "same", 1, 2, "NHWC", {}),
          ((1, 16, 6, 5), 17, 3, "same", 1, 1, "NCHW", {}),
-         ((1, 16, 6, 5), 17, 3, "valid", 1, 1, "NCHW", {"conv_order": "pixels"})]
+         ((1, 16, 6, 5), 17, 3, "valid", 1, 1, "NCHW", {"conv_order": "pixels"}),
+         ((1, 16, 5, 6), 17, 3, "same", 1, 1, "NCHW", {"conv_form": "flat", "wgrad_form": "flat"})]
 
 
 def _pads(padding, k: int, dilation: int) -> tuple[int, int, int, int]:
@@ -37,7 +39,7 @@ def _check(got: torch.Tensor, want: torch.Tensor, cond: torch.Tensor, n: int, wh
 
 
 @pytest.mark.parametrize("case", CASES, ids=["cin1-same", "stride2-asymmetric", "nhwc-dilation2", "cin16-same",
-                                             "cin16-valid-pixels"])
+                                             "cin16-valid-pixels", "cin16-flat"])
 def test_convolution_epilogue_and_gradients_match_float64(triton_interpreter, case):
     shape, cout, k, padding, stride, dilation, layout, options = case
     n, cin, h, w = shape

@@ -111,24 +111,27 @@ def window(op: Operation, x_layout: Layout, w_layout: Layout) -> Window:
 
 
 def variants(op: Operation) -> list[dict]:
-    """Options of the template worth measuring against each other for contraction `op` on a GPU: the
-    input tile's load order where the product steps one tap's channels at a time."""
+    """Options of the template worth measuring against each other for contraction `op` on a GPU: where the
+    product steps one tap's channels at a time, the input tile's load order, and the flattened window."""
     x, w = op.inputs[:2]
     cin = _nchw_shape(x.shape, op.attrs["data_layout"])[1]
     _, _, kh, kw = _weights_dims(w.shape, op.attrs["weights_layout"])
     if cin * kh * kw > SMALL_TAPS and cin >= TAP_MAJOR_CHANNELS:
-        return [{}, {"conv_order": "pixels"}]
+        return [{}, {"conv_order": "pixels"}, {"conv_form": "flat"}]
     return [{}]
 
 
 def weights_variants(op: Operation) -> list[dict]:
     """Options of `weights_gradient` worth measuring against each other on a GPU: pixels per step of the
-    split product (twice the default)."""
+    split product (twice the default) and, for few taps or many channels, the product over the flattened
+    window."""
     dy, x, wl = op.inputs
     cin = _nchw_shape(x.shape, op.attrs["data_layout"])[1]
     _, _, kh, kw = _weights_dims(wl.shape, op.attrs["weights_layout"])
     if cin * kh * kw <= SMALL_WEIGHT_TAPS:
-        return [{}, {"wgrad_pixels": 128}]
+        return [{}, {"wgrad_pixels": 128}, {"wgrad_form": "flat"}]
+    if cin >= TAP_MAJOR_CHANNELS:
+        return [{}, {"wgrad_pixels": 64 if x.dtype.name == "float32" else 128}, {"wgrad_form": "flat"}]
     return [{}, {"wgrad_pixels": 64 if x.dtype.name == "float32" else 128}]
 
 
@@ -236,7 +239,7 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
                               f"    wv = tl.load({w_in} + rn * {ws[0]} + {ci * ws[1] + a * ws[2] + b * ws[3]}, "
                               "mask=n_ok, other=0).to(tl.float32)",
                               "    acc += xv[:, None] * wv[None, :]"]
-    elif win.cin >= TAP_MAJOR_CHANNELS:
+    elif win.cin >= TAP_MAJOR_CHANNELS and options.get("conv_form") != "flat":
         # one tap at a time, a block of input channels per step: the window's indices are computed per pixel
         # (a vector) instead of per pixel and tap; `conv_order` "pixels" loads the input tile channels by
         # pixels, pixels fastest (NCHW images are contiguous along their rows), and transposes it in registers
@@ -412,7 +415,8 @@ def weights_gradient(name: str, op: Operation, in_layouts: list[Layout], interpr
     widen = ".to(tl.float32)" if interpret and dt.name == "bfloat16" else ""
     precision = "" if dt.name != "float32" else \
         ', input_precision="tf32"' if options.get("allow_tf32") else ', input_precision="ieee"'
-    form = "small" if taps <= SMALL_WEIGHT_TAPS else "tap" if cin >= TAP_MAJOR_CHANNELS else "flat"
+    form = options.get("wgrad_form") or ("small" if taps <= SMALL_WEIGHT_TAPS else
+                                         "tap" if cin >= TAP_MAJOR_CHANNELS else "flat")
     bm = max(16, min(64, _pow2(cout)))
     if form == "small":  # a 2-D accumulator per tap, summed over the pixels once at the end
         bn, bk, warps, stages = 16, (16 if interpret else 64), (4 if interpret else 8), 1

@@ -368,40 +368,50 @@ def _convolution_step(op: Operation, contraction: Operation, body: Program | Non
         library = Chain(library, pool[2])
     if mode is None or convolution.unsupported(contraction):
         return Step(op.name, kind, library, library_source)
-    launches, sources = [], []
-    for variant in convolution.variants(contraction) if mode == "measure" else [{}]:
+    launches, sources = {}, []
+    forms = [(variant, True) for variant in convolution.variants(contraction)] if mode == "measure" else [({}, True)]
+    if pool is not None and mode == "measure":  # the template pooling in registers, and pooling after it
+        forms = forms[:1] + [(variant, False) for variant, _ in forms]
+    for variant, pooling_inside in forms:
+        inside = pool is not None and pooling_inside
         try:
             src = convolution.generate(op.name, body, layouts, backend == "interpret", {**options, **variant},
                                        contraction=None if body is not None else contraction,
-                                       pool=None if pool is None else (pool[0], tuple(pool[1].attrs["kernel_size"])))
+                                       pool=(pool[0], tuple(pool[1].attrs["kernel_size"])) if inside else None)
         except NotImplementedError as e:  # an epilogue the template has no form for: the library call alone
             log.info("kernel %s stays the library call: %s", op.name, e)
             return Step(op.name, kind, library, library_source)
-        if pool is not None:  # the pooled result has memory of its own, as the pooling's library call gives it
+        if inside:  # the pooled result has memory of its own, as the pooling's library call gives it
             pooled = pool[1].outputs[0]
             launch = FreshOutputs(KernelLaunch(src, ins, outs + [pool[3]]), ins[:1],
                                   [(pool[3], pooled.shape, pooled.dtype.torch)], library)
+        elif pool is not None:
+            launch = Chain(KernelLaunch(src, ins, outs), pool[2])
         else:
             launch = KernelLaunch(src, ins, outs)
         if body is None:  # an op that is otherwise a library call: its result has memory of its own
             out = contraction.outputs[0]
             launch = FreshOutputs(launch, ins[:2], [(outs[0], out.shape, out.dtype.torch)], library)
-        launches.append(launch)
+        launches[_variant_name(variant, pool is not None and not inside)] = launch
         sources.append(src.source)
     return _measured(op.name, kind, convolution.key(contraction, contraction.outputs[0].dtype, options), library,
                      launches, "".join(sources) + (library_source or ""), mode)
 
 
-def _measured(name: str, kind: str, key: str, library, launches: list, source: str, mode: str) -> Step:
+def _variant_name(variant: dict, pooling_after: bool = False) -> str:
+    """A template candidate's name in a measured choice: "triton", its variant's values, "+pooling" when the
+    pooling runs after the kernel."""
+    return "-".join(["triton"] + [str(v) for v in variant.values()]) + ("+pooling" if pooling_after else "")
+
+
+def _measured(name: str, kind: str, key: str, library, launches: dict, source: str, mode: str) -> Step:
     """The template's launch (option conv_template "triton": the first variant) or the fastest of the
-    library call and the template's variants."""
+    library call and the template's variants (`launches`, by name)."""
     if mode == "triton":
-        return Step(name, "convolution", launches[0], source)
+        return Step(name, "convolution", next(iter(launches.values())), source)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     key = f"conv-template:{key}:{digest}:{torch.cuda.get_device_name()}"
-    candidates = {"library": library} | {f"triton-convolution{f'-{i}' if i else ''}": launch
-                                         for i, launch in enumerate(launches)}
-    return Step(name, kind, choices.Chooser(key, candidates), source)
+    return Step(name, kind, choices.Chooser(key, {"library": library} | launches), source)
 
 
 def _template_mode(options: dict, backend: str) -> str | None:
@@ -421,7 +431,7 @@ def _weights_gradient_step(op: Operation, layouts: list[Layout], ins: list[int],
     mode = _template_mode(options, backend)
     if mode is None:
         return Step(op.name, "vendor", library)
-    launches, sources, out = [], [], op.outputs[0]
+    launches, sources, out = {}, [], op.outputs[0]
     for variant in convolution.weights_variants(op) if mode == "measure" else [{}]:
         try:
             src = convolution.weights_gradient(op.name, op, layouts, backend == "interpret", {**options, **variant})
@@ -431,7 +441,7 @@ def _weights_gradient_step(op: Operation, layouts: list[Layout], ins: list[int],
         part = new_slot()
         run = Workspace([(part, (src.scratch,), torch.float32)], ins[0],
                         Chain(KernelLaunch(src.partial, ins, [part]), KernelLaunch(src.finish, [part], outs)))
-        launches.append(FreshOutputs(run, ins[:2], [(outs[0], out.shape, out.dtype.torch)], library))
+        launches[_variant_name(variant)] = FreshOutputs(run, ins[:2], [(outs[0], out.shape, out.dtype.torch)], library)
         sources.append(src.partial.source + src.finish.source)
     return _measured(op.name, "vendor", convolution.key(op, out.dtype, options), library, launches, "".join(sources),
                      mode)
