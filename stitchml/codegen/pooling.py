@@ -14,7 +14,8 @@ instead: each program loads its two input rows per window row contiguously
 (rows padded to a power of two), splits them into the four positions of each
 window in registers and stores the result rows contiguously, where the
 per-window kernel reads and writes every other element per instruction. Which
-is faster is measured (passes/lower.py).
+is faster is measured (passes/lower.py). `max_pool_rows` is the forward 2x2
+pooling the same way, measured against torch's.
 """
 from __future__ import annotations
 
@@ -118,6 +119,33 @@ def {name}(dy, x, dx, rows, BLOCK: tl.constexpr):
     right = tl.permute(tl.join(tl.where(at == 1, g, zero), tl.where(at == 3, g, zero)), (0, 2, 1))
     out = tl.reshape(tl.join(left, right), (BLOCK, 2, {width}))
     tl.store(dx + at_x, out, mask=ok)
+'''
+    return KernelSource(name=name, source=source, grid=((rows + block - 1) // block,), num_warps=4,
+                        constexprs={"BLOCK": block}, template="pooling", sizes=(rows,))
+
+
+def max_pool_rows(name: str, shape: tuple[int, ...], dtype: DType, interpret: bool) -> KernelSource:
+    """The kernel for `y = max_pooling2d(x)` with 2x2 windows over an input of NCHW `shape` (see `rows_fit`),
+    a program per block of window rows; a NaN in a window makes its maximum NaN, as torch's does."""
+    n, c, h, w = shape
+    width = _pow2(w)
+    rows = n * c * (h // 2)
+    block = max(1, min(64, 2048 // width)) if not interpret else 2
+    source = header(f"max pooling 2x2 by rows, {dtype.name}", interpret, reduction=True) + f'''
+
+@triton.jit
+def {name}(x, y, rows, BLOCK: tl.constexpr):
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    r_ok = r < rows
+    d = tl.arange(0, 2)
+    col = tl.arange(0, {width})
+    ok = r_ok[:, None, None] & (d[None, :, None] < 2) & (col[None, None, :] < {w})
+    v = tl.load(x + r[:, None, None] * {2 * w} + d[None, :, None] * {w} + col[None, None, :], mask=ok, other=0)
+    v = tl.reshape(v.to(tl.float32), (BLOCK, 2, {width // 2}, 2))
+    m = tl.reduce(tl.reduce(v, 3, _maximum), 1, _maximum)
+    pc = tl.arange(0, {width // 2})
+    tl.store(y + r[:, None] * {w // 2} + pc[None, :], m.to(y.dtype.element_ty),
+             mask=r_ok[:, None] & (pc[None, :] < {w // 2}))
 '''
     return KernelSource(name=name, source=source, grid=((rows + block - 1) // block,), num_warps=4,
                         constexprs={"BLOCK": block}, template="pooling", sizes=(rows,))

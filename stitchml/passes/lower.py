@@ -251,6 +251,9 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         if x is not None and backend in ("triton", "interpret") and x.dtype.is_floating and \
                 pooling.fits(op.attrs, x.shape):
             return _pool_gradient_step(op, x, ins, outs, run, backend, options)
+        if op.op == "max_pooling2d":
+            run, source = _max_pool_run(op, op.inputs[0], ins[0], outs[0], backend, options)
+            return Step(op.name, "pooling" if source else "vendor", run, source or None)
         vendor = _precision(run, options) if prim.kind == CONTRACTION else run
         if backend in ("triton", "interpret") and op.op == "convolution_transpose2d":
             return _convolution_step(op, op, None, _layouts(op, plan), ins, outs, vendor, backend, options, "vendor")
@@ -297,7 +300,7 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         contraction, _, _, placeholders, _ = _split_contraction(op, plan)
         vendor = _vendor(contraction, placeholders, ins, outs[0], options)
         return _convolution_step(op, contraction, body, _layouts(op, plan), ins, outs, vendor, backend, options,
-                                 template, None, _pool_output(pool, outs, slots))
+                                 template, None, _pool_output(pool, outs, slots, backend, options))
     if template == "matmul" and any(matmul.split(body).prologues):
         return _prologue_step(op, plan, ins, outs, scratch_slots.get(op.id), backend, options, flags, new_slot)
     contraction, epi, used, placeholders, layouts = _split_contraction(op, plan)
@@ -311,7 +314,7 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     run = Chain(vendor, launch)
     if template == "convolution":
         return _convolution_step(op, contraction, body, _layouts(op, plan), ins, outs, run, backend, options,
-                                 template, src.source, _pool_output(pool, outs, slots))
+                                 template, src.source, _pool_output(pool, outs, slots, backend, options))
     fused = _cublaslt_epilogue(body, contraction, placeholders, ins, outs) if backend == "triton" else None
     if fused is not None:
         kind, fused_run = fused[0], _precision(fused[1], options)
@@ -325,11 +328,8 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
 def _pool_gradient_step(op: Operation, x, ins: list[int], outs: list[int], library, backend: str,
                         options: dict) -> Step:
     """The gradient of a max pooling whose windows tile its input (codegen/pooling.py): a program per block of
-    windows, or for 2x2 windows per block of rows of windows; option `pool_gradient` "measure" (the default:
-    the faster of the two on CUDA, the per-window kernel under the interpreter), "windows" or "rows"."""
-    mode = options.get("pool_gradient", "measure")
-    if mode not in ("measure", "windows", "rows"):
-        raise CompileError(f"option pool_gradient expects 'measure', 'windows' or 'rows', got {mode!r}")
+    windows, or for 2x2 windows per block of rows of windows, as option `max_pooling` says (`_pooling_mode`)."""
+    mode = _pooling_mode(options)
     interpret, out = backend == "interpret", op.outputs[0]
     sources = {}
     if mode != "rows" or not pooling.rows_fit(op.attrs, x.shape):
@@ -347,13 +347,41 @@ def _pool_gradient_step(op: Operation, x, ins: list[int], outs: list[int], libra
     return Step(op.name, "pooling", choices.Chooser(key, launches), source)
 
 
-def _pool_output(pool: tuple[int, Operation] | None, outs: list[int], slots: dict):
-    """(output index, pooling op, its reference call, its output slot) for `_convolution_step`, or None."""
+def _pooling_mode(options: dict) -> str:
+    """Option `max_pooling`: "measure" (the default: on CUDA the faster of torch's pooling and the rows kernel,
+    and of the two gradient kernels; under the interpreter torch's pooling and the per-window gradient),
+    "windows" (those two everywhere) or "rows" (the rows kernels wherever they fit)."""
+    mode = options.get("max_pooling", "measure")
+    if mode not in ("measure", "windows", "rows"):
+        raise CompileError(f"option max_pooling expects 'measure', 'windows' or 'rows', got {mode!r}")
+    return mode
+
+
+def _max_pool_run(op: Operation, x, into: int, out: int, backend: str, options: dict):
+    """A max pooling of slot `into` into slot `out`: torch's (the reference call), or for 2x2 windows that
+    tile the input the rows kernel (codegen/pooling.py), as option `max_pooling` says; and its source."""
+    reference = ReferenceCall(lookup(op.op).impl, [into], [out], op.attrs)
+    mode = _pooling_mode(options)
+    if backend not in ("triton", "interpret") or mode == "windows" or mode == "measure" and backend != "triton" or \
+            not (x.dtype.is_floating and pooling.rows_fit(op.attrs, x.shape)):
+        return reference, ""
+    src = pooling.max_pool_rows(f"{op.name}_rows", x.shape, x.dtype, backend == "interpret")
+    y = op.outputs[0]
+    launch = FreshOutputs(KernelLaunch(src, [into], [out]), [into], [(out, y.shape, y.dtype.torch)], reference)
+    if mode == "rows":
+        return launch, src.source
+    digest = hashlib.sha256(src.source.encode()).hexdigest()[:16]
+    key = f"max-pooling:{x.shape}:{x.dtype}:{digest}:{torch.cuda.get_device_name()}"
+    return choices.Chooser(key, {"library": reference, "rows": launch}), src.source
+
+
+def _pool_output(pool: tuple[int, Operation] | None, outs: list[int], slots: dict, backend: str, options: dict):
+    """(output index, pooling op, its run after the kernel, its output slot) for `_convolution_step`, or None."""
     if pool is None:
         return None
     i, op = pool
     out = slots[op.outputs[0].id]
-    return i, op, ReferenceCall(lookup(op.op).impl, [outs[i]], [out], op.attrs), out
+    return i, op, _max_pool_run(op, op.inputs[0], outs[i], out, backend, options)[0], out
 
 
 def _convolution_step(op: Operation, contraction: Operation, body: Program | None, layouts: list[Layout],
