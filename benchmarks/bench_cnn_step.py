@@ -3,10 +3,11 @@
     python benchmarks/bench_cnn_step.py --json cnn_step.json            # H200: about 90 s
     python benchmarks/bench_cnn_step.py --device cpu --quick             # a smoke run (Triton's interpreter)
 
-For IEEE float32 and for `allow_tf32`, the step compiled with option `conv_template` "library" (cuDNN
-and a generated epilogue), "triton" (codegen/convolution.py wherever it applies) and "measure" (the
-default: the faster of the two per convolution, measured on the first run): its loss against float64,
-the median step time (CUDA events, CUDA-graph replay) and, with `--profile`, the slowest steps. Then
+For IEEE float32 and for `allow_tf32`, the step compiled with option `conv_template` "measure" (the
+default: per convolution the fastest of cuDNN and the template's variants, measured on the first run),
+"library" (cuDNN and a generated epilogue) and "triton" (codegen/convolution.py wherever it applies):
+its loss against float64, the median step time (CUDA events, CUDA-graph replay), every measured
+choice with each candidate's time and, with `--profile`, the slowest steps. Then
 the template's launch blocks for the two forward convolutions alone, and PyTorch eager. The script
 stops starting new work after `--budget` seconds; every row is written to the JSON as it comes.
 """
@@ -33,7 +34,9 @@ ROWS: list[dict] = []
 
 def record(path: str | None, row: dict) -> None:
     ROWS.append(row)
-    print(" ".join(f"{k}={v}" for k, v in row.items() if k != "steps"), flush=True)
+    print(" ".join(f"{k}={v}" for k, v in row.items() if k not in ("steps", "choices")), flush=True)
+    for step, choice in row.get("choices", {}).items():
+        print(f"     {step}: {choice}", flush=True)
     for s in row.get("steps", [])[:12]:
         print(f"     {s['ms']:8.4f} ms  {s['kind']:12} {s['step']}  {s.get('chosen') or ''}", flush=True)
     if path:
@@ -57,7 +60,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--profile", action="store_true", help="also time every step of each executable")
     p.add_argument("--blocks", action="store_true", help="also the template's launch blocks, layer by layer")
-    p.add_argument("--modes", nargs="+", default=["triton", "library", "measure"])
+    p.add_argument("--modes", nargs="+", default=["measure", "library", "triton"])
     p.add_argument("--budget", type=float, default=95.0, help="seconds after which no new case starts")
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -88,10 +91,12 @@ def main(argv=None) -> int:
             row = {"case": name, "ms": round(ms, 4), "loss_rel_err": f"{err:.1e}",
                    "compile_s": round(time.perf_counter() - t0, 1), "kernels": exe.kernel_count,
                    "replay": exe._graph_state is not None}
+            # every measured choice: what it kept and what each candidate took when measured (ms)
+            row["choices"] = {s.name: {"chosen": s.run.chosen, **{k: round(v, 4) for k, v in s.run.timings.items()},
+                                       **{f"{k} failed": v[:200] for k, v in s.run.failures.items()}}
+                              for s in exe.steps if getattr(s.run, "chosen", None)}
             if args.profile and dev.type == "cuda":
                 row["steps"] = step_rows(exe, feeds)
-            else:
-                row["chosen"] = {s.name: s.run.chosen for s in exe.steps if getattr(s.run, "chosen", None)}
             record(args.json, row)
         except Exception as e:  # noqa: BLE001  (one failing case must not lose the others' figures)
             record(args.json, {"case": name, "failed": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"})
