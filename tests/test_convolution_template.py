@@ -64,7 +64,8 @@ def test_convolution_epilogue_and_gradients_match_float64(triton_interpreter, ca
     y = g.relu(g.convolution2d(x, wv, desc) + g.reshape(b, (1, 1, 1, cout) if nhwc else (1, cout, 1, 1)))
     grads = g.gradients(g.reduction_sum(y * rv), [x, wv])
     feeds = {x: a.permute(0, 2, 3, 1).contiguous() if nhwc else a, b: bias,
-             wv: wt.permute(2, 3, 1, 0).contiguous() if nhwc else wt, rv: r.permute(0, 2, 3, 1).contiguous() if nhwc else r}
+             wv: wt.permute(2, 3, 1, 0).contiguous() if nhwc else wt,
+             rv: r.permute(0, 2, 3, 1).contiguous() if nhwc else r}
     exe = g.compile(feeds, [y, grads[x], grads[wv]], device="cpu", options={"conv_template": "triton", **options})
     sources = exe.kernel_sources()
     made = sorted(t for t in ("convolution kernel", "transposed convolution kernel", "weights gradient")
@@ -111,7 +112,8 @@ def test_a_max_pooling_of_the_epilogue_is_computed_in_the_convolution_kernel(tri
     3 does not reshape into a tile's power-of-two axes: it pools in a step of its own."""
     gen = torch.Generator().manual_seed(1)
     h, w = 4 * window, 5 * window
-    a, wt, bias = torch.randn(2, 3, h, w, generator=gen), torch.randn(6, 3, 3, 3, generator=gen), torch.randn(6, generator=gen)
+    a, wt = torch.randn(2, 3, h, w, generator=gen), torch.randn(6, 3, 3, 3, generator=gen)
+    bias = torch.randn(6, generator=gen)
     g = sm.Graph("conv_pool")
     x = g.placeholder((2, 3, h, w), sm.float32, name="x")
     wv = g.placeholder((6, 3, 3, 3), sm.float32, name="w")
@@ -163,8 +165,10 @@ def test_an_epilogue_the_template_has_no_form_for_keeps_the_library_call(triton_
     w = g.placeholder((3, 2, 3, 3), sm.float32, name="w")
     d = g.placeholder((1, 3, 4, 4), sm.int32, name="d")
     y = g.convolution2d(x, w, sm.Convolution2DDescriptor(padding="same"))
-    z = g.max_pooling2d(g.cast(g.floor_division(g.cast(y, sm.int32), d), sm.float32), sm.Pooling2DDescriptor(kernel_size=2))
-    feeds = {x: torch.randn(1, 2, 4, 4) * 4, w: torch.randn(3, 2, 3, 3), d: torch.randint(1, 3, (1, 3, 4, 4), dtype=torch.int32)}
+    quotient = g.cast(g.floor_division(g.cast(y, sm.int32), d), sm.float32)
+    z = g.max_pooling2d(quotient, sm.Pooling2DDescriptor(kernel_size=2))
+    feeds = {x: torch.randn(1, 2, 4, 4) * 4, w: torch.randn(3, 2, 3, 3),
+             d: torch.randint(1, 3, (1, 3, 4, 4), dtype=torch.int32)}
     exe = g.compile(feeds, [z], device="cpu", options={"conv_template": "triton"})
     assert not any("convolution kernel" in s for s in exe.kernel_sources().values())
     want = F.max_pool2d(torch.div(F.conv2d(feeds[x], feeds[w], padding=1).to(torch.int32), feeds[d],
@@ -193,7 +197,8 @@ def test_the_2x2_pooling_and_its_gradient_by_rows_match_torch(triton_interpreter
     a64 = a.double().requires_grad_()
     pooled = F.max_pool2d(a64, 2)
     want = torch.autograd.grad((pooled ** 2).sum(), a64)[0].to(dtype.torch).float()
-    for got, ref in ((out[tiled].torch().float(), pooled.detach().to(dtype.torch).float()), (out[dx].torch().float(), want)):
+    for got, ref in ((out[tiled].torch().float(), pooled.detach().to(dtype.torch).float()),
+                     (out[dx].torch().float(), want)):
         assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(got.nan_to_num(), ref.nan_to_num())
     with pytest.raises(GraphError, match="max_pooling expects 'measure', 'windows' or 'rows', got 'torch'"):
         g.compile({x: a}, [dx], device="cpu", options={"max_pooling": "torch"})

@@ -456,8 +456,8 @@ def weights_gradient(name: str, op: Operation, in_layouts: list[Layout], interpr
             body += [f"        ih = oh * {sh} + {a * dh - top}",
                      f"        iw = ow * {sw} + {b * dw - left}",
                      f"        ok = p_ok & (ih >= 0) & (ih < {h}) & (iw >= 0) & (iw < {w})",
-                     f"        xv = tl.load({x_ptr} + nn * {xs[0]} + {c * xs[1]} + ih * {xs[2]} + iw * {xs[3]}, mask=ok, "
-                     "other=0).to(tl.float32)",
+                     f"        xv = tl.load({x_ptr} + nn * {xs[0]} + {c * xs[1]} + ih * {xs[2]} + iw * {xs[3]}, "
+                     "mask=ok, other=0).to(tl.float32)",
                      f"        acc{t} += a * xv[None, :]"]
             tail.append(f"    tl.store(part + split * {cout * taps} + rm * {taps} + {t}, tl.sum(acc{t}, axis=1), "
                         "mask=m_ok)")
@@ -476,8 +476,8 @@ def weights_gradient(name: str, op: Operation, in_layouts: list[Layout], interpr
                  f"        b = tl.load({x_ptr} + (nn * {xs[0]} + ih * {xs[2]} + iw * {xs[3]})[:, None] + rc[None, :] * "
                  f"{xs[1]}, mask=ok[:, None] & c_ok[None, :], other=0).to({dot_type}){widen}",
                  f"        acc = tl.dot(a, b, acc{precision})"]
-        tail.append(f"    tl.store(part + split * {cout * taps} + rm[:, None] * {taps} + (rc * {kh * kw} + t)[None, :], "
-                    "acc, mask=m_ok[:, None] & c_ok[None, :])")
+        tail.append(f"    tl.store(part + split * {cout * taps} + rm[:, None] * {taps} + "
+                    f"(rc * {kh * kw} + t)[None, :], acc, mask=m_ok[:, None] & c_ok[None, :])")
     else:
         head += ["    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)",
                  f"    n_ok = rn < {taps}",
