@@ -123,16 +123,17 @@ def variants(op: Operation) -> list[dict]:
 
 def weights_variants(op: Operation) -> list[dict]:
     """Options of `weights_gradient` worth measuring against each other on a GPU: pixels per step of the
-    split product (twice the default) and, for few taps or many channels, the product over the flattened
-    window."""
+    split product (twice the default, more bytes in flight per program) and, for few taps or many channels,
+    the product over the flattened window, at both."""
     dy, x, wl = op.inputs
     cin = _nchw_shape(x.shape, op.attrs["data_layout"])[1]
     _, _, kh, kw = _weights_dims(wl.shape, op.attrs["weights_layout"])
+    wider = 64 if x.dtype.name == "float32" else 128
     if cin * kh * kw <= SMALL_WEIGHT_TAPS:
-        return [{}, {"wgrad_pixels": 128}, {"wgrad_form": "flat"}]
+        return [{}, {"wgrad_pixels": 128}, {"wgrad_form": "flat"}, {"wgrad_form": "flat", "wgrad_pixels": 128}]
     if cin >= TAP_MAJOR_CHANNELS:
-        return [{}, {"wgrad_pixels": 64 if x.dtype.name == "float32" else 128}, {"wgrad_form": "flat"}]
-    return [{}, {"wgrad_pixels": 64 if x.dtype.name == "float32" else 128}]
+        return [{}, {"wgrad_pixels": wider}, {"wgrad_form": "flat"}, {"wgrad_form": "flat", "wgrad_pixels": wider}]
+    return [{}, {"wgrad_pixels": wider}]
 
 
 def _pow2(n: int) -> int:
