@@ -202,3 +202,27 @@ def test_the_2x2_pooling_and_its_gradient_by_rows_match_torch(triton_interpreter
         assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(got.nan_to_num(), ref.nan_to_num())
     with pytest.raises(GraphError, match="max_pooling expects 'measure', 'windows' or 'rows', got 'torch'"):
         g.compile({x: a}, [dx], device="cpu", options={"max_pooling": "torch"})
+
+
+@pytest.mark.parametrize("dtype", [sm.float16, sm.bfloat16])
+def test_half_convolutions_round_as_the_library_call_does(triton_interpreter, dtype):
+    """Half-type operands: products in float32 (the interpreter's bfloat16 widened), the product rounded to
+    its type, then the epilogue; within the rule for a graph of half-type ops against float64."""
+    gen = torch.Generator().manual_seed(2)
+    a, wt, bias = (torch.randn(2, 16, 5, 6, generator=gen), torch.randn(8, 16, 3, 3, generator=gen) * 0.3,
+                   torch.randn(8, generator=gen))
+    a, wt, bias = a.to(dtype.torch), wt.to(dtype.torch), bias.to(dtype.torch)
+    g = sm.Graph("half")
+    x = g.placeholder(tuple(a.shape), dtype, name="x")
+    wv = g.placeholder(tuple(wt.shape), dtype, name="w")
+    b = g.placeholder((8,), dtype, name="b")
+    y = g.relu(g.convolution2d(x, wv, sm.Convolution2DDescriptor(padding="same")) + g.reshape(b, (1, 8, 1, 1)))
+    feeds = {x: a, wv: wt, b: bias}
+    exe = g.compile(feeds, [y], device="cpu", options={"conv_template": "triton"})
+    assert any("convolution kernel" in s for s in exe.kernel_sources().values())
+    got = exe.run(feeds)[y].torch()
+    assert got.dtype == dtype.torch
+    want = F.conv2d(a.double(), wt.double(), bias.double(), padding=1).relu()
+    cond = F.conv2d(a.double().abs(), wt.double().abs(), bias.double().abs(), padding=1)
+    tol = allowed(dtype, "graph", want, (cond, torch.full_like(want, 145.0), torch.zeros_like(want)))
+    assert bool(((got.double() - want).abs() <= tol).all())
