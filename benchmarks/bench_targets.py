@@ -20,8 +20,9 @@ resnet18) at batch 1 through ML pipelines: wall, host and CUDA-event time of a
 dispatch, and where one cnn dispatch's host time goes (dispatch_parts.py).
 CNN step: 3x3 convolutions 1->32->64, dense 3136->256->10, SGD with momentum,
 batch 1024 (bench_distributed.py's model); StitchML with its default (IEEE
-float32 products and convolutions) and with `allow_tf32`, against PyTorch
-eager and torch.compile under the same TF32 settings. Matmul: 8192^3
+float32 products and convolutions) and with `allow_tf32` (with `--explore` also
+cuDNN alone, `conv_template="library"`, and cuDNN on channels-last operands),
+against PyTorch eager and torch.compile under the same TF32 settings. Matmul: 8192^3
 bfloat16 with bias and exact GeLU, against the bare cuBLAS product (timed
 together in interleaved rounds; bench_epilogue.py has the whole study).
 Every contender's result is checked before it is timed; times are medians of
@@ -333,30 +334,47 @@ def cnn(dev: torch.device, quick: bool, explore: bool, with_compile: bool) -> No
     reps = 5 if quick else 30
 
     variants = [("stitchml", {}), ("stitchml allow_tf32", {"allow_tf32": True})]
-    if explore:
-        variants += [("stitchml allow_tf32 + conv_channels_last", {"allow_tf32": True, "conv_channels_last": True}),
+    if explore:  # cuDNN alone (no convolution template) and cuDNN on channels-last operands
+        variants += [("stitchml conv_template=library", {"conv_template": "library"}),
+                     ("stitchml allow_tf32 conv_template=library", {"allow_tf32": True, "conv_template": "library"}),
+                     ("stitchml allow_tf32 + conv_channels_last", {"allow_tf32": True, "conv_channels_last": True}),
                      ("stitchml conv_channels_last", {"conv_channels_last": True})]
     for name, options in variants:
-        g, x, y, loss, steps = cnn_graph(weights, batch, None)
-        t0 = time.perf_counter()
-        exe = g.compile({x: sm.TensorType(tuple(xs.shape), sm.float32), y: sm.TensorType(tuple(ys.shape), sm.int64)},
-                        [loss], steps, device=str(dev), options=options)
-        feeds = {x: xs, y: ys}
-        first = exe.run(feeds)[loss].item()
-        err = abs(first - reference) / abs(reference)
-        assert err < (1e-2 if options.get("allow_tf32") else 1e-4), (name, first, reference)
-        ms = median_ms(lambda: exe.run(feeds), dev, reps)
-        launchers = sorted({getattr(s.run, "launcher", None) for s in exe.steps} - {None})
-        record("cnn", case, name, ms, "ms", loss_rel_err=f"{err:.1e}", kernels=exe.kernel_count,
-               replay=exe._graph_state is not None, compile_s=round(time.perf_counter() - t0, 1),
-               launchers="|".join(launchers))
-        if explore and dev.type == "cuda" and name in ("stitchml", "stitchml allow_tf32"):
-            report = exe.profile({x: xs, y: ys}, repeats=3)
-            top = sorted(report.rows, key=lambda r: -r["ms"])[:10]
-            print("   slowest steps (ms):", "; ".join(f"{r['step']} {r['ms']:.3f}" for r in top), flush=True)
-            ROWS.append({"section": "cnn-profile", "case": case, "contender": name,
-                         "steps": [{k: r[k] for k in ("step", "kind", "ms")} for r in report.rows]})
+        try:
+            stitchml_cnn(name, options, weights, batch, xs, ys, reference, dev, reps, explore, case)
+        except Exception as e:  # noqa: BLE001  (one failing variant must not lose the others' figures)
+            record("cnn", case, name, float("nan"), "ms", failed=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+    torch_cnn(weights, xs, ys, reference, dev, reps, explore, with_compile, case, saved)
 
+
+def stitchml_cnn(name, options, weights, batch, xs, ys, reference, dev, reps, explore, case) -> None:
+    """One StitchML variant of the CNN step: its first loss against float64, then its median step time."""
+    g, x, y, loss, steps = cnn_graph(weights, batch, None)
+    t0 = time.perf_counter()
+    exe = g.compile({x: sm.TensorType(tuple(xs.shape), sm.float32), y: sm.TensorType(tuple(ys.shape), sm.int64)},
+                    [loss], steps, device=str(dev), options=options)
+    feeds = {x: xs, y: ys}
+    first = exe.run(feeds)[loss].item()
+    err = abs(first - reference) / abs(reference)
+    assert err < (1e-2 if options.get("allow_tf32") else 1e-4), (name, first, reference)
+    ms = median_ms(lambda: exe.run(feeds), dev, reps)
+    launchers = sorted({getattr(s.run, "launcher", None) for s in exe.steps} - {None})
+    chosen = {s.name: s.run.chosen for s in exe.steps if getattr(s.run, "chosen", None)}
+    record("cnn", case, name, ms, "ms", loss_rel_err=f"{err:.1e}", kernels=exe.kernel_count,
+           replay=exe._graph_state is not None, compile_s=round(time.perf_counter() - t0, 1),
+           launchers="|".join(launchers), chosen=chosen)
+    if explore and dev.type == "cuda" and name in ("stitchml", "stitchml allow_tf32"):
+        report = exe.profile({x: xs, y: ys}, repeats=3)
+        top = sorted(report.rows, key=lambda r: -r["ms"])[:10]
+        print("   slowest steps (ms):", "; ".join(f"{r['step']} {r['ms']:.3f} {chosen.get(r['step']) or ''}".rstrip()
+                                                   for r in top), flush=True)
+        ROWS.append({"section": "cnn-profile", "case": case, "contender": name,
+                     "steps": [{k: r[k] for k in ("step", "kind", "ms")} | {"chosen": chosen.get(r["step"])}
+                               for r in report.rows]})
+
+
+def torch_cnn(weights, xs, ys, reference, dev, reps, explore, with_compile, case, saved) -> None:
+    """PyTorch eager and torch.compile's CNN step under each TF32 setting."""
     torch_variants = [("torch eager, IEEE float32", (False, False), "eager", False),
                       ("torch eager, torch's default flags", (False, True), "eager", False),
                       ("torch eager, TF32", (True, True), "eager", False)]

@@ -35,8 +35,8 @@ import logging
 
 import torch
 
-from ..codegen import (attention, attention_backward, cpu, cpu_window, lstm, lstm_step, matmul, pointwise, pooling,
-                       product_argmax, reduction)
+from ..codegen import (attention, attention_backward, convolution, cpu, cpu_window, lstm, lstm_step, matmul, pointwise,
+                       pooling, product_argmax, reduction)
 from ..runtime import choices, native_conv
 from ..codegen.common import Layout
 from ..dtypes import float32
@@ -171,15 +171,17 @@ def build_launch_plan(program: Program, plan, backend: str, options: dict, run_c
     module = cpu.Module()  # the native CPU backend's kernels, compiled together below
     if backend == "native":
         options = {**options, "native_module": module}
+    pools = _pooled_convolutions(program, backend, options)  # convolution kernel id -> (output index, pooling op)
+    pooled = {pool.id for _, pool in pools.values()}
     for op in program.operations:
-        if op.op in ("placeholder", "variable", "constant", "assign_variable"):
+        if op.op in ("placeholder", "variable", "constant", "assign_variable") or op.id in pooled:
             continue
         try:
             if op.op in CONTROL_FLOW:
                 step = control_step(op, [slots[t.id] for t in op.inputs], [slots[t.id] for t in op.outputs], ctx)
             else:
                 step = _step(op, plan, slots, scratch_slots, backend, options, run_context, (checks, flag_slot),
-                             new_slot)
+                             new_slot, pools.get(op.id))
         except StitchError:
             raise
         except Exception as e:  # a kernel the code generator cannot make: name the user's ops and lines
@@ -187,12 +189,36 @@ def build_launch_plan(program: Program, plan, backend: str, options: dict, run_c
             raise CompileError(f"lower: {ops}: {type(e).__name__}: {e}") from e
         step.writes = tuple(t.id for t in op.outputs) + ((plan.scratch[op.id],) if op.id in plan.scratch else ())
         step.ops = _computes(op)
+        if op.id in pools:  # the step computes the pooling of one of its outputs too
+            step.writes += (pools[op.id][1].outputs[0].id,)
+            step.ops += (pools[op.id][1],)
         step.inputs = tuple((t.name, slots[t.id]) for t in op.inputs)
         steps.append(step)
     module.build()
     for kernel, reason in module.errors.items():
         log.info("kernel %s runs through its reference implementation on the CPU: %s", kernel, reason)
     return LaunchPlan(steps, slots, scratch_slots, checks, flag_slot if checks else None, extra[0] - flag_slot - 1)
+
+
+def _pooled_convolutions(program: Program, backend: str, options: dict) -> dict[int, tuple[int, Operation]]:
+    """Max poolings whose windows tile an output of a convolution kernel the template may compute
+    (codegen/convolution.py, `poolable`): that kernel pools in registers, the pooling has no step of its own.
+    By kernel id: (the kernel's output index the pooling reads, the pooling op)."""
+    if _template_mode(options, backend) is None:
+        return {}
+    made = {t.id: (op, i) for op in program.operations if op.op == "fusion" and
+            op.attrs["template"] == "convolution" for i, t in enumerate(op.outputs)}
+    found: dict[int, tuple[int, Operation]] = {}
+    for op in program.operations:
+        if op.op != "max_pooling2d" or op.inputs[0].id not in made:
+            continue
+        kernel, i = made[op.inputs[0].id]
+        body = kernel.attrs["body"]
+        if kernel.id in found or convolution.unsupported(matmul.split(body).contraction) or \
+                convolution.poolable(body, i, op.attrs):
+            continue
+        found[kernel.id] = (i, op)
+    return found
 
 
 def _computes(op: Operation) -> tuple[Operation, ...]:
@@ -203,7 +229,7 @@ def _computes(op: Operation) -> tuple[Operation, ...]:
 
 
 def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, options: dict, run_context,
-          flags: tuple[list[Operation], int], new_slot) -> Step:
+          flags: tuple[list[Operation], int], new_slot, pool: tuple[int, Operation] | None = None) -> Step:
     ins = [slots[t.id] for t in op.inputs]
     outs = [slots[t.id] for t in op.outputs]
     if _is_view(op) and plan.place[op.outputs[0].id][:2] != ("buffer", op.outputs[0].id):
@@ -225,12 +251,16 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         x = op.inputs[-1] if op.op == "max_pooling2d_gradient" else None  # (dy, source)
         if x is not None and backend in ("triton", "interpret") and x.dtype.is_floating and \
                 pooling.fits(op.attrs, x.shape):
-            src = pooling.max_pool_gradient(f"{op.name}_kernel", x.shape, op.attrs["kernel_size"], x.dtype,
-                                            backend == "interpret")
-            out = op.outputs[0]
-            launch = FreshOutputs(KernelLaunch(src, ins, outs), ins, [(outs[0], out.shape, out.dtype.torch)], run)
-            return Step(op.name, "pooling", launch, src.source)
-        return Step(op.name, "vendor", _precision(run, options) if prim.kind == CONTRACTION else run)
+            return _pool_gradient_step(op, x, ins, outs, run, backend, options)
+        if op.op == "max_pooling2d":
+            run, source = _max_pool_run(op, op.inputs[0], ins[0], outs[0], backend, options)
+            return Step(op.name, "pooling" if source else "vendor", run, source or None)
+        vendor = _precision(run, options) if prim.kind == CONTRACTION else run
+        if backend in ("triton", "interpret") and op.op == "convolution_transpose2d":
+            return _convolution_step(op, op, None, _layouts(op, plan), ins, outs, vendor, backend, options, "vendor")
+        if backend in ("triton", "interpret") and op.op == "convolution2d_weights_gradient":
+            return _weights_gradient_step(op, _layouts(op, plan), ins, outs, vendor, backend, options, new_slot)
+        return Step(op.name, "vendor", vendor)
     body, template = op.attrs["body"], op.attrs["template"]
     if backend == "reference":
         run = ReferenceCall(lookup(op.op).impl, ins, outs, op.attrs, into=True)
@@ -267,6 +297,11 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
         delta = [scratch_slots[op.id]]  # Δ per query row: the dQ kernel writes it, the dK/dV kernel reads it
         return Step(op.name, template, Chain(KernelLaunch(dq, ins, outs + delta), KernelLaunch(kv, ins, outs + delta)),
                     dq.source + kv.source)
+    if template == "convolution" and _split_contraction(op, plan)[1] is None:
+        contraction, _, _, placeholders, _ = _split_contraction(op, plan)
+        vendor = _vendor(contraction, placeholders, ins, outs[0], options)
+        return _convolution_step(op, contraction, body, _layouts(op, plan), ins, outs, vendor, backend, options,
+                                 template, None, _pool_output(pool, outs, slots, backend, options))
     if template == "matmul" and any(matmul.split(body).prologues):
         return _prologue_step(op, plan, ins, outs, scratch_slots.get(op.id), backend, options, flags, new_slot)
     contraction, epi, used, placeholders, layouts = _split_contraction(op, plan)
@@ -278,6 +313,9 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     vendor = _vendor(contraction, placeholders, ins, tmp, options)
     launch = KernelLaunch(src, [tmp] + [ins[i] for i in used], outs + ([flag_slot] if src.checks else []))
     run = Chain(vendor, launch)
+    if template == "convolution":
+        return _convolution_step(op, contraction, body, _layouts(op, plan), ins, outs, run, backend, options,
+                                 template, src.source, _pool_output(pool, outs, slots, backend, options))
     slabbed = _slabbed(op, contraction, epi, used, placeholders, layouts, ins, outs, tmp, run, backend, options,
                        new_slot)
     if slabbed is not None:
@@ -305,6 +343,156 @@ def _slabbed(op: Operation, contraction: Operation, epi: Program, used: list[int
                       _library_attrs(contraction, options), int(nbytes), bool(options.get("epilogue_in_place")),
                       bool(options.get("epilogue_overlap")), backend == "interpret", options, new_slot)
     return None if run is None else _precision(run, options)
+
+
+def _pool_gradient_step(op: Operation, x, ins: list[int], outs: list[int], library, backend: str,
+                        options: dict) -> Step:
+    """The gradient of a max pooling whose windows tile its input (codegen/pooling.py): a program per block of
+    windows, or for 2x2 windows per block of rows of windows, as option `max_pooling` says (`_pooling_mode`)."""
+    mode = _pooling_mode(options)
+    interpret, out = backend == "interpret", op.outputs[0]
+    sources = {}
+    if mode != "rows" or not pooling.rows_fit(op.attrs, x.shape):
+        sources["windows"] = pooling.max_pool_gradient(f"{op.name}_kernel", x.shape, op.attrs["kernel_size"], x.dtype,
+                                                       interpret)
+    if mode != "windows" and (mode == "rows" or backend == "triton") and pooling.rows_fit(op.attrs, x.shape):
+        sources["rows"] = pooling.max_pool_gradient_rows(f"{op.name}_rows", x.shape, x.dtype, interpret)
+    launches = {k: FreshOutputs(KernelLaunch(src, ins, outs), ins, [(outs[0], out.shape, out.dtype.torch)], library)
+                for k, src in sources.items()}
+    source = "".join(src.source for src in sources.values())
+    if len(launches) == 1:
+        return Step(op.name, "pooling", next(iter(launches.values())), source)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    key = f"pool-gradient:{x.shape}:{x.dtype}:{digest}:{torch.cuda.get_device_name()}"
+    return Step(op.name, "pooling", choices.Chooser(key, launches), source)
+
+
+def _pooling_mode(options: dict) -> str:
+    """Option `max_pooling`: "measure" (the default: on CUDA the faster of torch's pooling and the rows kernel,
+    and of the two gradient kernels; under the interpreter torch's pooling and the per-window gradient),
+    "windows" (those two everywhere) or "rows" (the rows kernels wherever they fit)."""
+    mode = options.get("max_pooling", "measure")
+    if mode not in ("measure", "windows", "rows"):
+        raise CompileError(f"option max_pooling expects 'measure', 'windows' or 'rows', got {mode!r}")
+    return mode
+
+
+def _max_pool_run(op: Operation, x, into: int, out: int, backend: str, options: dict):
+    """A max pooling of slot `into` into slot `out`: torch's (the reference call), or for 2x2 windows that
+    tile the input the rows kernel (codegen/pooling.py), as option `max_pooling` says; and its source."""
+    reference = ReferenceCall(lookup(op.op).impl, [into], [out], op.attrs)
+    mode = _pooling_mode(options)
+    if backend not in ("triton", "interpret") or mode == "windows" or mode == "measure" and backend != "triton" or \
+            not (x.dtype.is_floating and pooling.rows_fit(op.attrs, x.shape)):
+        return reference, ""
+    src = pooling.max_pool_rows(f"{op.name}_rows", x.shape, x.dtype, backend == "interpret")
+    y = op.outputs[0]
+    launch = FreshOutputs(KernelLaunch(src, [into], [out]), [into], [(out, y.shape, y.dtype.torch)], reference)
+    if mode == "rows":
+        return launch, src.source
+    digest = hashlib.sha256(src.source.encode()).hexdigest()[:16]
+    key = f"max-pooling:{x.shape}:{x.dtype}:{digest}:{torch.cuda.get_device_name()}"
+    return choices.Chooser(key, {"library": reference, "rows": launch}), src.source
+
+
+def _pool_output(pool: tuple[int, Operation] | None, outs: list[int], slots: dict, backend: str, options: dict):
+    """(output index, pooling op, its run after the kernel, its output slot) for `_convolution_step`, or None."""
+    if pool is None:
+        return None
+    i, op = pool
+    out = slots[op.outputs[0].id]
+    return i, op, _max_pool_run(op, op.inputs[0], outs[i], out, backend, options)[0], out
+
+
+def _convolution_step(op: Operation, contraction: Operation, body: Program | None, layouts: list[Layout],
+                      ins: list[int], outs: list[int], library, backend: str, options: dict, kind: str,
+                      library_source: str | None = None, pool=None) -> Step:
+    """A convolution (with its epilogue, or a stride-1 transposed convolution alone) as the library call
+    `library`, as the Triton convolution template (codegen/convolution.py), or, on CUDA, the faster of the two
+    measured on the first run. Option `conv_template`: "measure" (the default: measured on CUDA, the library
+    under the interpreter), "triton" (the template wherever it applies) or "library"."""
+    mode = _template_mode(options, backend)
+    if pool is not None:  # with a pooling of an output (`_pooled_convolutions`): the library call pools after it
+        library = Chain(library, pool[2])
+    if mode is None or convolution.unsupported(contraction):
+        return Step(op.name, kind, library, library_source)
+    launches, sources = {}, []
+    forms = [(variant, True) for variant in convolution.variants(contraction)] if mode == "measure" else [({}, True)]
+    if pool is not None and mode == "measure":  # the template pooling in registers, and pooling after it
+        forms = forms[:1] + [(variant, False) for variant, _ in forms]
+    for variant, pooling_inside in forms:
+        inside = pool is not None and pooling_inside
+        try:
+            src = convolution.generate(op.name, body, layouts, backend == "interpret", {**options, **variant},
+                                       contraction=None if body is not None else contraction,
+                                       pool=(pool[0], tuple(pool[1].attrs["kernel_size"])) if inside else None)
+        except NotImplementedError as e:  # an epilogue the template has no form for: the library call alone
+            log.info("kernel %s stays the library call: %s", op.name, e)
+            return Step(op.name, kind, library, library_source)
+        if inside:  # the pooled result has memory of its own, as the pooling's library call gives it
+            pooled = pool[1].outputs[0]
+            launch = FreshOutputs(KernelLaunch(src, ins, outs + [pool[3]]), ins[:1],
+                                  [(pool[3], pooled.shape, pooled.dtype.torch)], library)
+        elif pool is not None:
+            launch = Chain(KernelLaunch(src, ins, outs), pool[2])
+        else:
+            launch = KernelLaunch(src, ins, outs)
+        if body is None:  # an op that is otherwise a library call: its result has memory of its own
+            out = contraction.outputs[0]
+            launch = FreshOutputs(launch, ins[:2], [(outs[0], out.shape, out.dtype.torch)], library)
+        launches[_variant_name(variant, pool is not None and not inside)] = launch
+        sources.append(src.source)
+    return _measured(op.name, kind, convolution.key(contraction, contraction.outputs[0].dtype, options), library,
+                     launches, "".join(sources) + (library_source or ""), mode)
+
+
+def _variant_name(variant: dict, pooling_after: bool = False) -> str:
+    """A template candidate's name in a measured choice: "triton", its variant's values, "+pooling" when the
+    pooling runs after the kernel."""
+    return "-".join(["triton"] + [str(v) for v in variant.values()]) + ("+pooling" if pooling_after else "")
+
+
+def _measured(name: str, kind: str, key: str, library, launches: dict, source: str, mode: str) -> Step:
+    """The template's launch (option conv_template "triton": the first variant) or the fastest of the
+    library call and the template's variants (`launches`, by name)."""
+    if mode == "triton":
+        return Step(name, "convolution", next(iter(launches.values())), source)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    key = f"conv-template:{key}:{digest}:{torch.cuda.get_device_name()}"
+    return Step(name, kind, choices.Chooser(key, {"library": library} | launches), source)
+
+
+def _template_mode(options: dict, backend: str) -> str | None:
+    """How option `conv_template` applies here: "triton", "measure", or None (the library call alone)."""
+    mode = options.get("conv_template", "measure")
+    if mode not in ("measure", "triton", "library"):
+        raise CompileError(f"option conv_template expects 'measure', 'triton' or 'library', got {mode!r}")
+    if mode == "library" or mode == "measure" and backend != "triton":
+        return None
+    return mode
+
+
+def _weights_gradient_step(op: Operation, layouts: list[Layout], ins: list[int], outs: list[int], library,
+                           backend: str, options: dict, new_slot) -> Step:
+    """A convolution's weights gradient as the library call or the template's split product and the sum of
+    its slices (codegen/convolution.py), as option `conv_template` says (see `_convolution_step`)."""
+    mode = _template_mode(options, backend)
+    if mode is None:
+        return Step(op.name, "vendor", library)
+    launches, sources, out = {}, [], op.outputs[0]
+    for variant in convolution.weights_variants(op) if mode == "measure" else [{}]:
+        try:
+            src = convolution.weights_gradient(op.name, op, layouts, backend == "interpret", {**options, **variant})
+        except NotImplementedError as e:
+            log.info("%s stays the library call: %s", op.name, e)
+            return Step(op.name, "vendor", library)
+        part = new_slot()
+        run = Workspace([(part, (src.scratch,), torch.float32)], ins[0],
+                        Chain(KernelLaunch(src.partial, ins, [part]), KernelLaunch(src.finish, [part], outs)))
+        launches[_variant_name(variant)] = FreshOutputs(run, ins[:2], [(outs[0], out.shape, out.dtype.torch)], library)
+        sources.append(src.partial.source + src.finish.source)
+    return _measured(op.name, "vendor", convolution.key(op, out.dtype, options), library, launches, "".join(sources),
+                     mode)
 
 
 def _recurrent_step(op: Operation, template: str, plan, ins: list[int], outs: list[int], interpret: bool,

@@ -67,16 +67,26 @@ def _time(fn: Callable[[list], None], env: list) -> float:
 WARM_ROUNDS, ROUNDS = 2, 6
 
 
-def measure(candidates: dict[str, Callable[[list], None]], env: list) -> dict[str, float]:
-    """Median milliseconds per candidate over ROUNDS interleaved rounds, after WARM_ROUNDS untimed ones."""
+def measure(candidates: dict[str, Callable[[list], None]], env: list,
+            failures: dict[str, BaseException] | None = None) -> dict[str, float]:
+    """Median milliseconds per candidate over ROUNDS interleaved rounds, after WARM_ROUNDS untimed ones. A
+    candidate that raises (a generated kernel this GPU or Triton refuses) is left out, and what it raised put
+    in `failures` when given (it raises otherwise)."""
+    live = dict(candidates)
     for _ in range(WARM_ROUNDS):  # queued: the first timed run's events start after them
-        for fn in candidates.values():
-            fn(env)
-    samples: dict[str, list[float]] = {name: [] for name in candidates}
-    names = list(candidates)
+        for name, fn in list(live.items()):
+            try:
+                fn(env)
+            except Exception as e:  # noqa: BLE001  (see the docstring)
+                if failures is None:
+                    raise
+                failures[name] = e
+                del live[name]
+    samples: dict[str, list[float]] = {name: [] for name in live}
+    names = list(live)
     for r in range(ROUNDS):
         for name in names if r % 2 == 0 else names[::-1]:  # a drift within a round cancels too
-            samples[name].append(_time(candidates[name], env))
+            samples[name].append(_time(live[name], env))
     return {name: statistics.median(times) for name, times in samples.items()}
 
 
@@ -88,6 +98,7 @@ class Chooser:
         self.candidates = candidates
         self.chosen: str | None = None
         self.timings: dict[str, float] = {}
+        self.failures: dict[str, str] = {}  # candidates that raised when measured, and what they raised
         # Set when every candidate must run once even if a decision is stored: compiling kernels for a
         # package has to compile each candidate's kernels, since the machine that loads it may choose another.
         self.remeasure = False
@@ -105,7 +116,11 @@ class Chooser:
             return known
         if torch.cuda.is_current_stream_capturing():
             return next(iter(self.candidates))
-        self.timings = measure(self.candidates, env)
+        raised: dict[str, BaseException] = {}
+        self.timings = measure(self.candidates, env, raised)
+        self.failures = {name: f"{type(e).__name__}: {e}" for name, e in raised.items()}
+        if not self.timings:
+            raise next(iter(raised.values()))
         best = min(self.timings, key=self.timings.get)
         _store(self.key, best)
         return best

@@ -88,6 +88,8 @@ def launches(fn) -> Iterator["KernelLaunch"]:
         yield from launches(inner)
     if isinstance(fn, Carve):
         yield from launches(fn.fn)
+    if isinstance(fn, FreshOutputs):
+        yield from launches(fn.launch)
     for inner in getattr(fn, "candidates", {}).values():  # choices.Chooser
         yield from launches(inner)
 
