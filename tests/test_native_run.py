@@ -316,8 +316,8 @@ def test_the_disk_cache_is_keyed_and_safe_between_processes(tmp_path, monkeypatc
 def test_runners_and_lookups_are_collected_with_their_graph(fake, monkeypatch):
     g, x, y, exe, launch, runner = _setup(fake, monkeypatch)
     exe.run({x: torch.randn(N)})
-    for _ in range(2):  # compiled at once; then `quick` is the native lookup
-        g.run({x: torch.randn(N)}, [y], compiled=True)
+    for _ in range(2):  # compiled at once; then `quick` is the native lookup (on the CPU: the stand-in driver
+        g.run({x: torch.randn(N)}, [y], device="cpu", compiled=True)  # must not launch a CUDA executable's kernels)
     assert type(g._executables.quick).__name__ == "Lookup"
     # the runner holds the DirectLaunch; the executable and the runner, the cache and its lookup hold each other
     refs = [weakref.ref(o) for o in (g, exe, launch.direct, g._executables)]
@@ -331,7 +331,7 @@ def test_requests_of_another_form_go_to_the_python_lookup():
     x = g.placeholder((N,), sm.float32, name="x")
     y = x * 2.0
     a = torch.randn(N)
-    g.run({x: a}, [y], compiled=True)
+    g.run({x: a}, [y], device="cpu", compiled=True)
     cache = g._executables
     if type(cache.quick).__name__ != "Lookup":
         pytest.skip(f"no native lookup here: {native_run.reason}")
