@@ -18,6 +18,9 @@ data:
 * a movement op run through its reference implementation (a `split`, a `reshape` of a transposed
   view), which binds fresh memory every run, copies into a buffer of its own instead, from a view of
   its input made once, with a native strided copy;
+* a gather (an embedding's rows), concat or constant pad, which the native backend does not lower, runs
+  as a native loop writing into a buffer made once (codegen/cpu_movement.py); an index out of range sets
+  a flag that the run checks at its end, and the steps run again op by op for the reference's error;
 * everything else runs as its step does, over the same environment.
 
 The native loops made here are compiled together once the steps have been walked, and each replaces its
@@ -38,12 +41,16 @@ from typing import Callable
 
 import torch
 
-from ..codegen import cpu, cpu_window
+from ..codegen import cpu, cpu_movement, cpu_window
 from ..codegen.cpu import NativeLaunch
 from ..ops.contraction import _matmul_vendor
 from ..registry import MOVEMENT, lookup
 from ..runtime.launch import Chain, ReferenceCall, VendorCall, ViewOf
 from ..runtime.native_conv import BindBuffer
+
+
+# Ops run through their reference implementation that the prepared run makes native loops of (`_native_move`).
+_NATIVE_MOVES = ("gather", "concat", "pad")
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -158,6 +165,7 @@ class PreparedRun:
         self.calls: list[Callable[[], object]] | None = None
         self.threads = 0
         self.prepared: dict[str, int] = {}  # how many step parts each preparation took (tests, reports)
+        self.flag = None  # the native gathers' index flag (ctypes), made with the first native gather
 
     def launch(self, stream=None) -> None:
         """One run of the network (`stream` is ignored: the CPU has none)."""
@@ -214,7 +222,10 @@ class PreparedRun:
                 calls.append(functools.partial(dst.copy_, env[slot]))
         self.exe.check_flag(env)
         calls = [c for c in calls if not (type(c) is _Binding and c.func.slot not in unstable)]
-        self.calls = self._batched(self._resolved(calls))
+        calls = self._resolved(calls)
+        if self.prepared.get("native_gather"):
+            calls.append(functools.partial(_check_indices, self.flag))
+        self.calls = self._batched(calls)
 
     def _resolved(self, calls: list) -> list:
         """`calls` with the native loops made for parts compiled (one module) and put in their place."""
@@ -272,6 +283,12 @@ class PreparedRun:
                 return []
             unstable.add(fn.dst)  # a copy after all (a reshape of a strided tensor): redone every run
             return self._as_is(fn, env)
+        if kind is ReferenceCall and op is not None and op.op in _NATIVE_MOVES and fn.context is None \
+                and len(fn.outs) == 1 and not any(s in unstable for s in fn.ins):
+            calls = self._native_move(fn, env, op.op)
+            if calls is not None:
+                self.prepared["copy"] += 1
+                return calls
         if kind is ReferenceCall and op is not None and lookup(op.op).kind == MOVEMENT and fn.context is None \
                 and not any(s in unstable for s in fn.ins):
             calls = self._movement(fn, env, op.op == "reshape")
@@ -299,6 +316,52 @@ class PreparedRun:
     def _as_is(self, fn, env: list) -> list[Callable[[], object]]:
         self.prepared["as_is"] += 1
         return [functools.partial(fn, env)]
+
+    def _native_move(self, fn: ReferenceCall, env: list, name: str) -> list[Callable[[], object]] | None:
+        """A gather, concat or pad (`name`) as a native loop into a buffer made once (the planned buffer
+        where the step writes into one); None where its operands are not ones the loops read."""
+        args = [env[s] for s in fn.ins]
+        if not args or not all(isinstance(a, torch.Tensor) for a in args):
+            return None
+        result = fn.impl(*args, **fn.attrs)
+        if not isinstance(result, torch.Tensor) or result.element_size() not in cpu_window.BIT_TYPES:
+            return None
+        slot = fn.outs[0]
+        dst = env[slot] if fn.into else torch.empty(result.shape, dtype=result.dtype, device=result.device)
+        if dst.shape != result.shape or dst.dtype != result.dtype or not dst.is_contiguous():
+            return None
+        dst.copy_(result)
+        env[slot] = dst
+        inputs = args
+        x = args[0]
+        size = x.element_size()
+        key = f"{name}{[(tuple(a.shape), a.stride(), a.dtype) for a in args]}{sorted(fn.attrs.items())}".encode()
+        label = f"prepared_{name}_{hashlib.sha256(key).hexdigest()[:16]}"
+        if name == "gather":
+            index = args[1]
+            if index.dtype not in cpu_movement.INDEX_TYPES or x.dim() == 0:
+                return None
+            src = cpu_movement.gather(label, tuple(x.shape), x.stride(), tuple(index.shape), index.stride(),
+                                      index.dtype, fn.attrs["axis"] % x.dim(), size)
+            inputs = [x, index, self._index_flag()]
+        elif name == "concat":
+            if any(a.dtype != result.dtype for a in args):
+                return None
+            src = cpu_movement.concat(label, [tuple(a.shape) for a in args], [a.stride() for a in args],
+                                      fn.attrs["axis"] % x.dim(), size)
+        else:
+            value = torch.tensor(fn.attrs["constant_value"]).to(x.dtype)
+            src = cpu_movement.pad(label, tuple(x.shape), x.stride(), tuple(fn.attrs["left"]),
+                                   tuple(fn.attrs["right"]), value)
+        fallback = functools.partial(_reference_into, fn.impl, args, fn.attrs, dst)
+        return [_Pending(src, inputs, dst, fallback, name).capture()]
+
+    def _index_flag(self) -> torch.Tensor:
+        """The int32 the native gathers set on an index out of range (checked once at the end of a run)."""
+        if self.flag is None:
+            self.flag = (ctypes.c_int32 * 1)()
+            self.flag_tensor = torch.frombuffer(self.flag, dtype=torch.int32)
+        return self.flag_tensor
 
     def _movement(self, fn: ReferenceCall, env: list, reshape: bool) -> list[Callable[[], object]] | None:
         """A movement op's reference call as copies into buffers made once, from views of its inputs made
@@ -340,6 +403,18 @@ def _copy(source: torch.Tensor, dst: torch.Tensor):
     name = f"prepared_copy_{hashlib.sha256(key).hexdigest()[:16]}"
     src = cpu_window.strided_copy(name, tuple(source.shape), source.stride(), size)
     return _Pending(src, [source], dst, fallback, "copy").capture()
+
+
+def _reference_into(impl, args: list, attrs: dict, dst: torch.Tensor) -> None:
+    dst.copy_(impl(*args, **attrs))
+
+
+def _check_indices(flag) -> None:
+    """Raise where a native gather met an index out of range this run (the launch then runs the steps op by
+    op, and the gather's reference raises the error that names it)."""
+    if flag[0]:
+        flag[0] = 0
+        raise IndexError("a gather's index is out of range")
 
 
 def _copy_slot(dst: torch.Tensor, env: list, slot: int) -> None:

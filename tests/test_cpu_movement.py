@@ -1,0 +1,161 @@
+"""The native gather, concat and constant pad of a prepared CPU dispatch (codegen/cpu_movement.py,
+pipeline/cpu_run.py): each loop against torch on strided operands of several types, and a dispatch whose
+gathers, concats and pads no longer run through the reference every run, with the same bits as the
+executable's own run, float64 PyTorch's answer, and the reference's error for an index out of range."""
+from __future__ import annotations
+
+import ctypes
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import stitchml as sm
+from stitchml.codegen import cpu, cpu_movement
+from stitchml.package import zoo
+
+from test_timeline import _dispatch  # one command buffer: encode, commit, wait (bounded)
+
+
+@pytest.fixture(autouse=True)
+def native_backend(tmp_path_factory, monkeypatch):
+    """The native CPU backend (not the Triton interpreter), with a cache of this test run's own."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("STITCHML_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "native-cache"))
+
+
+def _strided(shape: tuple, dtype: torch.dtype, gen: torch.Generator, transposed: bool) -> torch.Tensor:
+    """Random values of `shape`, as a transposed view of their storage where `transposed` (rank >= 2)."""
+    if transposed and len(shape) >= 2:
+        return _strided(shape[:-2] + (shape[-1], shape[-2]), dtype, gen, False).transpose(-1, -2)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+    return torch.randint(-50, 50, shape, generator=gen).to(dtype)
+
+
+def _run(module: cpu.Module, name: str, tensors: list[torch.Tensor]) -> None:
+    fn = module.functions[name]
+    fn.argtypes = [ctypes.c_void_p] * len(tensors) + [ctypes.c_int]
+    fn(*[t.data_ptr() for t in tensors], 1)
+
+
+DTYPES = (torch.float64, torch.float32, torch.float16, torch.int64, torch.bool)
+
+
+def test_native_gather_concat_and_pad_are_torchs_bit_for_bit():
+    gen = torch.Generator().manual_seed(3)
+    module, cases = cpu.Module(), []
+    for c in range(10):
+        dtype = DTYPES[c % len(DTYPES)]
+        shape = tuple(int(v) for v in torch.randint(1, 6, (1 + c % 3,), generator=gen))
+        x = _strided(shape, dtype, gen, c % 2 == 1)
+        axis = c % x.dim()
+        n = x.shape[axis]
+        index = torch.randint(-n, n, (2, 3) if c % 3 else (4,), generator=gen).to((torch.int64, torch.int32)[c % 2])
+        name = f"gather_test_{c}"
+        module.add(cpu_movement.gather(name, tuple(x.shape), x.stride(), tuple(index.shape), index.stride(),
+                                       index.dtype, axis, x.element_size()))
+        want = x.index_select(axis, torch.where(index < 0, index + n, index).reshape(-1).long()).reshape(
+            x.shape[:axis] + index.shape + x.shape[axis + 1:])
+        cases.append((name, [x, index, torch.zeros(1, dtype=torch.int32)], want))
+        parts = [_strided(shape[:axis] + (k,) + shape[axis + 1:], dtype, gen, (c + k) % 2 == 0) for k in (1, 3, 2)]
+        name = f"concat_test_{c}"
+        module.add(cpu_movement.concat(name, [tuple(p.shape) for p in parts], [p.stride() for p in parts], axis,
+                                       x.element_size()))
+        cases.append((name, parts, torch.cat(parts, axis)))
+        left = tuple(int(v) for v in torch.randint(0, 3, (x.dim(),), generator=gen))
+        right = tuple(int(v) for v in torch.randint(0, 3, (x.dim(),), generator=gen))
+        value = torch.tensor(-1.5 if dtype.is_floating_point else 1).to(dtype)
+        name = f"pad_test_{c}"
+        module.add(cpu_movement.pad(name, tuple(x.shape), x.stride(), left, right, value))
+        spec = [p for a, b in zip(reversed(left), reversed(right)) for p in (a, b)]
+        cases.append((name, [x], torch.nn.functional.pad(x, spec, value=value.item())))
+    module.build()
+    for name, inputs, want in cases:
+        out = torch.full_like(want, 7)
+        _run(module, name, inputs + [out])
+        assert torch.equal(out, want), name
+        if name.startswith("gather"):
+            assert inputs[2].item() == 0, name
+
+
+def test_a_native_gathers_index_out_of_range_sets_its_flag():
+    x = torch.arange(12.0, dtype=torch.float64).reshape(4, 3)
+    index = torch.tensor([1, 4, -5, -4], dtype=torch.int64)  # 4 and -5 are out of range for 4 rows
+    module = cpu.Module()
+    module.add(cpu_movement.gather("gather_flag_test", (4, 3), x.stride(), (4,), index.stride(), index.dtype, 0, 8))
+    module.build()
+    flag, out = torch.zeros(1, dtype=torch.int32), torch.full((4, 3), 7.0, dtype=torch.float64)
+    _run(module, "gather_flag_test", [x, index, flag, out])
+    assert flag.item() == 1
+    assert torch.equal(out[0], x[1]) and torch.equal(out[3], x[0])
+
+
+def _pipeline(fn):
+    dev = sm.device("cpu")
+    pipe = sm.Compiler(dev).new_ml_pipeline(sm.MLPipelineDescriptor(fn))
+    return dev, pipe, dev.new_heap(pipe.intermediates_heap_size), dev.new_command_queue()
+
+
+def test_a_dispatch_runs_gathers_concats_and_pads_natively_and_raises_the_gathers_error():
+    """An embedding lookup (ids fed each run), a concat with a strided operand and a pad: after the
+    preparing dispatch, nothing runs through the reference, the answers are the executable's bit for bit
+    and float64 PyTorch's; an id out of range raises the gather's typed error, and the next dispatch with
+    valid ids runs again."""
+    gen = torch.Generator().manual_seed(0)
+    table, bias = torch.randn(10, 6, generator=gen), torch.randn(3, 4, generator=gen)
+    g = sm.Graph()
+    ids = g.placeholder((3,), sm.int64, name="ids")
+    rows = g.gather(g.constant(table), ids, 0)  # (3, 6)
+    joined = g.concat([g.tanh(rows), g.transpose(g.constant(bias.t().contiguous()), (1, 0))], 1)  # (3, 10)
+    y = g.pad(joined * 2.0, [1, 0], [0, 2], constant_value=-1.0)
+    fn = sm.package.Package.from_graph(g, {"ids": ids}, {"y": y}).function()
+    dev, pipe, heap, queue = _pipeline(fn)
+    ids_in, out = sm.TensorData(np.array([0, 9, -1], np.int64)), dev.new_tensor((4, 12), sm.float32)
+    args = {"ids": ids_in, "y": out}
+    placeholder, target = fn.input_tensor("ids"), fn.output_tensor("y")
+    for i in range(4):
+        ids_in.torch().copy_(torch.randint(-10, 10, (3,), generator=gen))
+        _dispatch(queue, pipe, heap, args)
+        assert torch.equal(out.torch(), pipe.executable.run({placeholder: ids_in.torch().clone()})[target].torch())
+        t = table.double()[ids_in.torch()]
+        want = torch.nn.functional.pad(torch.cat([torch.tanh(t), bias.double()], 1) * 2, (0, 2, 1, 0), value=-1)
+        torch.testing.assert_close(out.torch().double(), want, rtol=1e-6, atol=1e-6)
+    prepared = pipe._last[2].__self__.prepared
+    assert prepared["as_is"] == 0 and prepared["native_gather"] == 1, prepared
+    assert prepared["native_concat"] == 1 and prepared["native_pad"] == 1, prepared
+    ids_in.torch()[1] = 10
+    with pytest.raises(sm.ExecutionError, match="gather.*index out of range"):
+        _dispatch(queue, pipe, heap, args)
+    ids_in.torch()[1] = 2
+    for _ in range(2):  # the failed dispatch dropped the prepared calls: one runs the steps, the next prepares
+        _dispatch(queue, pipe, heap, args)
+        assert torch.equal(out.torch(), pipe.executable.run({placeholder: ids_in.torch().clone()})[target].torch())
+
+
+def test_llamas_dispatch_has_no_reference_parts_and_matches_eager():
+    """Llama's embedding and rotary halves (gather, concats) no longer run through the reference."""
+    pytest.importorskip("transformers")
+    model, (example,) = zoo.build("hf:llama")
+    x0 = example[:1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fn = sm.package.from_torch(model, (x0,)).function()
+    dev, pipe, heap, queue = _pipeline(fn)
+    (out_name, shape), = pipe.output_shapes.items()
+    x, y = sm.TensorData(x0.clone()), dev.new_tensor(shape, sm.float32)
+    args = {fn.inputs[0].name: x, out_name: y}
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x.torch().copy_(torch.randint(0, 100, x0.shape, generator=gen))
+        _dispatch(queue, pipe, heap, args)
+    want = pipe.executable.run({fn.input_tensor(fn.inputs[0].name): x.torch().clone()})[
+        fn.output_tensor(out_name)].torch()
+    assert torch.equal(y.torch(), want)
+    with torch.no_grad():
+        ref = model.double()(x.torch())
+        model.float()
+    torch.testing.assert_close(y.torch().double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    prepared = pipe._last[2].__self__.prepared
+    assert prepared["as_is"] == 0 and prepared["native_gather"] == 1 and prepared["native_concat"] >= 2, prepared
