@@ -135,7 +135,8 @@ def test_a_dispatch_runs_gathers_concats_and_pads_natively_and_raises_the_gather
 
 
 def test_llamas_dispatch_has_no_reference_parts_and_matches_eager():
-    """Llama's embedding and rotary halves (gather, concats) no longer run through the reference."""
+    """Llama's embedding and rotary halves (gather, concats) no longer run through the reference, and its
+    products are native kernels: the whole run is one call of the native runner and the index check."""
     pytest.importorskip("transformers")
     model, (example,) = zoo.build("hf:llama")
     x0 = example[:1]
@@ -159,3 +160,32 @@ def test_llamas_dispatch_has_no_reference_parts_and_matches_eager():
     torch.testing.assert_close(y.torch().double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
     prepared = pipe._last[2].__self__.prepared
     assert prepared["as_is"] == 0 and prepared["native_gather"] == 1 and prepared["native_concat"] >= 2, prepared
+    assert prepared["native_product"] == prepared["product"] > 0, prepared
+    assert len(pipe._last[2].__self__.calls) == 2, prepared
+
+
+def test_native_small_products_are_mkls_bit_for_bit_and_near_float64():
+    """The chain of multiply-adds MKL computes small products with (codegen/cpu_product.py): torch.mm's and
+    torch.bmm's bits on random shapes at a transformer's sizes, register-block tails and a transposed right
+    operand included, and within float32 rounding of the float64 product."""
+    from stitchml.codegen import cpu_product
+
+    gen = torch.Generator().manual_seed(11)
+    module, cases = cpu.Module(), []
+    for c, (batch, m, k, n) in enumerate([(1, 8, 32, 96), (1, 5, 32, 32), (1, 13, 64, 40), (1, 64, 32, 96),
+                                          (4, 8, 8, 8), (3, 7, 17, 33), (1, 2, 5, 3)]):
+        dtype = (torch.float32, torch.float64)[c % 2]
+        a = torch.randn(batch, m, k, generator=gen, dtype=dtype)
+        b = torch.randn(batch, n, k, generator=gen, dtype=dtype).transpose(1, 2) if c % 3 == 1 else \
+            torch.randn(batch, k, n, generator=gen, dtype=dtype)
+        name = f"product_test_{c}"
+        module.add(cpu_product.product(name, batch, m, k, n, a.stride(), b.stride(), str(dtype)[6:]))
+        cases.append((name, a, b))
+    module.build()
+    for name, a, b in cases:
+        out = torch.full((a.shape[0], a.shape[1], b.shape[2]), 7.0, dtype=a.dtype)
+        _run(module, name, [a, b, out])
+        want = torch.mm(a[0], b[0])[None] if a.shape[0] == 1 else torch.bmm(a, b)
+        assert torch.equal(out, want), name
+        exact = torch.bmm(a.double(), b.double())
+        torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5 * a.shape[2])

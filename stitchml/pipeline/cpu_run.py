@@ -14,7 +14,8 @@ data:
 * a matrix product between such slots calls `torch.mm` or `torch.bmm` into the planned buffer (what
   `torch.matmul` calls after its shape logic), where the answer is bit for bit `torch.matmul`'s; a batched
   product small enough that PyTorch multiplies it in a loop of its own runs that loop compiled
-  (codegen/cpu_window.py, `small_batched_product`);
+  (codegen/cpu_window.py, `small_batched_product`), and other small products MKL's chains of multiply-adds
+  compiled (codegen/cpu_product.py): native kernels, so they join their neighbours' runner call;
 * a movement op run through its reference implementation (a `split`, a `reshape` of a transposed
   view), which binds fresh memory every run, copies into a buffer of its own instead, from a view of
   its input made once, with a native strided copy;
@@ -41,7 +42,7 @@ from typing import Callable
 
 import torch
 
-from ..codegen import cpu, cpu_movement, cpu_window
+from ..codegen import cpu, cpu_movement, cpu_product, cpu_window
 from ..codegen.cpu import NativeLaunch
 from ..ops.contraction import _matmul_vendor
 from ..registry import MOVEMENT, lookup
@@ -422,15 +423,16 @@ def _copy_slot(dst: torch.Tensor, env: list, slot: int) -> None:
 
 
 def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
-    """`torch.mm` or `torch.bmm` writing `out`, or where PyTorch multiplies small batched matrices in a loop
-    of its own, that loop compiled for these operands (codegen/cpu_window.py); None where that is not
-    `torch.matmul`'s answer bit for bit (checked on the values at hand) or the operands do not fold into
-    three axes without a copy."""
+    """`torch.mm` or `torch.bmm` writing `out`, or in its place a native loop with the library's bits for
+    these operands: where PyTorch multiplies small batched matrices in a loop of its own, that loop
+    (codegen/cpu_window.py), else for small products MKL's chain of multiply-adds (codegen/cpu_product.py);
+    None where that is not `torch.matmul`'s answer bit for bit (checked on the values at hand) or the
+    operands do not fold into three axes without a copy."""
     if out.dtype != a.dtype or out.dtype != b.dtype or not out.is_contiguous():
         return None
-    small = None
     if a.dim() == 2 and b.dim() == 2:
         call = functools.partial(torch.mm, a, b, out=out)
+        a3, b3, out3 = a[None], b[None], out[None]
     elif a.dim() == b.dim() and a.dim() >= 3 and a.shape[:-2] == b.shape[:-2]:
         try:
             a3, b3 = a.view(-1, *a.shape[-2:]), b.view(-1, *b.shape[-2:])
@@ -438,15 +440,21 @@ def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
         except RuntimeError:
             return None
         call = functools.partial(torch.bmm, a3, b3, out=out3)
-        (batch, m, k), n = a3.shape, b3.shape[2]
-        if m * k * n < cpu_window.TORCH_SMALL_BMM and str(a.dtype) in ("torch.float32", "torch.float64"):
-            key = f"{batch},{m},{k},{n}{a3.stride()}{b3.stride()}{a.dtype}".encode()
-            name = f"prepared_product_{hashlib.sha256(key).hexdigest()[:16]}"
-            src = cpu_window.small_batched_product(name, batch, m, k, n, a3.stride(), b3.stride(),
-                                                   str(a.dtype).replace("torch.", ""))
-            small = _Pending(src, [a3, b3], out3, call, "product")
     else:
         return None
+    (batch, m, k), n = a3.shape, b3.shape[2]
+    dtype = str(a.dtype).replace("torch.", "")
+    small = None
+    if dtype in ("float32", "float64") and a.dim() >= 3 and m * k * n < cpu_window.TORCH_SMALL_BMM:
+        key = f"{batch},{m},{k},{n}{a3.stride()}{b3.stride()}{a.dtype}".encode()
+        name = f"prepared_product_{hashlib.sha256(key).hexdigest()[:16]}"
+        src = cpu_window.small_batched_product(name, batch, m, k, n, a3.stride(), b3.stride(), dtype)
+        small = _Pending(src, [a3, b3], out3, call, "product")
+    elif dtype in ("float32", "float64") and batch * m * k * n <= cpu_product.MAX_MULTIPLY_ADDS:
+        key = f"fma{batch},{m},{k},{n}{a3.stride()}{b3.stride()}{a.dtype}".encode()
+        name = f"prepared_product_{hashlib.sha256(key).hexdigest()[:16]}"
+        src = cpu_product.product(name, batch, m, k, n, a3.stride(), b3.stride(), dtype)
+        small = _Pending(src, [a3, b3], out3, call, "product")
     want = out.clone()
     call()
     if not torch.equal(out, want):
