@@ -173,7 +173,8 @@ def test_native_small_products_are_mkls_bit_for_bit_and_near_float64():
     gen = torch.Generator().manual_seed(11)
     module, cases = cpu.Module(), []
     for c, (batch, m, k, n) in enumerate([(1, 8, 32, 96), (1, 5, 32, 32), (1, 13, 64, 40), (1, 64, 32, 96),
-                                          (4, 8, 8, 8), (3, 7, 17, 33), (1, 2, 5, 3)]):
+                                          (4, 8, 8, 8), (3, 7, 17, 33), (1, 2, 5, 3), (5, 17, 8, 17),
+                                          (2, 6, 17, 50)]):
         dtype = (torch.float32, torch.float64)[c % 2]
         a = torch.randn(batch, m, k, generator=gen, dtype=dtype)
         b = torch.randn(batch, n, k, generator=gen, dtype=dtype).transpose(1, 2) if c % 3 == 1 else \

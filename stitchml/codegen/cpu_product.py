@@ -9,19 +9,28 @@ call of the prepared run's runner. The prepared run checks the bits on the value
 library call wherever they differ (other shapes, where MKL blocks the contraction or takes a matrix-vector
 path).
 
-The loop keeps a block of `ROWS` x `COLUMNS` outputs in registers across the contraction (independent
-chains, vectorised over columns where a row of the right operand is contiguous).
+The loop keeps a block of `ROWS` rows x `VECTORS` vectors of outputs in registers across the contraction
+(independent chains of whole-vector multiply-adds).
 """
 from __future__ import annotations
 
 from .cpu import CppSource
 
-# The register block: output rows times columns whose sums stay in registers across the contraction (eight
-# vectors of sixteen floats: independent multiply-add chains for the core's two FMA ports).
-ROWS, COLUMNS = 4, 32
-# Products above this many multiply-adds (all matrices of a batch) stay library calls: there the library's own blocking
-# and threads pay for its dispatch cost.
+# The register block: output rows times vectors of columns whose sums stay in registers across the
+# contraction (eight independent multiply-add chains for the core's two FMA ports).
+ROWS, VECTORS = 4, 2
+VECTOR_BYTES = 64
+# Products above this many multiply-adds (all matrices of a batch) stay library calls: there the library's
+# own blocking and threads pay for its dispatch cost; so do right operands above this many elements (the
+# loop copies each into a padded block on its stack).
 MAX_MULTIPLY_ADDS = 1 << 18
+MAX_RIGHT = 1 << 14
+
+
+def fits(batch: int, m: int, k: int, n: int, itemsize: int) -> bool:
+    """Whether `product` takes these sizes (small enough that a library call costs more than the work)."""
+    lanes = VECTOR_BYTES // itemsize
+    return batch * m * k * n <= MAX_MULTIPLY_ADDS and k * -(-n // lanes) * lanes <= MAX_RIGHT
 
 
 def product(name: str, batch: int, m: int, k: int, n: int, a_strides: tuple, b_strides: tuple,
@@ -29,41 +38,69 @@ def product(name: str, batch: int, m: int, k: int, n: int, a_strides: tuple, b_s
     """C++ for out[b] = a[b] @ b[b] (a: batch x m x k, b: batch x k x n, any strides in elements; out
     contiguous): each output one fused multiply-add chain over k from zero.
 
+    Each right matrix is first copied into a block on the stack whose rows are padded with zeros to whole
+    vectors, so that the multiply-adds are full vector operations on aligned loads whatever its layout (a
+    transposed key matrix, a column count like 17); the padding columns are computed and not stored.
+
     Signature: ``(a, b, out, threads)``."""
     t = {"float32": "float", "float64": "double"}[dtype]
-    fma = {"float32": "__builtin_fmaf", "float64": "__builtin_fma"}[dtype]
+    lanes = VECTOR_BYTES // {"float32": 4, "float64": 8}[dtype]
     (sa0, sa1, sa2), (sb0, sb1, sb2) = a_strides, b_strides
+    vectors = -(-n // lanes)
+    width = vectors * lanes
 
-    def block(rows: int, cols: int, i: str, j: str) -> list[str]:
-        """The sums of rows i..i+rows and columns j..j+cols over the whole contraction, then stored."""
-        unroll = "_Pragma(\"GCC unroll 64\")"
+    def block(rows: int, cols: int, i: str, j: str, tail: int | None) -> list[str]:
+        """The sums of rows i..i+rows and `cols` vectors of columns from j over the whole contraction; the
+        last vector's first `tail` lanes are columns of the output (all of them where None)."""
+        unroll = '_Pragma("GCC unroll 64")'
         return ["            {",
-                f"                {t} acc[{rows}][{cols}] = {{}};",
+                f"                vec acc[{rows}][{cols}] = {{}};",
                 f"                for (int64_t p = 0; p < {k}; ++p) {{",
-                f"                    const {t}* y = in1 + b * {sb0}LL + p * {sb1}LL + ({j}) * {sb2}LL;",
+                f"                    const vec* y = (const vec*)(right + p * {width} + {j});",
                 f"                    {unroll} for (int r = 0; r < {rows}; ++r) {{",
                 f"                        const {t} x = in0[b * {sa0}LL + ({i} + r) * {sa1}LL + p * {sa2}LL];",
-                f"                        {unroll} for (int c = 0; c < {cols}; ++c)",
-                f"                            acc[r][c] = {fma}(x, y[c * {sb2}LL], acc[r][c]);",
+                f"                        {unroll} for (int c = 0; c < {cols}; ++c) acc[r][c] = acc[r][c] + x * y[c];",
                 "                    }",
                 "                }",
-                f"                {unroll} for (int r = 0; r < {rows}; ++r) {unroll} for (int c = 0; c < {cols}; ++c)",
-                f"                    out0[(b * {m}LL + {i} + r) * {n}LL + {j} + c] = acc[r][c];",
+                f"                {unroll} for (int r = 0; r < {rows}; ++r) {{",
+                f"                    {t}* o = out0 + (b * {m}LL + {i} + r) * {n}LL + {j};",
+                *([f"                    {unroll} for (int c = 0; c < {cols}; ++c) __builtin_memcpy(o + c * {lanes}, "
+                   f"&acc[r][c], sizeof(vec));"] if tail is None else
+                  [f"                    {unroll} for (int c = 0; c < {cols}; ++c) __builtin_memcpy(o + c * {lanes}, "
+                   f"&acc[r][c], c + 1 < {cols} ? sizeof(vec) : {tail} * sizeof({t}));"]),
+                "                }",
                 "            }"]
 
-    lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
+    lines = ["#pragma GCC push_options",
+             '#pragma GCC optimize ("fp-contract=fast")',  # x * y + acc as one fused multiply-add
+             f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
              f"{t}* __restrict__ out0, int threads) {{",
-             f"    for (int64_t b = 0; b < {batch}; ++b) {{"]
+             f"    typedef {t} vec __attribute__((vector_size({VECTOR_BYTES})));",
+             f"    alignas({VECTOR_BYTES}) {t} right[{k * width}];",
+             f"    for (int64_t p = 0; p < {k}; ++p)",
+             f"        for (int64_t j = {n}; j < {width}; ++j) right[p * {width} + j] = 0;",
+             f"    for (int64_t b = 0; b < {batch}; ++b) {{",
+             *(  # read the right operand in the order of its memory
+                 [f"        for (int64_t p = 0; p < {k}; ++p)", f"            for (int64_t j = 0; j < {n}; ++j)"]
+                 if abs(sb2) <= abs(sb1) else
+                 [f"        for (int64_t j = 0; j < {n}; ++j)", f"            for (int64_t p = 0; p < {k}; ++p)"]),
+             f"                right[p * {width} + j] = in1[b * {sb0}LL + p * {sb1}LL + j * {sb2}LL];"]
     row_parts = [(ROWS, f"for (int64_t i = 0; i < {m - m % ROWS}; i += {ROWS})", "i")] if m >= ROWS else []
     if m % ROWS:
         row_parts.append((m % ROWS, "", str(m - m % ROWS)))
+    full = vectors - vectors % VECTORS
     for rows, row_loop, i in row_parts:
         lines.append(f"        {row_loop} {{")
-        if n >= COLUMNS:
-            lines.append(f"        for (int64_t j = 0; j < {n - n % COLUMNS}; j += {COLUMNS})")
-            lines += block(rows, COLUMNS, i, "j")
-        if n % COLUMNS:
-            lines += block(rows, n % COLUMNS, i, str(n - n % COLUMNS))
+        last = n - (vectors - 1) * lanes if n % lanes else None
+        if full:
+            whole = full if vectors % VECTORS or last is None else full - VECTORS
+            if whole:
+                lines.append(f"        for (int64_t j = 0; j < {whole * lanes}; j += {VECTORS * lanes})")
+                lines += block(rows, VECTORS, i, "j", None)
+            if whole < full:
+                lines += block(rows, VECTORS, i, str(whole * lanes), last)
+        if vectors % VECTORS:
+            lines += block(rows, vectors % VECTORS, i, str(full * lanes), last)
         lines.append("        }")
-    lines += ["    }", "}"]
+    lines += ["    }", "}", "#pragma GCC pop_options"]
     return CppSource(name, "\n".join(lines) + "\n", "matmul")

@@ -450,7 +450,7 @@ def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
         name = f"prepared_product_{hashlib.sha256(key).hexdigest()[:16]}"
         src = cpu_window.small_batched_product(name, batch, m, k, n, a3.stride(), b3.stride(), dtype)
         small = _Pending(src, [a3, b3], out3, call, "product")
-    elif dtype in ("float32", "float64") and batch * m * k * n <= cpu_product.MAX_MULTIPLY_ADDS:
+    elif dtype in ("float32", "float64") and cpu_product.fits(batch, m, k, n, a.element_size()):
         key = f"fma{batch},{m},{k},{n}{a3.stride()}{b3.stride()}{a.dtype}".encode()
         name = f"prepared_product_{hashlib.sha256(key).hexdigest()[:16]}"
         src = cpu_product.product(name, batch, m, k, n, a3.stride(), b3.stride(), dtype)
