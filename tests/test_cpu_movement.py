@@ -190,3 +190,30 @@ def test_native_small_products_are_mkls_bit_for_bit_and_near_float64():
         assert torch.equal(out, want), name
         exact = torch.bmm(a.double(), b.double())
         torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5 * a.shape[2])
+
+
+def test_a_transposed_read_with_short_rows_loops_per_axis_and_a_short_softmax_folds_as_a_tree():
+    """Attention's head split (a transposed read whose contiguous runs are 8 long, too short to split into
+    rows) compiles to one loop per axis, no element dividing its index; a softmax over rows of 17 folds its
+    sixteen partial results as a balanced tree. Both against float64 PyTorch."""
+    import re
+
+    g = sm.Graph()
+    x = g.placeholder((8, 17, 4, 8), name="x")
+    y = g.transpose(x, (0, 2, 1, 3)) * 0.5
+    s = g.placeholder((6, 17), name="s")
+    z = g.softmax(s, axis=-1)
+    xv, sv = torch.randn(8, 17, 4, 8), torch.randn(6, 17)
+    for target, feeds, ref in ((y, {x: xv}, xv.double().transpose(1, 2) * 0.5),
+                               (z, {s: sv}, torch.softmax(sv.double(), -1))):
+        types = {p: sm.TensorType(tuple(v.shape), sm.float32) for p, v in feeds.items()}
+        exe = g.compile(types, [target], device="cpu", options={"backend": "native"})
+        (source,) = [st.source for st in exe.steps if st.source]
+        if target is y:
+            assert "for (int64_t i3 = 0;" in source
+            indices = re.findall(r"\bin\d+\[([^\]]*)\]", source)
+            assert indices and not any("/" in index or "%" in index for index in indices), indices
+        else:
+            assert re.search(r"\(\(\(\w+\[0\]\) \+ \(\w+\[1\]\)\) \+", source), source
+        got = exe.run(feeds)[target].torch()
+        torch.testing.assert_close(got.double(), ref, rtol=1e-6, atol=1e-6)
