@@ -180,16 +180,22 @@ def test_native_small_products_are_mkls_bit_for_bit_and_near_float64():
         b = torch.randn(batch, n, k, generator=gen, dtype=dtype).transpose(1, 2) if c % 3 == 1 else \
             torch.randn(batch, k, n, generator=gen, dtype=dtype)
         name = f"product_test_{c}"
-        module.add(cpu_product.product(name, batch, m, k, n, a.stride(), b.stride(), str(dtype)[6:]))
+        module.add(cpu_product.product(name, (batch,), m, k, n, a.stride(), b.stride(), str(dtype)[6:]))
         cases.append((name, a, b))
+    # two batch axes that do not fold into one (heads split from a permuted projection, as attention has)
+    # (above PyTorch's own small-product loop, which its batched products of fewer multiply-adds take)
+    a = torch.randn(3, 8, 4, 16, generator=gen).permute(0, 2, 1, 3)
+    b = torch.randn(3, 8, 4, 16, generator=gen).permute(0, 2, 3, 1)
+    module.add(cpu_product.product("product_test_heads", (3, 4), 8, 16, 8, a.stride(), b.stride(), "float32"))
+    cases.append(("product_test_heads", a, b))
     module.build()
     for name, a, b in cases:
-        out = torch.full((a.shape[0], a.shape[1], b.shape[2]), 7.0, dtype=a.dtype)
+        out = torch.full(a.shape[:-1] + b.shape[-1:], 7.0, dtype=a.dtype)
         _run(module, name, [a, b, out])
-        want = torch.mm(a[0], b[0])[None] if a.shape[0] == 1 else torch.bmm(a, b)
+        want = torch.mm(a[0], b[0])[None] if a.shape[0] == 1 else torch.matmul(a, b)
         assert torch.equal(out, want), name
-        exact = torch.bmm(a.double(), b.double())
-        torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5 * a.shape[2])
+        exact = torch.matmul(a.double(), b.double())
+        torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5 * a.shape[-1])
 
 
 def test_a_transposed_read_with_short_rows_loops_per_axis_and_a_short_softmax_folds_as_a_tree():

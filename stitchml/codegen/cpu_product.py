@@ -28,15 +28,17 @@ MAX_RIGHT = 1 << 14
 
 
 def fits(batch: int, m: int, k: int, n: int, itemsize: int) -> bool:
-    """Whether `product` takes these sizes (small enough that a library call costs more than the work)."""
+    """Whether `product` takes these sizes, `batch` matrices in all (small enough that a library call costs
+    more than the work)."""
     lanes = VECTOR_BYTES // itemsize
     return batch * m * k * n <= MAX_MULTIPLY_ADDS and k * -(-n // lanes) * lanes <= MAX_RIGHT
 
 
-def product(name: str, batch: int, m: int, k: int, n: int, a_strides: tuple, b_strides: tuple,
+def product(name: str, batch: tuple, m: int, k: int, n: int, a_strides: tuple, b_strides: tuple,
             dtype: str) -> CppSource:
-    """C++ for out[b] = a[b] @ b[b] (a: batch x m x k, b: batch x k x n, any strides in elements; out
-    contiguous): each output one fused multiply-add chain over k from zero.
+    """C++ for out[...] = a[...] @ b[...] over the batch axes `batch` (a: batch + (m, k), b: batch + (k, n),
+    any strides in elements, one per axis; out contiguous): each output one fused multiply-add chain over k
+    from zero.
 
     Each right matrix is first copied into a block on the stack whose rows are padded with zeros to whole
     vectors, so that the multiply-adds are full vector operations on aligned loads whatever its layout (a
@@ -45,7 +47,13 @@ def product(name: str, batch: int, m: int, k: int, n: int, a_strides: tuple, b_s
     Signature: ``(a, b, out, threads)``."""
     t = {"float32": "float", "float64": "double"}[dtype]
     lanes = VECTOR_BYTES // {"float32": 4, "float64": 8}[dtype]
-    (sa0, sa1, sa2), (sb0, sb1, sb2) = a_strides, b_strides
+    (sa1, sa2), (sb1, sb2) = a_strides[-2:], b_strides[-2:]
+    batch = tuple(batch)
+    a_base = " + ".join(f"q{d} * {st}LL" for d, st in enumerate(a_strides[:-2])) or "0"
+    b_base = " + ".join(f"q{d} * {st}LL" for d, st in enumerate(b_strides[:-2])) or "0"
+    flat = "0"
+    for d, extent in enumerate(batch):
+        flat = f"q{d}" if d == 0 else f"({flat}) * {extent}LL + q{d}"
     vectors = -(-n // lanes)
     width = vectors * lanes
 
@@ -58,7 +66,7 @@ def product(name: str, batch: int, m: int, k: int, n: int, a_strides: tuple, b_s
                 f"                for (int64_t p = 0; p < {k}; ++p) {{",
                 f"                    const vec* y = (const vec*)(right + p * {width} + {j});",
                 f"                    {unroll} for (int r = 0; r < {rows}; ++r) {{",
-                f"                        const {t} x = in0[b * {sa0}LL + ({i} + r) * {sa1}LL + p * {sa2}LL];",
+                f"                        const {t} x = in0[ia + ({i} + r) * {sa1}LL + p * {sa2}LL];",
                 f"                        {unroll} for (int c = 0; c < {cols}; ++c) acc[r][c] = acc[r][c] + x * y[c];",
                 "                    }",
                 "                }",
@@ -79,12 +87,14 @@ def product(name: str, batch: int, m: int, k: int, n: int, a_strides: tuple, b_s
              f"    alignas({VECTOR_BYTES}) {t} right[{k * width}];",
              f"    for (int64_t p = 0; p < {k}; ++p)",
              f"        for (int64_t j = {n}; j < {width}; ++j) right[p * {width} + j] = 0;",
-             f"    for (int64_t b = 0; b < {batch}; ++b) {{",
+             *[f"    for (int64_t q{d} = 0; q{d} < {e}; ++q{d})" for d, e in enumerate(batch)],
+             "    {",
+             f"        const int64_t b = {flat}, ia = {a_base}, ib = {b_base};",
              *(  # read the right operand in the order of its memory
                  [f"        for (int64_t p = 0; p < {k}; ++p)", f"            for (int64_t j = 0; j < {n}; ++j)"]
                  if abs(sb2) <= abs(sb1) else
                  [f"        for (int64_t j = 0; j < {n}; ++j)", f"            for (int64_t p = 0; p < {k}; ++p)"]),
-             f"                right[p * {width} + j] = in1[b * {sb0}LL + p * {sb1}LL + j * {sb2}LL];"]
+             f"                right[p * {width} + j] = in1[ib + p * {sb1}LL + j * {sb2}LL];"]
     row_parts = [(ROWS, f"for (int64_t i = 0; i < {m - m % ROWS}; i += {ROWS})", "i")] if m >= ROWS else []
     if m % ROWS:
         row_parts.append((m % ROWS, "", str(m - m % ROWS)))

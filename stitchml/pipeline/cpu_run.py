@@ -37,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import math
 import threading
 from typing import Callable
 
@@ -306,10 +307,13 @@ class PreparedRun:
             return [_Kernel(fn.fn, *[env[s].data_ptr() for s in fn.slots], self.threads)]
         if kind is BindBuffer and not rebound and env[fn.slot] is fn.buffer:
             return [_Binding(fn, env)]
-        if kind is VendorCall and fn.call is _matmul_vendor and not rebound and \
+        if kind is VendorCall and fn.call is _matmul_vendor and rebound <= {fn.out_slot} and \
                 not any(s in unstable for s in fn.ins):
+            # a product into a buffer of its own: the planned one, or the tensor the library returned this
+            # time (a product with no planned buffer, an epilogue's input), kept bound for every later run
             call = _product(env[fn.ins[0]], env[fn.ins[1]], env[fn.out_slot])
             if call is not None:
+                unstable.discard(fn.out_slot)
                 self.prepared["product"] += 1
                 return [call]
         return self._as_is(fn, env)
@@ -423,38 +427,38 @@ def _copy_slot(dst: torch.Tensor, env: list, slot: int) -> None:
 
 
 def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
-    """`torch.mm` or `torch.bmm` writing `out`, or in its place a native loop with the library's bits for
-    these operands: where PyTorch multiplies small batched matrices in a loop of its own, that loop
-    (codegen/cpu_window.py), else for small products MKL's chain of multiply-adds (codegen/cpu_product.py);
-    None where that is not `torch.matmul`'s answer bit for bit (checked on the values at hand) or the
-    operands do not fold into three axes without a copy."""
-    if out.dtype != a.dtype or out.dtype != b.dtype or not out.is_contiguous():
+    """`torch.mm` or `torch.bmm` writing `out` (`torch.matmul` where the batch axes do not fold into one), or
+    in its place a native loop with the library's bits for these operands: where PyTorch multiplies small
+    batched matrices in a loop of its own, that loop (codegen/cpu_window.py), else for small products MKL's
+    chain of multiply-adds (codegen/cpu_product.py); None where that is not `torch.matmul`'s answer bit for
+    bit (checked on the values at hand)."""
+    if out.dtype != a.dtype or out.dtype != b.dtype or not out.is_contiguous() or a.dim() != b.dim() or \
+            a.dim() < 2 or a.shape[:-2] != b.shape[:-2]:
         return None
-    if a.dim() == 2 and b.dim() == 2:
+    folded = None
+    if a.dim() == 2:
         call = functools.partial(torch.mm, a, b, out=out)
-        a3, b3, out3 = a[None], b[None], out[None]
-    elif a.dim() == b.dim() and a.dim() >= 3 and a.shape[:-2] == b.shape[:-2]:
-        try:
-            a3, b3 = a.view(-1, *a.shape[-2:]), b.view(-1, *b.shape[-2:])
-            out3 = out.view(-1, *out.shape[-2:])
-        except RuntimeError:
-            return None
-        call = functools.partial(torch.bmm, a3, b3, out=out3)
     else:
-        return None
-    (batch, m, k), n = a3.shape, b3.shape[2]
+        try:
+            folded = a.view(-1, *a.shape[-2:]), b.view(-1, *b.shape[-2:]), out.view(-1, *out.shape[-2:])
+            call = functools.partial(torch.bmm, *folded[:2], out=folded[2])
+        except RuntimeError:  # batch axes that do not fold without a copy
+            call = functools.partial(torch.matmul, a, b, out=out)
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = math.prod(a.shape[:-2])
     dtype = str(a.dtype).replace("torch.", "")
     small = None
-    if dtype in ("float32", "float64") and a.dim() >= 3 and m * k * n < cpu_window.TORCH_SMALL_BMM:
+    if dtype in ("float32", "float64") and folded is not None and m * k * n < cpu_window.TORCH_SMALL_BMM:
+        a3, b3, out3 = folded
         key = f"{batch},{m},{k},{n}{a3.stride()}{b3.stride()}{a.dtype}".encode()
         name = f"prepared_product_{hashlib.sha256(key).hexdigest()[:16]}"
         src = cpu_window.small_batched_product(name, batch, m, k, n, a3.stride(), b3.stride(), dtype)
         small = _Pending(src, [a3, b3], out3, call, "product")
     elif dtype in ("float32", "float64") and cpu_product.fits(batch, m, k, n, a.element_size()):
-        key = f"fma{batch},{m},{k},{n}{a3.stride()}{b3.stride()}{a.dtype}".encode()
+        key = f"fma{tuple(a.shape)},{n}{a.stride()}{b.stride()}{a.dtype}".encode()
         name = f"prepared_product_{hashlib.sha256(key).hexdigest()[:16]}"
-        src = cpu_product.product(name, batch, m, k, n, a3.stride(), b3.stride(), dtype)
-        small = _Pending(src, [a3, b3], out3, call, "product")
+        src = cpu_product.product(name, tuple(a.shape[:-2]), m, k, n, a.stride(), b.stride(), dtype)
+        small = _Pending(src, [a, b], out, call, "product")
     want = out.clone()
     call()
     if not torch.equal(out, want):
