@@ -168,6 +168,7 @@ class PreparedRun:
         self.threads = 0
         self.prepared: dict[str, int] = {}  # how many step parts each preparation took (tests, reports)
         self.flag = None  # the native gathers' index flag (ctypes), made with the first native gather
+        self.labels: list[str] = []  # the op names each of `calls` runs (profiles)
 
     def launch(self, stream=None) -> None:
         """One run of the network (`stream` is ignored: the CPU has none)."""
@@ -203,14 +204,18 @@ class PreparedRun:
         self.threads = torch.get_num_threads()
         self.prepared = {"hoisted": 0, "native": 0, "product": 0, "copy": 0, "as_is": 0}
         calls: list[Callable[[], object]] = []
+        labels: list[str] = []  # what each call does (`labels`: profiles, benchmarks/dispatch_parts.py)
         for dst, src in bound.stage_in:
             dst.copy_(src)
             calls.append(functools.partial(dst.copy_, src))
+            labels.append("stage in")
         unstable: set[int] = set()
         try:
             for step in self.exe.steps:
                 op = step.ops[0] if len(step.ops) == 1 else None
-                calls.extend(self._part(step.run, env, unstable, op))
+                parts = self._part(step.run, env, unstable, op)
+                calls.extend(parts)
+                labels.extend([",".join(o.op for o in step.ops)] * len(parts))
         except Exception:
             self.bound._steps()
             raise
@@ -222,12 +227,14 @@ class PreparedRun:
                 calls.append(functools.partial(_copy_slot, dst, env, slot))
             else:
                 calls.append(functools.partial(dst.copy_, env[slot]))
+            labels.append("result copy")
         self.exe.check_flag(env)
-        calls = [c for c in calls if not (type(c) is _Binding and c.func.slot not in unstable)]
-        calls = self._resolved(calls)
+        kept = [i for i, c in enumerate(calls) if not (type(c) is _Binding and c.func.slot not in unstable)]
+        calls, labels = self._resolved([calls[i] for i in kept]), [labels[i] for i in kept]
         if self.prepared.get("native_gather"):
             calls.append(functools.partial(_check_indices, self.flag))
-        self.calls = self._batched(calls)
+            labels.append("index check")
+        self.calls, self.labels = self._batched(calls, labels)
 
     def _resolved(self, calls: list) -> list:
         """`calls` with the native loops made for parts compiled (one module) and put in their place."""
@@ -250,27 +257,34 @@ class PreparedRun:
             out.append(c)
         return out
 
-    def _batched(self, calls: list) -> list:
-        """`calls` with each run of native kernels made one call of the runner."""
+    def _batched(self, calls: list, labels: list[str]) -> tuple[list, list[str]]:
+        """`calls` with each run of native kernels made one call of the runner, and their `labels` (a
+        runner's: its kernels' labels joined by " | ")."""
         runner = _native_runner() if sum(type(c) is _Kernel for c in calls) > 1 else None
         out: list = []
+        out_labels: list[str] = []
         row: list = []
+        row_labels: list[str] = []
         self.batches = []  # the records the runner reads stay alive with this run
-        for c in calls + [None]:
+        for c, label in zip(calls + [None], labels + [""]):
             if runner is not None and type(c) is _Kernel and len(c.args) - 1 <= MAX_ARGS:
                 row.append(c)
+                row_labels.append(label)
                 continue
             if len(row) > 1:
                 batch = _NativeBatch([(k.func, list(k.args[:-1]), k.args[-1]) for k in row])
                 self.batches.append(batch)
                 out.append(functools.partial(runner, batch.address, batch.count, 0))
+                out_labels.append(" | ".join(row_labels))
                 self.prepared["batched"] = self.prepared.get("batched", 0) + len(row)
             else:
                 out.extend(row)
-            row = []
+                out_labels.extend(row_labels)
+            row, row_labels = [], []
             if c is not None:
                 out.append(c)
-        return out
+                out_labels.append(label)
+        return out, out_labels
 
     def _part(self, fn, env: list, unstable: set[int], op) -> list[Callable[[], object]]:
         """Run `fn(env)`, part of the step computing `op` (None: several ops), once; the calls that redo it
