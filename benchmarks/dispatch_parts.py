@@ -172,7 +172,8 @@ def cpu_parts(args) -> int:
           f"{len(run.calls)} calls; prepared {run.prepared}")
     for us, label in rows:
         kernels = label.split(" | ")
-        print(f"{us:8.2f} us  {kernels[0][:110]}" + (f" (and {len(kernels) - 1} more kernels)" if len(kernels) > 1 else ""))
+        more = f" (and {len(kernels) - 1} more kernels)" if len(kernels) > 1 else ""
+        print(f"{us:8.2f} us  {kernels[0][:110]}{more}")
     print(f"{sum(us for us, _ in rows):8.2f} us  the calls, one by one")
     print(f"{median_us(dispatch, n=500):8.2f} us  one dispatch (encode, commit, wait)")
     return 0
