@@ -1,12 +1,20 @@
 """Where the host time of one packaged-network dispatch goes (informs pipeline/commands.py's commit path).
 
     $ python benchmarks/dispatch_parts.py [--model cnn] [--batch 1]
+    $ python benchmarks/dispatch_parts.py --device cpu --model hf:t5 --batch 1 --threads 1
 
-Each line is the median host time of one piece over many calls, each call
-starting from an idle queue: encoding (command buffer, encoder, pipeline,
+On CUDA each line is the median host time of one piece over many calls, each
+call starting from an idle queue: encoding (command buffer, encoder, pipeline,
 argument table, dispatch_network, end), commit (stream switch, timestamps,
 the launch), the bound launch alone (one CUDA-graph replay), and the CUDA
 primitives under it.
+
+On the CPU a dispatch runs the prepared list of calls of pipeline/cpu_run.py:
+each line is one call (a run of native kernels in one runner call, a library
+call, a step run as it is) with the ops it computes and its median time, called
+in order as a dispatch calls them; then the whole dispatch and the
+preparation's counts (hoisted views, native kernels, products, copies, parts
+left as they are).
 """
 import argparse
 import os
@@ -32,7 +40,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="cnn")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    parser.add_argument("--per-kernel", action="store_true",
+                        help="CPU: each native kernel its own call (timed alone) instead of runs of them in one")
     args = parser.parse_args()
+    if args.device == "cpu":
+        return cpu_parts(args)
     note, rows = measure(args.model, args.batch)
     print(note)
     for name, us in rows:
@@ -130,6 +144,59 @@ def measure(model_name: str, batch: int, n: int = 2000) -> tuple[str, list[tuple
             f"kernels {pipe.executable.kernel_count}, replayed {bool(bound and bound.graph is not None)}, "
             f"zero copy {bool(bound and bound.zero_copy)}, direct CUDA calls {cudart.runtime() is not None}")
     return note, rows
+
+
+def cpu_parts(args) -> int:
+    """The prepared CPU dispatch's calls, one line each, timed in order."""
+    import statistics
+    import time
+
+    from stitchml.pipeline import cpu_run
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.per_kernel:
+        cpu_run._native_runner = lambda: None  # no runner: every kernel stays a call of its own
+    model, (example,) = zoo.build(args.model)
+    x = example[:1].repeat(args.batch, *[1] * (example.dim() - 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fn = sm.package.from_torch(model, (x,)).function()
+    dev = sm.device("cpu")
+    pipe = sm.Compiler(dev).new_ml_pipeline(sm.MLPipelineDescriptor(fn))
+    heap, q = dev.new_heap(pipe.intermediates_heap_size), dev.new_command_queue("parts")
+    (in_name,), (out_name, shape) = list(pipe.input_types), next(iter(pipe.output_shapes.items()))
+    table = {in_name: sm.TensorData(x), out_name: dev.new_tensor(shape, sm.float32)}
+
+    def dispatch():
+        cb = q.command_buffer()
+        enc = cb.ml_encoder()
+        enc.set_pipeline(pipe)
+        enc.set_argument_table(table)
+        enc.dispatch_network(heap)
+        enc.end()
+        cb.commit()
+        cb.wait()
+
+    for _ in range(3):  # the bound run, the preparing run, a prepared run
+        dispatch()
+    run = pipe.launcher(pipe._checked_table, heap).__self__
+    times: list[list[float]] = [[] for _ in run.calls]
+    for _ in range(500):
+        for i, call in enumerate(run.calls):
+            t0 = time.perf_counter()
+            call()
+            times[i].append(time.perf_counter() - t0)
+    rows = [(statistics.median(t) * 1e6, label) for t, label in zip(times, run.labels)]
+    print(f"{args.model} batch {args.batch}, {torch.get_num_threads()} thread(s), torch {torch.__version__}: "
+          f"{len(run.calls)} calls; prepared {run.prepared}")
+    for us, label in rows:
+        kernels = label.split(" | ")
+        more = f" (and {len(kernels) - 1} more kernels)" if len(kernels) > 1 else ""
+        print(f"{us:8.2f} us  {kernels[0][:110]}{more}")
+    print(f"{sum(us for us, _ in rows):8.2f} us  the calls, one by one")
+    print(f"{median_us(dispatch, n=500):8.2f} us  one dispatch (encode, commit, wait)")
+    return 0
 
 
 def _ctx(stream):

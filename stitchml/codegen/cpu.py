@@ -335,8 +335,13 @@ def pointwise(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
     indent = "        "
 
     shape = tuple(body.outputs[0].shape)
-    split = _row_split(shape, [layout_of[t.id] for t in placeholders],
-                       all(tuple(op.outputs[0].shape) == shape for op in ops if op.op != "constant"))
+    one_frame = all(tuple(op.outputs[0].shape) == shape for op in ops if op.op != "constant")
+    layouts = [layout_of[t.id] for t in placeholders]
+    split = _row_split(shape, layouts, one_frame)
+    # No split pays (columns under 16 long, a transposed read): one loop per axis instead of a flat loop
+    # that divides its index per element for every axis of a strided input.
+    nested = split is None and one_frame and bool(shape) and any(
+        len(_merge(list(zip(lay.shape, lay.strides)))) > 1 for lay in (x.broadcast_to(shape) for x in layouts))
 
     def operand(t: Tensor, frame) -> str:
         if t.id in value:
@@ -344,7 +349,9 @@ def pointwise(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
         key = (t.id, frame)
         if key not in loaded:
             lay = layout_of[t.id].broadcast_to(frame)
-            if split is None:
+            if nested:
+                idx = " + ".join(f"i{a} * {lay.strides[a]}LL" for a in range(len(frame)) if lay.strides[a]) or "0"
+            elif split is None:
                 idx = _c_index(index_expr("i", [(lay.shape[a], lay.strides[a]) for a in range(len(frame))]))
             else:
                 idx = _c_index(" + ".join(p for p in (
@@ -366,7 +373,16 @@ def pointwise(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
         v = value[t.id] if t.id in value else operand(t, t.shape)
         b.lines.append(f"{indent}out{j}[i] = {store(v, t.dtype)};")
     parallel = "omp parallel for simd schedule(static) num_threads(threads)" if n >= 1 << 15 else "omp simd"
-    if split is None:
+    if nested:
+        head = ["    #pragma omp parallel for schedule(static) num_threads(threads)"] if n >= 1 << 15 else []
+        for a, extent in enumerate(shape):
+            head += ["    #pragma omp simd"] if a == len(shape) - 1 else []
+            head.append("    " + "  " * a + f"for (int64_t i{a} = 0; i{a} < {extent}LL; ++i{a}) {{")
+        flat = "0"
+        for a, extent in enumerate(shape):
+            flat = f"i{a}" if a == 0 else f"({flat}) * {extent}LL + i{a}"
+        loop = [*head, f"        const int64_t i = {flat};", *b.lines, "    " + "}" * len(shape)]
+    elif split is None:
         loop = [f"    #pragma {parallel}", f"    for (int64_t i = 0; i < {n}LL; ++i) {{", *b.lines, "    }"]
     else:
         inner = 1
@@ -405,6 +421,17 @@ def _row_split(shape: tuple, layouts: list[Layout], one_frame: bool) -> int | No
 # -- reduction --------------------------------------------------------------------------------------------
 _COMBINE = {"reduction_sum": "{a} + {b}", "reduction_mean": "{a} + {b}", "reduction_product": "{a} * {b}",
             "reduction_maximum": "tl::maximum({a}, {b})", "reduction_minimum": "tl::minimum({a}, {b})"}
+
+
+def _fold_lanes(combine: str, acc: str, first: int, count: int) -> str:
+    """The partial results acc[first], ..., acc[first + count - 1] combined as a balanced tree: four steps of
+    latency for sixteen lanes instead of fifteen in a chain, which a row of a few dozen columns (a softmax
+    over a short sequence) would otherwise spend most of its time waiting on."""
+    if count == 1:
+        return f"{acc}[{first}]"
+    half = count // 2
+    return combine.format(a=f"({_fold_lanes(combine, acc, first, half)})",
+                          b=f"({_fold_lanes(combine, acc, first + half, count - half)})")
 
 
 def _neutral(op: Operation, acc: DType) -> str:
@@ -639,9 +666,7 @@ def reduction(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
         if outer_axes:
             b.lines.append(f"{row_in}}}")
         for op, acc, acc_type in folds:
-            total = f"{acc}[0]"
-            for l in range(1, lanes):
-                total = _COMBINE[op.op].format(a=total, b=f"{acc}[{l}]")
+            total = _fold_lanes(_COMBINE[op.op], acc, 0, lanes)
             folded = b.fresh("red")
             b.lines.append(f"{row_in}{ctype(acc_type)} {folded} = {total};")
             if lookup(op.op).combine.mean:

@@ -14,10 +14,14 @@ data:
 * a matrix product between such slots calls `torch.mm` or `torch.bmm` into the planned buffer (what
   `torch.matmul` calls after its shape logic), where the answer is bit for bit `torch.matmul`'s; a batched
   product small enough that PyTorch multiplies it in a loop of its own runs that loop compiled
-  (codegen/cpu_window.py, `small_batched_product`);
+  (codegen/cpu_window.py, `small_batched_product`), and other small products MKL's chains of multiply-adds
+  compiled (codegen/cpu_product.py): native kernels, so they join their neighbours' runner call;
 * a movement op run through its reference implementation (a `split`, a `reshape` of a transposed
   view), which binds fresh memory every run, copies into a buffer of its own instead, from a view of
   its input made once, with a native strided copy;
+* a gather (an embedding's rows), concat or constant pad, which the native backend does not lower, runs
+  as a native loop writing into a buffer made once (codegen/cpu_movement.py); an index out of range sets
+  a flag that the run checks at its end, and the steps run again op by op for the reference's error;
 * everything else runs as its step does, over the same environment.
 
 The native loops made here are compiled together once the steps have been walked, and each replaces its
@@ -33,17 +37,22 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import math
 import threading
 from typing import Callable
 
 import torch
 
-from ..codegen import cpu, cpu_window
+from ..codegen import cpu, cpu_movement, cpu_product, cpu_window
 from ..codegen.cpu import NativeLaunch
 from ..ops.contraction import _matmul_vendor
 from ..registry import MOVEMENT, lookup
 from ..runtime.launch import Chain, ReferenceCall, VendorCall, ViewOf
 from ..runtime.native_conv import BindBuffer
+
+
+# Ops run through their reference implementation that the prepared run makes native loops of (`_native_move`).
+_NATIVE_MOVES = ("gather", "concat", "pad")
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -158,6 +167,8 @@ class PreparedRun:
         self.calls: list[Callable[[], object]] | None = None
         self.threads = 0
         self.prepared: dict[str, int] = {}  # how many step parts each preparation took (tests, reports)
+        self.flag = None  # the native gathers' index flag (ctypes), made with the first native gather
+        self.labels: list[str] = []  # the op names each of `calls` runs (profiles)
 
     def launch(self, stream=None) -> None:
         """One run of the network (`stream` is ignored: the CPU has none)."""
@@ -193,14 +204,18 @@ class PreparedRun:
         self.threads = torch.get_num_threads()
         self.prepared = {"hoisted": 0, "native": 0, "product": 0, "copy": 0, "as_is": 0}
         calls: list[Callable[[], object]] = []
+        labels: list[str] = []  # what each call does (`labels`: profiles, benchmarks/dispatch_parts.py)
         for dst, src in bound.stage_in:
             dst.copy_(src)
             calls.append(functools.partial(dst.copy_, src))
+            labels.append("stage in")
         unstable: set[int] = set()
         try:
             for step in self.exe.steps:
                 op = step.ops[0] if len(step.ops) == 1 else None
-                calls.extend(self._part(step.run, env, unstable, op))
+                parts = self._part(step.run, env, unstable, op)
+                calls.extend(parts)
+                labels.extend([",".join(o.op for o in step.ops)] * len(parts))
         except Exception:
             self.bound._steps()
             raise
@@ -212,9 +227,14 @@ class PreparedRun:
                 calls.append(functools.partial(_copy_slot, dst, env, slot))
             else:
                 calls.append(functools.partial(dst.copy_, env[slot]))
+            labels.append("result copy")
         self.exe.check_flag(env)
-        calls = [c for c in calls if not (type(c) is _Binding and c.func.slot not in unstable)]
-        self.calls = self._batched(self._resolved(calls))
+        kept = [i for i, c in enumerate(calls) if not (type(c) is _Binding and c.func.slot not in unstable)]
+        calls, labels = self._resolved([calls[i] for i in kept]), [labels[i] for i in kept]
+        if self.prepared.get("native_gather"):
+            calls.append(functools.partial(_check_indices, self.flag))
+            labels.append("index check")
+        self.calls, self.labels = self._batched(calls, labels)
 
     def _resolved(self, calls: list) -> list:
         """`calls` with the native loops made for parts compiled (one module) and put in their place."""
@@ -237,27 +257,34 @@ class PreparedRun:
             out.append(c)
         return out
 
-    def _batched(self, calls: list) -> list:
-        """`calls` with each run of native kernels made one call of the runner."""
+    def _batched(self, calls: list, labels: list[str]) -> tuple[list, list[str]]:
+        """`calls` with each run of native kernels made one call of the runner, and their `labels` (a
+        runner's: its kernels' labels joined by " | ")."""
         runner = _native_runner() if sum(type(c) is _Kernel for c in calls) > 1 else None
         out: list = []
+        out_labels: list[str] = []
         row: list = []
+        row_labels: list[str] = []
         self.batches = []  # the records the runner reads stay alive with this run
-        for c in calls + [None]:
+        for c, label in zip(calls + [None], labels + [""]):
             if runner is not None and type(c) is _Kernel and len(c.args) - 1 <= MAX_ARGS:
                 row.append(c)
+                row_labels.append(label)
                 continue
             if len(row) > 1:
                 batch = _NativeBatch([(k.func, list(k.args[:-1]), k.args[-1]) for k in row])
                 self.batches.append(batch)
                 out.append(functools.partial(runner, batch.address, batch.count, 0))
+                out_labels.append(" | ".join(row_labels))
                 self.prepared["batched"] = self.prepared.get("batched", 0) + len(row)
             else:
                 out.extend(row)
-            row = []
+                out_labels.extend(row_labels)
+            row, row_labels = [], []
             if c is not None:
                 out.append(c)
-        return out
+                out_labels.append(label)
+        return out, out_labels
 
     def _part(self, fn, env: list, unstable: set[int], op) -> list[Callable[[], object]]:
         """Run `fn(env)`, part of the step computing `op` (None: several ops), once; the calls that redo it
@@ -272,6 +299,12 @@ class PreparedRun:
                 return []
             unstable.add(fn.dst)  # a copy after all (a reshape of a strided tensor): redone every run
             return self._as_is(fn, env)
+        if kind is ReferenceCall and op is not None and op.op in _NATIVE_MOVES and fn.context is None \
+                and len(fn.outs) == 1 and not any(s in unstable for s in fn.ins):
+            calls = self._native_move(fn, env, op.op)
+            if calls is not None:
+                self.prepared["copy"] += 1
+                return calls
         if kind is ReferenceCall and op is not None and lookup(op.op).kind == MOVEMENT and fn.context is None \
                 and not any(s in unstable for s in fn.ins):
             calls = self._movement(fn, env, op.op == "reshape")
@@ -288,10 +321,13 @@ class PreparedRun:
             return [_Kernel(fn.fn, *[env[s].data_ptr() for s in fn.slots], self.threads)]
         if kind is BindBuffer and not rebound and env[fn.slot] is fn.buffer:
             return [_Binding(fn, env)]
-        if kind is VendorCall and fn.call is _matmul_vendor and not rebound and \
+        if kind is VendorCall and fn.call is _matmul_vendor and rebound <= {fn.out_slot} and \
                 not any(s in unstable for s in fn.ins):
+            # a product into a buffer of its own: the planned one, or the tensor the library returned this
+            # time (a product with no planned buffer, an epilogue's input), kept bound for every later run
             call = _product(env[fn.ins[0]], env[fn.ins[1]], env[fn.out_slot])
             if call is not None:
+                unstable.discard(fn.out_slot)
                 self.prepared["product"] += 1
                 return [call]
         return self._as_is(fn, env)
@@ -299,6 +335,52 @@ class PreparedRun:
     def _as_is(self, fn, env: list) -> list[Callable[[], object]]:
         self.prepared["as_is"] += 1
         return [functools.partial(fn, env)]
+
+    def _native_move(self, fn: ReferenceCall, env: list, name: str) -> list[Callable[[], object]] | None:
+        """A gather, concat or pad (`name`) as a native loop into a buffer made once (the planned buffer
+        where the step writes into one); None where its operands are not ones the loops read."""
+        args = [env[s] for s in fn.ins]
+        if not args or not all(isinstance(a, torch.Tensor) for a in args):
+            return None
+        result = fn.impl(*args, **fn.attrs)
+        if not isinstance(result, torch.Tensor) or result.element_size() not in cpu_window.BIT_TYPES:
+            return None
+        slot = fn.outs[0]
+        dst = env[slot] if fn.into else torch.empty(result.shape, dtype=result.dtype, device=result.device)
+        if dst.shape != result.shape or dst.dtype != result.dtype or not dst.is_contiguous():
+            return None
+        dst.copy_(result)
+        env[slot] = dst
+        inputs = args
+        x = args[0]
+        size = x.element_size()
+        key = f"{name}{[(tuple(a.shape), a.stride(), a.dtype) for a in args]}{sorted(fn.attrs.items())}".encode()
+        label = f"prepared_{name}_{hashlib.sha256(key).hexdigest()[:16]}"
+        if name == "gather":
+            index = args[1]
+            if index.dtype not in cpu_movement.INDEX_TYPES or x.dim() == 0:
+                return None
+            src = cpu_movement.gather(label, tuple(x.shape), x.stride(), tuple(index.shape), index.stride(),
+                                      index.dtype, fn.attrs["axis"] % x.dim(), size)
+            inputs = [x, index, self._index_flag()]
+        elif name == "concat":
+            if any(a.dtype != result.dtype for a in args):
+                return None
+            src = cpu_movement.concat(label, [tuple(a.shape) for a in args], [a.stride() for a in args],
+                                      fn.attrs["axis"] % x.dim(), size)
+        else:
+            value = torch.tensor(fn.attrs["constant_value"]).to(x.dtype)
+            src = cpu_movement.pad(label, tuple(x.shape), x.stride(), tuple(fn.attrs["left"]),
+                                   tuple(fn.attrs["right"]), value)
+        fallback = functools.partial(_reference_into, fn.impl, args, fn.attrs, dst)
+        return [_Pending(src, inputs, dst, fallback, name).capture()]
+
+    def _index_flag(self) -> torch.Tensor:
+        """The int32 the native gathers set on an index out of range (checked once at the end of a run)."""
+        if self.flag is None:
+            self.flag = (ctypes.c_int32 * 1)()
+            self.flag_tensor = torch.frombuffer(self.flag, dtype=torch.int32)
+        return self.flag_tensor
 
     def _movement(self, fn: ReferenceCall, env: list, reshape: bool) -> list[Callable[[], object]] | None:
         """A movement op's reference call as copies into buffers made once, from views of its inputs made
@@ -342,36 +424,55 @@ def _copy(source: torch.Tensor, dst: torch.Tensor):
     return _Pending(src, [source], dst, fallback, "copy").capture()
 
 
+def _reference_into(impl, args: list, attrs: dict, dst: torch.Tensor) -> None:
+    dst.copy_(impl(*args, **attrs))
+
+
+def _check_indices(flag) -> None:
+    """Raise where a native gather met an index out of range this run (the launch then runs the steps op by
+    op, and the gather's reference raises the error that names it)."""
+    if flag[0]:
+        flag[0] = 0
+        raise IndexError("a gather's index is out of range")
+
+
 def _copy_slot(dst: torch.Tensor, env: list, slot: int) -> None:
     dst.copy_(env[slot])
 
 
 def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
-    """`torch.mm` or `torch.bmm` writing `out`, or where PyTorch multiplies small batched matrices in a loop
-    of its own, that loop compiled for these operands (codegen/cpu_window.py); None where that is not
-    `torch.matmul`'s answer bit for bit (checked on the values at hand) or the operands do not fold into
-    three axes without a copy."""
-    if out.dtype != a.dtype or out.dtype != b.dtype or not out.is_contiguous():
+    """`torch.mm` or `torch.bmm` writing `out` (`torch.matmul` where the batch axes do not fold into one), or
+    in its place a native loop with the library's bits for these operands: where PyTorch multiplies small
+    batched matrices in a loop of its own, that loop (codegen/cpu_window.py), else for small products MKL's
+    chain of multiply-adds (codegen/cpu_product.py); None where that is not `torch.matmul`'s answer bit for
+    bit (checked on the values at hand)."""
+    if out.dtype != a.dtype or out.dtype != b.dtype or not out.is_contiguous() or a.dim() != b.dim() or \
+            a.dim() < 2 or a.shape[:-2] != b.shape[:-2]:
         return None
-    small = None
-    if a.dim() == 2 and b.dim() == 2:
+    folded = None
+    if a.dim() == 2:
         call = functools.partial(torch.mm, a, b, out=out)
-    elif a.dim() == b.dim() and a.dim() >= 3 and a.shape[:-2] == b.shape[:-2]:
-        try:
-            a3, b3 = a.view(-1, *a.shape[-2:]), b.view(-1, *b.shape[-2:])
-            out3 = out.view(-1, *out.shape[-2:])
-        except RuntimeError:
-            return None
-        call = functools.partial(torch.bmm, a3, b3, out=out3)
-        (batch, m, k), n = a3.shape, b3.shape[2]
-        if m * k * n < cpu_window.TORCH_SMALL_BMM and str(a.dtype) in ("torch.float32", "torch.float64"):
-            key = f"{batch},{m},{k},{n}{a3.stride()}{b3.stride()}{a.dtype}".encode()
-            name = f"prepared_product_{hashlib.sha256(key).hexdigest()[:16]}"
-            src = cpu_window.small_batched_product(name, batch, m, k, n, a3.stride(), b3.stride(),
-                                                   str(a.dtype).replace("torch.", ""))
-            small = _Pending(src, [a3, b3], out3, call, "product")
     else:
-        return None
+        try:
+            folded = a.view(-1, *a.shape[-2:]), b.view(-1, *b.shape[-2:]), out.view(-1, *out.shape[-2:])
+            call = functools.partial(torch.bmm, *folded[:2], out=folded[2])
+        except RuntimeError:  # batch axes that do not fold without a copy
+            call = functools.partial(torch.matmul, a, b, out=out)
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = math.prod(a.shape[:-2])
+    dtype = str(a.dtype).replace("torch.", "")
+    small = None
+    if dtype in ("float32", "float64") and folded is not None and m * k * n < cpu_window.TORCH_SMALL_BMM:
+        a3, b3, out3 = folded
+        key = f"{batch},{m},{k},{n}{a3.stride()}{b3.stride()}{a.dtype}".encode()
+        name = f"prepared_product_{hashlib.sha256(key).hexdigest()[:16]}"
+        src = cpu_window.small_batched_product(name, batch, m, k, n, a3.stride(), b3.stride(), dtype)
+        small = _Pending(src, [a3, b3], out3, call, "product")
+    elif dtype in ("float32", "float64") and cpu_product.fits(batch, m, k, n, a.element_size()):
+        key = f"fma{tuple(a.shape)},{n}{a.stride()}{b.stride()}{a.dtype}".encode()
+        name = f"prepared_product_{hashlib.sha256(key).hexdigest()[:16]}"
+        src = cpu_product.product(name, tuple(a.shape[:-2]), m, k, n, a.stride(), b.stride(), dtype)
+        small = _Pending(src, [a, b], out, call, "product")
     want = out.clone()
     call()
     if not torch.equal(out, want):
