@@ -230,3 +230,48 @@ def test_the_patch_convolution_reads_strided_weights():
                        stride=2, padding=1)
         got = exe.run({x: xv, w_hwio: wv})[y].torch()
         torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+GROUPED = [  # (input shape, weights shape, groups, descriptor)
+    ((2, 8, 9, 9), (8, 1, 3, 3), 8, sm.Convolution2DDescriptor(padding="same")),  # depthwise, the row nest
+    ((1, 8, 8, 8), (8, 1, 7, 7), 8, sm.Convolution2DDescriptor(padding=3)),  # ConvNeXt's 7x7 depthwise
+    ((2, 6, 11, 10), (6, 1, 3, 3), 6, sm.Convolution2DDescriptor(stride=2, padding=(0, 1, 0, 1))),  # TF "same"
+    ((2, 6, 16, 16), (6, 1, 3, 3), 6, sm.Convolution2DDescriptor(stride=2, padding=1)),  # 8 pixels a row
+    ((2, 12, 3, 3), (12, 1, 3, 3), 12, sm.Convolution2DDescriptor(stride=2, padding=1)),  # few pixels
+    ((2, 4, 9, 8), (8, 1, 3, 3), 4, sm.Convolution2DDescriptor(dilation=2, padding=(2, 1, 0, 3))),  # multiplier 2
+    ((2, 6, 12, 10), (9, 2, 3, 2), 3, sm.Convolution2DDescriptor(stride=(2, 1), dilation=(1, 2), padding=1)),
+    ((2, 8, 4, 4), (8, 4, 3, 3), 2, sm.Convolution2DDescriptor(stride=2, padding=1)),  # 2 groups, few pixels
+    ((2, 8, 1, 19), (8, 2, 1, 16), 4, sm.Convolution2DDescriptor(padding=(0, 0, 8, 8))),  # 1-D (Wav2Vec2)
+    ((3, 6, 1, 20), (6, 1, 1, 5), 6, sm.Convolution2DDescriptor(stride=(1, 3), padding=(0, 0, 2, 1))),  # 1-D
+]
+
+
+@pytest.mark.parametrize("shape, wshape, groups, descriptor", GROUPED, ids=[
+    "depthwise-same", "depthwise-7x7", "depthwise-stride-2-uneven", "depthwise-stride-2-columns",
+    "depthwise-few-pixels", "multiplier-2-dilated", "groups-3-strided-dilated", "groups-2-few-pixels",
+    "1d-grouped", "1d-depthwise-strided"])
+@pytest.mark.parametrize("dtype", [sm.float32, sm.float64])
+def test_grouped_convolutions_run_as_the_direct_loop_nest(shape, wshape, groups, descriptor, dtype):
+    """Grouped and depthwise convolutions (any stride, padding, dilation, channel multiplier; 1-D as a
+    height of one): the native loop nest under a bias and ReLU6 epilogue, against float64 PyTorch."""
+    desc = sm.Convolution2DDescriptor(**{**descriptor.attrs(), "groups": groups})
+    g = sm.Graph()
+    x = g.placeholder(shape, dtype, name="x")
+    w = g.placeholder(wshape, dtype, name="w")
+    b = g.placeholder((wshape[0], 1, 1), dtype, name="b")
+    y = g.clamp(g.convolution2d(x, w, desc) + b, 0.0, 6.0)
+    rng = np.random.default_rng(5)
+    xv, wv, bv = (rng.standard_normal(s).astype(dtype.numpy) for s in (shape, wshape, (wshape[0], 1, 1)))
+    exe = g.compile({x: sm.TensorType(shape, dtype), w: sm.TensorType(wshape, dtype),
+                     b: sm.TensorType((wshape[0], 1, 1), dtype)}, [y], device="cpu", options=NATIVE)
+    assert any("_direct(" in (s.source or "") for s in exe.steps)
+    got = exe.run({x: xv, w: wv, b: bv})[y].torch()
+    a = desc.attrs()
+    pad = a["padding"]
+    if pad == "same":
+        pad = ((wshape[2] - 1) // 2,) * 2 + ((wshape[3] - 1) // 2,) * 2
+    x64 = F.pad(torch.from_numpy(xv).double(), (pad[2], pad[3], pad[0], pad[1]))
+    ref = (F.conv2d(x64, torch.from_numpy(wv).double(), stride=a["stride"], dilation=a["dilation"], groups=groups)
+           + torch.from_numpy(bv).double()).clamp(0, 6)
+    tol = 1e-5 if dtype == sm.float32 else 1e-12
+    torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())

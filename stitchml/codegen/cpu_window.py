@@ -209,14 +209,15 @@ DIRECT_PATCH_MAX_TAPS = 1024
 
 
 def _conv_sizes(op: Operation) -> tuple[int, int]:
-    """(multiply-adds per output, multiply-adds per image) of convolution2d `op` (NCHW, OIHW)."""
+    """(multiply-adds per output, multiply-adds per image) of convolution2d `op` (NCHW, OIHW; an output
+    reads its group's input channels only, the weights' second axis)."""
     w = op.inputs[1].shape
     taps = w[1] * w[2] * w[3]
     return taps, w[0] * op.outputs[0].shape[2] * op.outputs[0].shape[3] * taps
 
 
 def direct_convolution_fits(op: Operation) -> bool:
-    """Whether convolution2d `op` runs as a native loop nest: NCHW, OIHW, one group, float32 or float64, and
+    """Whether convolution2d `op` runs as a native loop nest: NCHW, OIHW, any groups, float32 or float64, and
     either stride 1 with at most DIRECT_MAX_TAPS multiply-adds per output (or DIRECT_MAX_SMALL_TAPS where an
     image's product is at most DIRECT_SMALL_MACS multiply-adds), or any stride with an image's product at
     most DIRECT_PATCH_MACS (the patch loop nest)."""
@@ -224,7 +225,7 @@ def direct_convolution_fits(op: Operation) -> bool:
             any(t.dtype.name not in _TYPES for t in op.inputs) or op.inputs[0].rank != 4:
         return False
     a = op.attrs
-    if (a["data_layout"], a["weights_layout"], a["groups"]) != ("NCHW", "OIHW", 1):
+    if (a["data_layout"], a["weights_layout"]) != ("NCHW", "OIHW"):
         return False
     taps, macs = _conv_sizes(op)
     if _rows_fit(op):
@@ -239,10 +240,19 @@ def _rows_fit(op: Operation) -> bool:
     return tuple(op.attrs["stride"]) == (1, 1) and (taps <= DIRECT_MAX_TAPS or small)
 
 
+def _units(t: str, n: int, groups: int, c: int, xs: tuple) -> list[str]:
+    """C++ opening the loop over a convolution's units of work, an image's group each (`n` images, `groups`
+    of `c` input channels): `n` and `g` its image and group, `img` the group's first input channel."""
+    return [f"        for (int64_t p = 0; p < {n * groups}LL; ++p) {{",
+            f"            const int64_t n = p / {groups}, g = p % {groups};",
+            f"            const {t}* img = in0 + g * {c * xs[1]}LL;"]
+
+
 def _padded_copy(indent: str, src: str, c: int, h: int, w: int, top: int, left: int, ph: int, pw: int,
                  xs: tuple) -> list[str]:
-    """C++ lines copying image `n` of `src` (NCHW strides `xs`) into the zero-padded block `xp`, whose rows
-    have the padded width `pw` and planes `ph` rows, `top` rows and `left` columns of padding before it."""
+    """C++ lines copying `c` channels of image `n` of `src` (NCHW strides `xs`; a group's channels from a
+    pointer to its first) into the zero-padded block `xp`, whose rows have the padded width `pw` and planes
+    `ph` rows, `top` rows and `left` columns of padding before it."""
     return [f"{indent}for (int64_t c = 0; c < {c}; ++c)",
             f"{indent}    for (int64_t y = 0; y < {h}; ++y) {{",
             f"{indent}        const int64_t py = y + {top};",
@@ -257,18 +267,22 @@ def _padded_copy(indent: str, src: str, c: int, h: int, w: int, top: int, left: 
 def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
     """C++ for a small convolution2d (see `direct_convolution_fits`) writing a contiguous NCHW result.
 
-    Threads take images. An image's channels are copied once into a zero-padded block whose rows are the
-    padded width PW; an output plane is then accumulated in that same row pitch, one row of the window at a
+    Threads take images (with groups, an image's groups). An image's channels are copied once into a
+    zero-padded block whose rows are the padded width PW; an output plane is then accumulated in that same row pitch, one row of the window at a
     time, as one contiguous pass over oh x PW elements adding each of the row's taps at its offset (no
     bounds checks, no short rows: it vectorises; one load and store of the sums per kw multiply-adds), and
     the columns past the output width are dropped when the plane is stored. A pass serves up to four output
-    channels, which share its loads of the input (each output's sum is added in the same order). Other
-    convolutions that `direct_convolution_fits` takes run as `_patch_convolution`."""
+    channels, which share its loads of the input (each output's sum is added in the same order). With
+    groups, each group of an image is such a unit of work on its own (its input channels in, its output
+    channels out; a depthwise convolution's is one plane). Other convolutions that `direct_convolution_fits` takes run as
+    `_patch_convolution`."""
     if not _rows_fit(op):
         return _patch_convolution(name, op, in_layouts)
     x_lay, w_lay = in_layouts
-    n, c, h, w = x_lay.shape
-    o, _, kh, kw = w_lay.shape
+    n, _, h, w = x_lay.shape
+    o, c, kh, kw = w_lay.shape  # c: the input channels of a group
+    groups = op.attrs["groups"]
+    og = o // groups
     oh, ow = op.outputs[0].shape[2:]
     dh, dw = op.attrs["dilation"]
     pad = _resolve_padding(op.attrs["padding"], (h, w), (kh, kw), (1, 1), (dh, dw))
@@ -277,20 +291,20 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
     block = c * ph * pw + pw  # a last tap reads up to (kw - 1) * dw past the padded plane: zeros
     xs, ws = x_lay.strides, w_lay.strides
     t = ctype(op.outputs[0].dtype)
-    ob = next(b for b in (4, 2, 1) if o % b == 0)  # output channels per pass: they share its loads
+    ob = next(b for b in (4, 2, 1) if og % b == 0)  # output channels per pass: they share its loads
     lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
              f'{t}* __restrict__ out0, int threads) {{',
-             # an image's work is its multiply-adds, not its elements: eight images of 8 -> 16 channels at 8x8
+             # a unit's work is its multiply-adds, not its elements: eight images of 8 -> 16 channels at 8x8
              # (72 taps) take two threads, 36 -> 22 us
-             *_parallel(_threads(n, c * h * w + o * oh * ow * c * kh * kw)),
+             *_parallel(_threads(n * groups, c * h * w + og * oh * ow * c * kh * kw)),
              "    {",
              f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {ob * oh * pw}LL) * sizeof({t}));",
              f"        {t}* acc = xp + {block}LL;",
              f"        for (int64_t q = 0; q < {block}LL; ++q) xp[q] = 0;",
              "        #pragma omp for schedule(static)",
-             f"        for (int64_t n = 0; n < {n}LL; ++n) {{",
-             *_padded_copy(" " * 12, "in0", c, h, w, top, left, ph, pw, xs),
-             f"            for (int64_t o = 0; o < {o}; o += {ob}) {{",
+             *_units(t, n, groups, c, xs),
+             *_padded_copy(" " * 12, "img", c, h, w, top, left, ph, pw, xs),
+             f"            for (int64_t o = g * {og}; o < (g + 1) * {og}; o += {ob}) {{",
              "                #pragma omp simd",
              f"                for (int64_t q = 0; q < {ob * oh * pw}LL; ++q) acc[q] = 0;",
              f"                for (int64_t c = 0; c < {c}; ++c)",
@@ -320,15 +334,17 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
 def _patch_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
     """C++ for a small convolution2d of any stride and dilation writing a contiguous NCHW result.
 
-    Threads take images. An image is copied once into a zero-padded block; from there each window (every
-    input channel's taps, in the weights' OIHW order) is gathered, and the image's product is a small
+    Threads take images (with groups, an image's groups, each a unit of its own). An image is copied once
+    into a zero-padded block; from there each window (every input channel's taps, in the weights' OIHW
+    order) is gathered, and the image's product is a small
     matrix product of the weights with those windows: by columns of pixels where an image has at least
     PATCH_COLUMNS of them (`_patch_columns`), else one dot product per output (`_patch_dots`). The work is
     the product itself, with no fixed cost of the library's (its blocking and reorders are made for many
     channels and pixels)."""
     x_lay, w_lay = in_layouts
-    n, c, h, w = x_lay.shape
-    o, _, kh, kw = w_lay.shape
+    n, _, h, w = x_lay.shape
+    o, c, kh, kw = w_lay.shape  # c: the input channels of a group
+    groups = op.attrs["groups"]
     oh, ow = op.outputs[0].shape[2:]
     sh, sw = op.attrs["stride"]
     dh, dw = op.attrs["dilation"]
@@ -348,11 +364,11 @@ def _patch_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
                  f"        for (int64_t i = 0; i < {kh}; ++i) for (int64_t j = 0; j < {kw}; ++j)",
                  f"            wk[((o * {c} + c) * {kh} + i) * {kw} + j] = "
                  f"in1[o * {ws[0]}LL + c * {ws[1]}LL + i * {ws[2]}LL + j * {ws[3]}LL];"]),
-             *_parallel(_threads(n, c * h * w + o * oh * ow * taps)),
+             *_parallel(_threads(n * groups, c * h * w + o // groups * oh * ow * taps)),
              "    {",
-             *(_patch_columns(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n)
+             *(_patch_columns(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n, groups)
                if oh * ow >= PATCH_COLUMNS else
-               _patch_dots(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n)),
+               _patch_dots(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n, groups)),
              "    }",
              *([] if dense else ["    __builtin_free(wk);"]), "}"]
     return CppSource(name, "\n".join(lines) + "\n", "convolution")
@@ -364,17 +380,19 @@ PATCH_COLUMNS = 16
 PATCH_BLOCK = 16
 
 
-def _patch_dots(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n) -> list[str]:
-    """The patch loop nest over few pixels: each pixel's window gathered, each output a dot product."""
-    block, taps = c * ph * pw, c * kh * kw
-    ob = next(b for b in (4, 2, 1) if o % b == 0)
+def _patch_dots(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n,
+                groups) -> list[str]:
+    """The patch loop nest over few pixels: each pixel's window gathered, each output a dot product (`c`
+    input channels of a group, `o` outputs of all `groups`)."""
+    block, taps, og = c * ph * pw, c * kh * kw, o // groups
+    ob = next(b for b in (4, 2, 1) if og % b == 0)
     return [
         f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {taps}LL) * sizeof({t}));",
         f"        {t}* patch = xp + {block}LL;",
         f"        for (int64_t q = 0; q < {block}LL; ++q) xp[q] = 0;",
         "        #pragma omp for schedule(static)",
-        f"        for (int64_t n = 0; n < {n}LL; ++n) {{",
-        *_padded_copy(" " * 12, "in0", c, h, w, top, left, ph, pw, xs),
+        *_units(t, n, groups, c, xs),
+        *_padded_copy(" " * 12, "img", c, h, w, top, left, ph, pw, xs),
         f"            for (int64_t y = 0; y < {oh}; ++y)",
         f"                for (int64_t x = 0; x < {ow}; ++x) {{",
         f"                    const {t}* corner = xp + y * {sh * pw}LL + x * {sw}LL;",
@@ -383,7 +401,7 @@ def _patch_dots(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw
         f"                            for (int64_t j = 0; j < {kw}; ++j)",
         f"                                patch[(c * {kh} + i) * {kw} + j] = "
         f"corner[(c * {ph} + i * {dh}) * {pw}LL + j * {dw}];",
-        f"                    for (int64_t o = 0; o < {o}; o += {ob}) {{",
+        f"                    for (int64_t o = g * {og}; o < (g + 1) * {og}; o += {ob}) {{",
         *[f"                        const {t}* w{u} = {weights} + (o + {u}) * {taps}LL;" for u in range(ob)],
         f"                        {t} {', '.join(f's{u} = 0' for u in range(ob))};",
         f"                        #pragma omp simd reduction(+:{','.join(f's{u}' for u in range(ob))})",
@@ -398,19 +416,21 @@ def _patch_dots(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw
         "        }", "        __builtin_free(xp);"]
 
 
-def _patch_columns(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n) -> list[str]:
+def _patch_columns(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n,
+                   groups) -> list[str]:
     """The patch loop nest over many pixels. The padded image is kept split into its stride's phases (rows
     y % sh, columns x % sw), where a tap's pixels along an output row lie next to each other at a fixed
     offset. For up to eight output channels and a block of PATCH_BLOCK pixels the sums stay in registers
     across the taps (each pixel's sum in order of the taps). Where the blocks tile the output rows they read
     the phases directly; else the windows are first laid out as columns (im2col: a row per tap, padded to a
-    whole number of blocks)."""
+    whole number of blocks). With groups, `c` is a group's input channels and each group a unit of its own."""
     qh, qw = -(-ph // sh), -(-pw // sw)
     block, taps, pixels = c * sh * sw * qh * qw, c * kh * kw, oh * ow
     b = PATCH_BLOCK
     direct = ow % b == 0
     npad = 0 if direct else -(-pixels // b) * b
-    ob = next(u for u in (8, 4, 2, 1) if o % u == 0)
+    og = o // groups
+    ob = next(u for u in (8, 4, 2, 1) if og % u == 0)
     offsets = [((ci * sh + i * dh % sh) * sw + j * dw % sw) * qh * qw + (i * dh // sh) * qw + j * dw // sw
                for ci in range(c) for i in range(kh) for j in range(kw)]
     copy = []  # image n into the phases: per input row and column phase, a strided run of the row
@@ -450,17 +470,17 @@ def _patch_columns(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph,
         "        }",
         f"        {t}* cols = xp + {block}LL;",
         "        #pragma omp for schedule(static)",
-        f"        for (int64_t n = 0; n < {n}LL; ++n) {{",
+        *_units(t, n, groups, c, xs),
         f"            for (int64_t c = 0; c < {c}; ++c)",
         f"                for (int64_t y = 0; y < {h}; ++y) {{",
         f"                    const int64_t py = y + {top};",
         f"                    if (py < 0 || py >= {ph}) continue;",
         f"                    {t}* dst = xp + ((c * {sh} + py % {sh}) * {sw}) * {qh * qw}LL + (py / {sh}) * {qw}LL;",
-        f"                    const {t}* src = in0 + n * {xs[0]}LL + c * {xs[1]}LL + y * {xs[2]}LL;",
+        f"                    const {t}* src = img + n * {xs[0]}LL + c * {xs[1]}LL + y * {xs[2]}LL;",
         *copy,
         "                }",
         *blocks,
-        f"                for (int64_t o = 0; o < {o}; o += {ob}) {{",
+        f"                for (int64_t o = g * {og}; o < (g + 1) * {og}; o += {ob}) {{",
         f"                    {t} {', '.join(f'a{u}[{b}]' for u in range(ob))};",
         *[f"                    for (int64_t v = 0; v < {b}; ++v) a{u}[v] = 0;" for u in range(ob)],
         f"                    for (int64_t k = 0; k < {taps}; ++k) {{",
