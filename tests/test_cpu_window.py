@@ -275,3 +275,32 @@ def test_grouped_convolutions_run_as_the_direct_loop_nest(shape, wshape, groups,
            + torch.from_numpy(bv).double()).clamp(0, 6)
     tol = 1e-5 if dtype == sm.float32 else 1e-12
     torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("value", [0.0, 1.0])
+def test_a_zero_pad_before_a_convolution_is_its_padding(value):
+    """TensorFlow's "same" padding exported as a pad op (MobileNetV2's): a zero pad folds into the convolution
+    (no padded copy), any other value stays a pad; forward and gradients against float64 PyTorch."""
+    shape, wshape = (2, 6, 9, 8), (6, 1, 3, 3)
+    g = sm.Graph()
+    x = g.placeholder(shape, sm.float32, name="x")
+    w = g.placeholder(wshape, sm.float32, name="w")
+    y = g.convolution2d(g.pad(x, [0, 0, 0, 1], [0, 0, 1, 1], constant_value=value),
+                        w, sm.Convolution2DDescriptor(stride=2, groups=6))
+    grads = g.gradients(g.reduction_sum(y * y), [x, w])
+    rng = np.random.default_rng(6)
+    xv, wv = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(wshape).astype(np.float32)
+    exe = g.compile({x: sm.TensorType(shape, sm.float32), w: sm.TensorType(wshape, sm.float32)},
+                    [y, grads[x], grads[w]], device="cpu", options=NATIVE)
+    forward = next(op for op in exe.program.operations if op.op == "convolution2d"
+                   or op.op == "fusion" and any(o.op == "convolution2d" for o in op.attrs["body"].operations))
+    conv = forward if forward.op == "convolution2d" else \
+        next(o for o in forward.attrs["body"].operations if o.op == "convolution2d")
+    assert (conv.attrs["padding"] == (0, 1, 1, 1)) == (value == 0.0), conv.attrs["padding"]
+    got = exe.run({x: xv, w: wv})
+    x64 = torch.from_numpy(xv).double().requires_grad_(True)
+    w64 = torch.from_numpy(wv).double().requires_grad_(True)
+    y64 = F.conv2d(F.pad(x64, (1, 1, 0, 1), value=value), w64, stride=2, groups=6)
+    dx64, dw64 = torch.autograd.grad((y64 * y64).sum(), [x64, w64])
+    for t, ref in ((y, y64.detach()), (grads[x], dx64), (grads[w], dw64)):
+        torch.testing.assert_close(got[t].torch().double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
