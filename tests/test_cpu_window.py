@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import stitchml as sm
+from stitchml.codegen import cpu_window
 from stitchml.runtime import native_conv
 
 NATIVE = {"backend": "native"}
@@ -232,28 +233,35 @@ def test_the_patch_convolution_reads_strided_weights():
         torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
 
 
-GROUPED = [  # (input shape, weights shape, groups, descriptor)
-    ((2, 8, 9, 9), (8, 1, 3, 3), 8, sm.Convolution2DDescriptor(padding="same")),  # depthwise, the row nest
-    ((1, 8, 8, 8), (8, 1, 7, 7), 8, sm.Convolution2DDescriptor(padding=3)),  # ConvNeXt's 7x7 depthwise
-    ((2, 6, 11, 10), (6, 1, 3, 3), 6, sm.Convolution2DDescriptor(stride=2, padding=(0, 1, 0, 1))),  # TF "same"
-    ((2, 6, 16, 16), (6, 1, 3, 3), 6, sm.Convolution2DDescriptor(stride=2, padding=1)),  # 8 pixels a row
-    ((2, 12, 3, 3), (12, 1, 3, 3), 12, sm.Convolution2DDescriptor(stride=2, padding=1)),  # few pixels
-    ((2, 4, 9, 8), (8, 1, 3, 3), 4, sm.Convolution2DDescriptor(dilation=2, padding=(2, 1, 0, 3))),  # multiplier 2
-    ((2, 6, 12, 10), (9, 2, 3, 2), 3, sm.Convolution2DDescriptor(stride=(2, 1), dilation=(1, 2), padding=1)),
-    ((2, 8, 4, 4), (8, 4, 3, 3), 2, sm.Convolution2DDescriptor(stride=2, padding=1)),  # 2 groups, few pixels
-    ((2, 8, 1, 19), (8, 2, 1, 16), 4, sm.Convolution2DDescriptor(padding=(0, 0, 8, 8))),  # 1-D (Wav2Vec2)
-    ((3, 6, 1, 20), (6, 1, 1, 5), 6, sm.Convolution2DDescriptor(stride=(1, 3), padding=(0, 0, 2, 1))),  # 1-D
+GROUPED = [  # (input shape, weights shape, groups, descriptor, the loop nest's form)
+    ((2, 8, 9, 9), (8, 1, 3, 3), 8, sm.Convolution2DDescriptor(padding="same"), "rows"),  # depthwise
+    ((1, 8, 8, 8), (8, 1, 7, 7), 8, sm.Convolution2DDescriptor(padding=3), "rows"),  # ConvNeXt's 7x7 depthwise
+    ((2, 6, 11, 10), (6, 1, 3, 3), 6, sm.Convolution2DDescriptor(stride=2, padding=(0, 1, 0, 1)), "depthwise"),
+    ((2, 6, 20, 20), (6, 1, 3, 3), 6, sm.Convolution2DDescriptor(stride=2, padding=1), "patch"),  # 100 pixels
+    ((2, 12, 3, 3), (12, 1, 3, 3), 12, sm.Convolution2DDescriptor(stride=2, padding=1), "depthwise"),
+    ((2, 4, 3, 3), (12, 1, 3, 3), 4, sm.Convolution2DDescriptor(padding=1), "depthwise"),  # multiplier 3
+    ((2, 4, 9, 8), (8, 1, 3, 3), 4, sm.Convolution2DDescriptor(dilation=2, padding=(2, 1, 0, 3)), "rows"),
+    ((2, 6, 12, 10), (9, 2, 3, 2), 3, sm.Convolution2DDescriptor(stride=(2, 1), dilation=(1, 2), padding=1),
+     "patch"),
+    ((2, 8, 4, 4), (8, 4, 3, 3), 2, sm.Convolution2DDescriptor(stride=2, padding=1), "patch"),  # few pixels
+    ((2, 8, 1, 19), (8, 2, 1, 16), 4, sm.Convolution2DDescriptor(padding=(0, 0, 8, 8)), "rows"),  # 1-D (Wav2Vec2)
+    ((3, 6, 1, 20), (6, 1, 1, 5), 6, sm.Convolution2DDescriptor(stride=(1, 3), padding=(0, 0, 2, 1)), "depthwise"),
+    # 1x1 at stride 1: columns over many pixels, dot products over one, the row nest for short ones over few
+    ((2, 8, 8, 8), (24, 8, 1, 1), 1, sm.Convolution2DDescriptor(), "patch"),
+    ((2, 40, 1, 1), (64, 40, 1, 1), 1, sm.Convolution2DDescriptor(), "patch"),
+    ((2, 16, 2, 2), (24, 16, 1, 1), 1, sm.Convolution2DDescriptor(), "rows"),
 ]
 
 
-@pytest.mark.parametrize("shape, wshape, groups, descriptor", GROUPED, ids=[
+@pytest.mark.parametrize("shape, wshape, groups, descriptor, form", GROUPED, ids=[
     "depthwise-same", "depthwise-7x7", "depthwise-stride-2-uneven", "depthwise-stride-2-columns",
-    "depthwise-few-pixels", "multiplier-2-dilated", "groups-3-strided-dilated", "groups-2-few-pixels",
-    "1d-grouped", "1d-depthwise-strided"])
+    "depthwise-few-pixels", "multiplier-3-few-pixels", "multiplier-2-dilated", "groups-3-strided-dilated",
+    "groups-2-few-pixels", "1d-grouped", "1d-depthwise-strided", "1x1-columns", "1x1-one-pixel", "1x1-short"])
 @pytest.mark.parametrize("dtype", [sm.float32, sm.float64])
-def test_grouped_convolutions_run_as_the_direct_loop_nest(shape, wshape, groups, descriptor, dtype):
+def test_grouped_convolutions_run_as_the_direct_loop_nest(shape, wshape, groups, descriptor, form, dtype):
     """Grouped and depthwise convolutions (any stride, padding, dilation, channel multiplier; 1-D as a
-    height of one): the native loop nest under a bias and ReLU6 epilogue, against float64 PyTorch."""
+    height of one) and the forms of 1x1 ones: the native loop nest under a bias and ReLU6 epilogue, against
+    float64 PyTorch."""
     desc = sm.Convolution2DDescriptor(**{**descriptor.attrs(), "groups": groups})
     g = sm.Graph()
     x = g.placeholder(shape, dtype, name="x")
@@ -265,6 +273,9 @@ def test_grouped_convolutions_run_as_the_direct_loop_nest(shape, wshape, groups,
     exe = g.compile({x: sm.TensorType(shape, dtype), w: sm.TensorType(wshape, dtype),
                      b: sm.TensorType((wshape[0], 1, 1), dtype)}, [y], device="cpu", options=NATIVE)
     assert any("_direct(" in (s.source or "") for s in exe.steps)
+    conv = next(o for op in exe.program.operations if op.op == "fusion"
+                for o in op.attrs["body"].operations if o.op == "convolution2d")
+    assert cpu_window._form(conv) == form
     got = exe.run({x: xv, w: wv, b: bv})[y].torch()
     a = desc.attrs()
     pad = a["padding"]
