@@ -246,17 +246,20 @@ GROUPED = [  # (input shape, weights shape, groups, descriptor, the loop nest's 
     ((2, 8, 4, 4), (8, 4, 3, 3), 2, sm.Convolution2DDescriptor(stride=2, padding=1), "patch"),  # few pixels
     ((2, 8, 1, 19), (8, 2, 1, 16), 4, sm.Convolution2DDescriptor(padding=(0, 0, 8, 8)), "rows"),  # 1-D (Wav2Vec2)
     ((3, 6, 1, 20), (6, 1, 1, 5), 6, sm.Convolution2DDescriptor(stride=(1, 3), padding=(0, 0, 2, 1)), "depthwise"),
-    # 1x1 at stride 1: columns over many pixels, dot products over one, the row nest for short ones over few
+    # 1x1 at stride 1: columns an image over many pixels, dot products over one, else all images' pixels as
+    # the columns of one product (17 of them: a block and one more)
     ((2, 8, 8, 8), (24, 8, 1, 1), 1, sm.Convolution2DDescriptor(), "patch"),
-    ((2, 40, 1, 1), (64, 40, 1, 1), 1, sm.Convolution2DDescriptor(), "patch"),
-    ((2, 16, 2, 2), (24, 16, 1, 1), 1, sm.Convolution2DDescriptor(), "rows"),
+    ((1, 40, 1, 1), (64, 40, 1, 1), 1, sm.Convolution2DDescriptor(), "patch"),
+    ((17, 40, 1, 1), (64, 40, 1, 1), 1, sm.Convolution2DDescriptor(), "pointwise"),
+    ((2, 16, 2, 2), (24, 16, 1, 1), 1, sm.Convolution2DDescriptor(), "pointwise"),
 ]
 
 
 @pytest.mark.parametrize("shape, wshape, groups, descriptor, form", GROUPED, ids=[
     "depthwise-same", "depthwise-7x7", "depthwise-stride-2-uneven", "depthwise-stride-2-columns",
     "depthwise-few-pixels", "multiplier-3-few-pixels", "multiplier-2-dilated", "groups-3-strided-dilated",
-    "groups-2-few-pixels", "1d-grouped", "1d-depthwise-strided", "1x1-columns", "1x1-one-pixel", "1x1-short"])
+    "groups-2-few-pixels", "1d-grouped", "1d-depthwise-strided", "1x1-columns", "1x1-one-pixel", "1x1-images",
+    "1x1-few-pixels"])
 @pytest.mark.parametrize("dtype", [sm.float32, sm.float64])
 def test_grouped_convolutions_run_as_the_direct_loop_nest(shape, wshape, groups, descriptor, form, dtype):
     """Grouped and depthwise convolutions (any stride, padding, dilation, channel multiplier; 1-D as a

@@ -248,27 +248,28 @@ def _rows_fit(op: Operation) -> bool:
 # faster (4.0 against 6.0).
 DEPTHWISE_PIXELS = (16, 64)
 DEPTHWISE_TERMS = 1024
-# A 1x1 convolution at stride 1 (a matrix product per image) over at least PATCH_COLUMNS pixels runs as the
-# patch nest's columns, whose sums of eight outputs stay in registers across the input channels (the row
-# nest loads and stores its sums once a channel): 8 -> 48 channels at 16x16, 4.2 us against 9.8. Over fewer
-# pixels the patch nest's dot products win where they are long or there is one pixel (80 -> 1280 channels at
-# 1x1: 27 us against 66), the row nest where they are short (16 -> 96 at 2x2: 1.6 against 3.5).
-POINTWISE_DOT_TAPS = 48
+# A 1x1 convolution at stride 1 without padding (a matrix product per image) over at least PATCH_COLUMNS
+# pixels an image runs as the patch nest's columns, whose sums of eight outputs stay in registers across the
+# input channels (the row nest loads and stores its sums once a channel): 8 -> 48 channels at 16x16, 4.2 us
+# against 9.8. Over fewer pixels the pixels of all images are one matrix's columns (`_pointwise_images`: the
+# weights read once, not once an image; 80 -> 1280 channels at 1x1 pixel, batch 8: 101 us as dot products
+# an image), or at one pixel in all the dot products of the patch nest (27 us against 66 for the row nest).
 
 
 def _form(op: Operation) -> str:
-    """Which loop nest `direct_convolution` makes for `op`: "depthwise" (`_depthwise_pixels`), "rows" (its
-    own) or "patch" (`_patch_convolution`)."""
+    """Which loop nest `direct_convolution` makes for `op`: "depthwise" (`_depthwise_pixels`), "pointwise"
+    (`_pointwise_images`), "rows" (its own) or "patch" (`_patch_convolution`)."""
     _, cg, kh, kw = op.inputs[1].shape
     pixels = op.outputs[0].shape[2] * op.outputs[0].shape[3]
     stride = tuple(op.attrs["stride"])
     if cg == 1 and pixels <= DEPTHWISE_PIXELS[stride != (1, 1)] and pixels * kh * kw <= DEPTHWISE_TERMS:
         return "depthwise"
-    if not _rows_fit(op):
-        return "patch"
-    if (kh, kw) == (1, 1) and (pixels >= PATCH_COLUMNS or pixels == 1 or cg >= POINTWISE_DOT_TAPS):
-        return "patch"
-    return "rows"
+    if (kh, kw, op.attrs["groups"]) == (1, 1, 1) and stride == (1, 1) and \
+            _resolve_padding(op.attrs["padding"], (1, 1), (1, 1), (1, 1), (1, 1)) == (0, 0, 0, 0):
+        if pixels >= PATCH_COLUMNS or op.inputs[0].shape[0] * pixels == 1:
+            return "patch"
+        return "pointwise"
+    return "rows" if _rows_fit(op) else "patch"
 
 
 def _units(t: str, n: int, groups: int, c: int, xs: tuple) -> list[str]:
@@ -309,7 +310,8 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
     `direct_convolution_fits` takes run as `_patch_convolution` or `_depthwise_pixels` (`_form`)."""
     form = _form(op)
     if form != "rows":
-        return (_depthwise_pixels if form == "depthwise" else _patch_convolution)(name, op, in_layouts)
+        return {"depthwise": _depthwise_pixels, "pointwise": _pointwise_images,
+                "patch": _patch_convolution}[form](name, op, in_layouts)
     x_lay, w_lay = in_layouts
     n, _, h, w = x_lay.shape
     o, c, kh, kw = w_lay.shape  # c: the input channels of a group
@@ -447,6 +449,59 @@ def _depthwise_pixels(name: str, op: Operation, in_layouts: list[Layout]) -> Cpp
              *[f"            const {t} w{i}_{j} = in1[o * {ws[0]}LL + {i * ws[2] + j * ws[3]}LL];" for i, j in used],
              *[f"            y[o * {len(pixels)}LL + {p}] = {expr};" for p, expr in enumerate(sums)],
              "        }", "    }", "}"]
+    return CppSource(name, "\n".join(lines) + "\n", "convolution")
+
+
+def _pointwise_images(name: str, op: Operation, in_layouts: list[Layout]) -> CppSource:
+    """C++ for a 1x1 convolution2d at stride 1 without padding over few pixels an image: one matrix product
+    of the weights (outputs x channels) with the pixels of all images as columns. The columns are first laid
+    out contiguously (a row per input channel, padded with zeros to whole blocks); then for up to eight
+    outputs and a block of up to 16 columns the sums stay in registers across the channels (each in order of
+    the channels). Threads take the channels' rows, then (outputs, columns) blocks."""
+    x_lay, w_lay = in_layouts
+    n, c, h, w = x_lay.shape
+    o = w_lay.shape[0]
+    xs, ws = x_lay.strides, w_lay.strides
+    t = ctype(op.outputs[0].dtype)
+    pixels, columns = h * w, n * h * w
+    b = 16 if columns > 8 else 8
+    npad = -(-columns // b) * b
+    ob = next(u for u in (8, 4, 2, 1) if o % u == 0)
+    column = f"(q / {pixels}) * {xs[0]}LL + ((q % {pixels}) / {w}) * {xs[2]}LL + (q % {w}) * {xs[3]}LL"
+    lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
+             f'{t}* __restrict__ out0, int threads) {{',
+             f"    {t}* cols = ({t}*)__builtin_malloc({c * npad}LL * sizeof({t}));",
+             *_parallel(_threads(o // ob * (npad // b), c * b * ob)),
+             "    {",
+             "        #pragma omp for schedule(static)",
+             f"        for (int64_t k = 0; k < {c}; ++k) {{",
+             f"            {t}* row = cols + k * {npad}LL;",
+             f"            const {t}* src = in0 + k * {xs[1]}LL;",
+             f"            for (int64_t q = 0; q < {columns}; ++q) row[q] = src[{column}];",
+             f"            for (int64_t q = {columns}; q < {npad}; ++q) row[q] = 0;",
+             "        }",
+             "        #pragma omp for schedule(static) collapse(2)",
+             f"        for (int64_t o = 0; o < {o}; o += {ob})",
+             f"            for (int64_t q0 = 0; q0 < {npad}; q0 += {b}) {{",
+             f"                {t} {', '.join(f'a{u}[{b}]' for u in range(ob))};",
+             *[f"                for (int64_t v = 0; v < {b}; ++v) a{u}[v] = 0;" for u in range(ob)],
+             f"                for (int64_t k = 0; k < {c}; ++k) {{",
+             f"                    const {t}* col = cols + k * {npad}LL + q0;",
+             *[f"                    const {t} w{u} = in1[(o + {u}) * {ws[0]}LL + k * {ws[1]}LL];" for u in range(ob)],
+             "                    #pragma omp simd",
+             f"                    for (int64_t v = 0; v < {b}; ++v) {{",
+             *[f"                        a{u}[v] += w{u} * col[v];" for u in range(ob)],
+             "                    }",
+             "                }",
+             f"                const int64_t m = {columns} - q0 < {b} ? {columns} - q0 : {b};",
+             "                for (int64_t v = 0; v < m; ++v) {",
+             "                    const int64_t q = q0 + v;",
+             *[f"                    out0[((q / {pixels}) * {o} + o + {u}) * {pixels}LL + q % {pixels}] = a{u}[v];"
+               for u in range(ob)],
+             "                }",
+             "            }",
+             "    }",
+             "    __builtin_free(cols);", "}"]
     return CppSource(name, "\n".join(lines) + "\n", "convolution")
 
 
