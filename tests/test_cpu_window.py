@@ -318,3 +318,35 @@ def test_a_zero_pad_before_a_convolution_is_its_padding(value):
     dx64, dw64 = torch.autograd.grad((y64 * y64).sum(), [x64, w64])
     for t, ref in ((y, y64.detach()), (grads[x], dx64), (grads[w], dw64)):
         torch.testing.assert_close(got[t].torch().double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("shape, wshape, groups, descriptor", [
+    ((2, 6, 7, 8), (6, 1, 3, 3), 6, sm.Convolution2DDescriptor(padding="same")),  # depthwise
+    ((2, 4, 9, 8), (8, 2, 3, 3), 2, sm.Convolution2DDescriptor(dilation=2, padding=(2, 1, 0, 3))),
+    ((2, 8, 1, 19), (8, 2, 1, 16), 4, sm.Convolution2DDescriptor(padding=(0, 0, 8, 8))),  # 1-D (Wav2Vec2)
+], ids=["depthwise", "groups-2-dilated-uneven", "1d-grouped"])
+def test_grouped_convolutions_weights_gradient_is_the_native_loop_nest(shape, wshape, groups, descriptor):
+    """Few taps at stride 1: the weights' gradient of a grouped convolution is the native loop nest, each
+    output channel over its group's input channels; both gradients against float64 PyTorch."""
+    desc = sm.Convolution2DDescriptor(**{**descriptor.attrs(), "groups": groups})
+    g = sm.Graph()
+    x = g.placeholder(shape, sm.float32, name="x")
+    w = g.placeholder(wshape, sm.float32, name="w")
+    y = g.convolution2d(x, w, desc)
+    grads = g.gradients(g.reduction_sum(y * y), [x, w])
+    rng = np.random.default_rng(7)
+    xv, wv = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(wshape).astype(np.float32)
+    exe = g.compile({x: sm.TensorType(shape, sm.float32), w: sm.TensorType(wshape, sm.float32)},
+                    [grads[x], grads[w]], device="cpu", options=NATIVE)
+    assert any(st.kind == "window" and "_weights_gradient" in st.name for st in exe.steps)
+    got = exe.run({x: xv, w: wv})
+    a = desc.attrs()
+    pad = a["padding"]
+    if pad == "same":
+        pad = ((wshape[2] - 1) // 2,) * 2 + ((wshape[3] - 1) // 2,) * 2
+    x64 = torch.from_numpy(xv).double().requires_grad_(True)
+    w64 = torch.from_numpy(wv).double().requires_grad_(True)
+    y64 = F.conv2d(F.pad(x64, (pad[2], pad[3], pad[0], pad[1])), w64, dilation=a["dilation"], groups=groups)
+    dx64, dw64 = torch.autograd.grad((y64 * y64).sum(), [x64, w64])
+    for t, ref in ((grads[x], dx64), (grads[w], dw64)):
+        torch.testing.assert_close(got[t].torch().double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())

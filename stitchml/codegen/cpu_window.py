@@ -301,9 +301,10 @@ def direct_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
 
     Threads take images (with groups, an image's groups). An image's channels are copied once into a
     zero-padded block whose rows are the padded width PW; an output plane is then accumulated in that same
-    row pitch, one row of the window at a time, as one contiguous pass over oh x PW elements adding each of the row's taps at its offset (no
-    bounds checks, no short rows: it vectorises; one load and store of the sums per kw multiply-adds), and
-    the columns past the output width are dropped when the plane is stored. A pass serves up to four output
+    row pitch, one row of the window at a time, as one contiguous pass over oh x PW elements adding each of
+    the row's taps at its offset (no bounds checks, no short rows: it vectorises; one load and store of the
+    sums per kw multiply-adds), and the columns past the output width are dropped when the plane is
+    stored. A pass serves up to four output
     channels, which share its loads of the input (each output's sum is added in the same order). With
     groups, each group of an image is such a unit of work on its own (its input channels in, its output
     channels out; a depthwise convolution's is one plane). Other convolutions that
@@ -634,7 +635,7 @@ def _direct_fits(op: Operation, x_index: int, w_index: int) -> bool:
         return False
     a = op.attrs
     w = op.inputs[w_index].shape
-    return (a["data_layout"], a["weights_layout"], tuple(a["stride"]), a["groups"]) == ("NCHW", "OIHW", (1, 1), 1) \
+    return (a["data_layout"], a["weights_layout"], tuple(a["stride"])) == ("NCHW", "OIHW", (1, 1)) \
         and w[1] * w[2] * w[3] <= DIRECT_MAX_TAPS and op.inputs[x_index].rank == 4
 
 
@@ -643,10 +644,11 @@ def direct_weights_gradient(name: str, op: Operation, in_layouts: list[Layout]) 
     `direct_convolution_fits`): threads take output channels; for each image the source is copied into the
     zero-padded block of `direct_convolution` and dy's plane into the same row pitch (zeros past the output
     width), and each weight's gradient is one contiguous dot product of the two at the tap's offset (a window
-    row's taps in one pass)."""
+    row's taps in one pass). With groups, an output channel's block holds its group's input channels only."""
     dy_lay, x_lay, w_lay = in_layouts
-    n, c, h, w = x_lay.shape
-    o, _, kh, kw = w_lay.shape
+    n, _, h, w = x_lay.shape
+    o, c, kh, kw = w_lay.shape  # c: the input channels of a group
+    og = o // op.attrs["groups"]
     oh, ow = dy_lay.shape[2:]
     dh, dw = op.attrs["dilation"]
     pad = _resolve_padding(op.attrs["padding"], (h, w), (kh, kw), (1, 1), (dh, dw))
@@ -667,8 +669,9 @@ def direct_weights_gradient(name: str, op: Operation, in_layouts: list[Layout]) 
              f"        for (int64_t o = 0; o < {o}LL; ++o) {{",
              f"            {t} acc[{taps}];",
              f"            for (int64_t k = 0; k < {taps}; ++k) acc[k] = 0;",
+             f"            const {t}* img = in1 + (o / {og}) * {c * xs[1]}LL;",
              f"            for (int64_t n = 0; n < {n}LL; ++n) {{",
-             *_padded_copy(" " * 16, "in1", c, h, w, top, left, ph, pw, xs),
+             *_padded_copy(" " * 16, "img", c, h, w, top, left, ph, pw, xs),
              f"                for (int64_t y = 0; y < {oh}; ++y)",
              f"                    for (int64_t x = 0; x < {ow}; ++x) "
              f"dyp[y * {pw}LL + x] = in0[n * {ds[0]}LL + o * {ds[1]}LL + y * {ds[2]}LL + x * {ds[3]}LL];",
