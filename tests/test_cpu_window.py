@@ -250,6 +250,7 @@ GROUPED = [  # (input shape, weights shape, groups, descriptor, the loop nest's 
     # the columns of one product (17 of them: a block and one more)
     ((2, 8, 8, 8), (24, 8, 1, 1), 1, sm.Convolution2DDescriptor(), "patch"),
     ((1, 40, 1, 1), (64, 40, 1, 1), 1, sm.Convolution2DDescriptor(), "patch"),
+    ((1, 80, 1, 1), (512, 80, 1, 1), 1, sm.Convolution2DDescriptor(), "patch"),  # threads share the outputs
     ((17, 40, 1, 1), (64, 40, 1, 1), 1, sm.Convolution2DDescriptor(), "pointwise"),
     ((2, 16, 2, 2), (24, 16, 1, 1), 1, sm.Convolution2DDescriptor(), "pointwise"),
 ]
@@ -258,7 +259,7 @@ GROUPED = [  # (input shape, weights shape, groups, descriptor, the loop nest's 
 @pytest.mark.parametrize("shape, wshape, groups, descriptor, form", GROUPED, ids=[
     "depthwise-same", "depthwise-7x7", "depthwise-stride-2-uneven", "depthwise-stride-2-columns",
     "depthwise-few-pixels", "multiplier-3-few-pixels", "multiplier-2-dilated", "groups-3-strided-dilated",
-    "groups-2-few-pixels", "1d-grouped", "1d-depthwise-strided", "1x1-columns", "1x1-one-pixel", "1x1-images",
+    "groups-2-few-pixels", "1d-grouped", "1d-depthwise-strided", "1x1-columns", "1x1-one-pixel", "1x1-one-pixel-threads", "1x1-images",
     "1x1-few-pixels"])
 @pytest.mark.parametrize("dtype", [sm.float32, sm.float64])
 def test_grouped_convolutions_run_as_the_direct_loop_nest(shape, wshape, groups, descriptor, form, dtype):

@@ -399,7 +399,9 @@ def _patch_convolution(name: str, op: Operation, in_layouts: list[Layout]) -> Cp
                  f"        for (int64_t i = 0; i < {kh}; ++i) for (int64_t j = 0; j < {kw}; ++j)",
                  f"            wk[((o * {c} + c) * {kh} + i) * {kw} + j] = "
                  f"in1[o * {ws[0]}LL + c * {ws[1]}LL + i * {ws[2]}LL + j * {ws[3]}LL];"]),
-             *_parallel(_threads(n * groups, c * h * w + o // groups * oh * ow * taps)),
+             # one image of one group over few pixels (a 1x1 convolution of a vector): threads take its outputs
+             *_parallel(_threads(o, oh * ow * taps) if n * groups == 1 and oh * ow < PATCH_COLUMNS else
+                        _threads(n * groups, c * h * w + o // groups * oh * ow * taps)),
              "    {",
              *(_patch_columns(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n, groups)
                if oh * ow >= PATCH_COLUMNS else
@@ -515,14 +517,16 @@ PATCH_BLOCK = 16
 def _patch_dots(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw, xs, weights, n,
                 groups) -> list[str]:
     """The patch loop nest over few pixels: each pixel's window gathered, each output a dot product (`c`
-    input channels of a group, `o` outputs of all `groups`)."""
+    input channels of a group, `o` outputs of all `groups`). Threads take units of work, or where there is
+    one, each gathers the windows and takes a share of the outputs."""
     block, taps, og = c * ph * pw, c * kh * kw, o // groups
     ob = next(b for b in (4, 2, 1) if og % b == 0)
+    one = n * groups == 1
     return [
         f"        {t}* xp = ({t}*)__builtin_malloc(({block}LL + {taps}LL) * sizeof({t}));",
         f"        {t}* patch = xp + {block}LL;",
         f"        for (int64_t q = 0; q < {block}LL; ++q) xp[q] = 0;",
-        "        #pragma omp for schedule(static)",
+        *([] if one else ["        #pragma omp for schedule(static)"]),
         *_units(t, n, groups, c, xs),
         *_padded_copy(" " * 12, "img", c, h, w, top, left, ph, pw, xs),
         f"            for (int64_t y = 0; y < {oh}; ++y)",
@@ -533,6 +537,7 @@ def _patch_dots(t, c, h, w, o, oh, ow, kh, kw, sh, sw, dh, dw, top, left, ph, pw
         f"                            for (int64_t j = 0; j < {kw}; ++j)",
         f"                                patch[(c * {kh} + i) * {kw} + j] = "
         f"corner[(c * {ph} + i * {dh}) * {pw}LL + j * {dw}];",
+        *(["                    #pragma omp for schedule(static) nowait"] if one else []),
         f"                    for (int64_t o = g * {og}; o < (g + 1) * {og}; o += {ob}) {{",
         *[f"                        const {t}* w{u} = {weights} + (o + {u}) * {taps}LL;" for u in range(ob)],
         f"                        {t} {', '.join(f's{u} = 0' for u in range(ob))};",
