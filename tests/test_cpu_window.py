@@ -280,6 +280,8 @@ def test_grouped_convolutions_run_as_the_direct_loop_nest(shape, wshape, groups,
     conv = next(o for op in exe.program.operations if op.op == "fusion"
                 for o in op.attrs["body"].operations if o.op == "convolution2d")
     assert cpu_window._form(conv) == form
+    # the bias and ReLU6 are computed as the loop nest stores each output: one kernel, one call
+    assert [type(s.run).__name__ for s in exe.steps if s.kind == "convolution"] == ["NativeLaunch"]
     got = exe.run({x: xv, w: wv, b: bv})[y].torch()
     a = desc.attrs()
     pad = a["padding"]
