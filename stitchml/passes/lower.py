@@ -437,7 +437,7 @@ def _native_step(op: Operation, plan, ins: list[int], outs: list[int], scratch_s
         direct = ""  # the direct convolution's source, shown with the kernel's
         fused = cpu_window.fused_epilogue(epi, layouts) if epi is not None and \
             cpu_window.direct_convolution_fits(contraction) else None
-        if fused is not None:  # the epilogue computed as the loop nest stores each output: one kernel
+        if fused is not None:  # the epilogue ends the loop nest's own kernel: one kernel, no product buffer
             slots = [ins[placeholders.index(t)] for t in contraction.inputs] + [ins[i] for i in used]
             body_layouts = _layouts(op, plan)
             src = cpu_window.direct_convolution(f"{op.name}_direct", contraction,
