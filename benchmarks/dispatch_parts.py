@@ -2,6 +2,7 @@
 
     $ python benchmarks/dispatch_parts.py [--model cnn] [--batch 1]
     $ python benchmarks/dispatch_parts.py --device cpu --model hf:t5 --batch 1 --threads 1
+    $ python benchmarks/dispatch_parts.py --device cpu --model hf:mobilenetv2 --threads 1 --steps [--top 20]
 
 On CUDA each line is the median host time of one piece over many calls, each
 call starting from an idle queue: encoding (command buffer, encoder, pipeline,
@@ -15,9 +16,14 @@ call, a step run as it is) with the ops it computes and its median time, called
 in order as a dispatch calls them; then the whole dispatch and the
 preparation's counts (hoisted views, native kernels, products, copies, parts
 left as they are).
+
+With --device cpu --steps: the dispatch's median wall time, what its prepared list of calls holds, and the
+executable's steps timed one by one (medians over runs; the step-by-step run pays a little host time per step
+that the prepared dispatch does not): the time by kind of step, then the slowest steps with the ops inside them.
 """
 import argparse
 import os
+import statistics
 import sys
 import warnings
 
@@ -44,9 +50,11 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     parser.add_argument("--per-kernel", action="store_true",
                         help="CPU: each native kernel its own call (timed alone) instead of runs of them in one")
+    parser.add_argument("--steps", action="store_true", help="CPU: the executable's steps timed one by one")
+    parser.add_argument("--top", type=int, default=15, help="CPU --steps: how many of the slowest steps to list")
     args = parser.parse_args()
     if args.device == "cpu":
-        return cpu_parts(args)
+        return cpu_steps(args) if args.steps else cpu_parts(args)
     note, rows = measure(args.model, args.batch)
     print(note)
     for name, us in rows:
@@ -148,7 +156,6 @@ def measure(model_name: str, batch: int, n: int = 2000) -> tuple[str, list[tuple
 
 def cpu_parts(args) -> int:
     """The prepared CPU dispatch's calls, one line each, timed in order."""
-    import statistics
     import time
 
     from stitchml.pipeline import cpu_run
@@ -196,6 +203,56 @@ def cpu_parts(args) -> int:
         print(f"{us:8.2f} us  {kernels[0][:110]}{more}")
     print(f"{sum(us for us, _ in rows):8.2f} us  the calls, one by one")
     print(f"{median_us(dispatch, n=500):8.2f} us  one dispatch (encode, commit, wait)")
+    return 0
+
+
+def cpu_steps(args) -> int:
+    """The CPU dispatch's wall time, its prepared calls, and the executable's steps timed one by one."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, (example,) = zoo.build(args.model)
+    x = example[:1].repeat(args.batch, *[1] * (example.dim() - 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fn = sm.package.from_torch(model, (x,)).function()
+    dev = sm.device("cpu")
+    pipe = sm.Compiler(dev).new_ml_pipeline(sm.MLPipelineDescriptor(fn))
+    heap, q = dev.new_heap(pipe.intermediates_heap_size), dev.new_command_queue("parts")
+    (in_name,), (out_name, shape) = list(pipe.input_types), next(iter(pipe.output_shapes.items()))
+    table = {in_name: sm.TensorData(x), out_name: dev.new_tensor(shape, sm.float32)}
+
+    def dispatch():
+        cb = q.command_buffer()
+        enc = cb.ml_encoder()
+        enc.set_pipeline(pipe)
+        enc.set_argument_table(table)
+        enc.dispatch_network(heap)
+        enc.end()
+        cb.commit()
+        cb.wait()
+
+    whole = median_us(dispatch, n=500)
+    exe = pipe.executable
+    prepared = pipe._last[2].__self__.prepared
+    placeholder = fn.input_tensor(in_name)
+    times: dict[str, list[float]] = {}
+    for _ in range(100):
+        exe.run({placeholder: x}, profile=True)
+        for name, _, ms in exe.last_profile:
+            times.setdefault(name, []).append(ms * 1e3)
+    kinds = {s.name: s.kind for s in exe.steps}
+    ops = {f"kernel{e['kernel']}_{e['template']}": e["ops"] for e in exe.fusion_entries}
+    steps = sorted(((statistics.median(v), name) for name, v in times.items()), reverse=True)
+    by_kind: dict[str, float] = {}
+    for us, name in steps:
+        by_kind[kinds[name]] = by_kind.get(kinds[name], 0.0) + us
+    print(f"{args.model} batch {args.batch} on the CPU, {torch.get_num_threads()} threads, torch {torch.__version__}; "
+          f"kernels {exe.kernel_count}\ndispatch (encode, commit, wait) {whole:8.1f} us\nprepared calls: {prepared}\n"
+          f"steps one by one {sum(us for us, _ in steps):8.1f} us: "
+          + ", ".join(f"{k} {v:.1f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
+    for us, name in steps[:args.top]:
+        inside = ", ".join(o.split(" ")[0] for o in ops.get(name, []))
+        print(f"{us:8.1f} us  {kinds[name]:<11} {name:<24} {inside[:90]}")
     return 0
 
 

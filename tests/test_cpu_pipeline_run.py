@@ -3,6 +3,7 @@ executable's own run of its steps, whatever the inputs hold from one dispatch to
 of a failing op."""
 from __future__ import annotations
 
+import importlib.util
 import warnings
 
 import numpy as np
@@ -44,10 +45,17 @@ def _bound_zoo_model(model, example: torch.Tensor):
     return fn, dev, pipe, heap, queue, x, y, {fn.inputs[0].name: x, out_name: y}, out_name
 
 
+_needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                         reason="needs the transformers package")
+
+
 @pytest.mark.parametrize("name, batch, parts", [
     ("transformer", 1, ("hoisted", "product", "copy", "batched", "native_product", "native_copy")),
     ("transformer", 3, ("hoisted", "product", "copy", "native_product", "native_copy")),
     ("cnn", 2, ("hoisted", "product", "batched")),
+    # depthwise convolutions (7x7; 3x3 at strides 1 and 2 after TensorFlow's "same" pads) as native loop nests
+    pytest.param("hf:convnext", 2, ("hoisted", "product", "batched"), marks=_needs_transformers),
+    pytest.param("hf:mobilenetv2", 1, ("batched",), marks=_needs_transformers),
 ])
 def test_prepared_dispatches_match_the_executables_run_bit_for_bit(name, batch, parts):
     model, (example,) = zoo.build(name)
@@ -66,6 +74,8 @@ def test_prepared_dispatches_match_the_executables_run_bit_for_bit(name, batch, 
         torch.testing.assert_close(y.torch().double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
     prepared = pipe._last[2].__self__.prepared
     assert all(prepared.get(p, 0) > 0 for p in parts), prepared
+    if name.startswith("hf:"):  # no step runs as it is: no convolution is a library call
+        assert prepared["as_is"] == 0, prepared
 
 
 def test_a_change_of_thread_count_prepares_again():

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import stitchml as sm
+from stitchml.codegen import cpu_window
 from stitchml.runtime import native_conv
 
 NATIVE = {"backend": "native"}
@@ -230,3 +231,125 @@ def test_the_patch_convolution_reads_strided_weights():
                        stride=2, padding=1)
         got = exe.run({x: xv, w_hwio: wv})[y].torch()
         torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+GROUPED = [  # (input shape, weights shape, groups, descriptor, the loop nest's form)
+    ((2, 8, 9, 9), (8, 1, 3, 3), 8, sm.Convolution2DDescriptor(padding="same"), "rows"),  # depthwise
+    ((1, 8, 8, 8), (8, 1, 7, 7), 8, sm.Convolution2DDescriptor(padding=3), "rows"),  # ConvNeXt's 7x7 depthwise
+    ((2, 6, 11, 10), (6, 1, 3, 3), 6, sm.Convolution2DDescriptor(stride=2, padding=(0, 1, 0, 1)), "depthwise"),
+    ((2, 6, 20, 20), (6, 1, 3, 3), 6, sm.Convolution2DDescriptor(stride=2, padding=1), "patch"),  # 100 pixels
+    ((2, 12, 3, 3), (12, 1, 3, 3), 12, sm.Convolution2DDescriptor(stride=2, padding=1), "depthwise"),
+    ((2, 4, 3, 3), (12, 1, 3, 3), 4, sm.Convolution2DDescriptor(padding=1), "depthwise"),  # multiplier 3
+    ((2, 4, 9, 8), (8, 1, 3, 3), 4, sm.Convolution2DDescriptor(dilation=2, padding=(2, 1, 0, 3)), "rows"),
+    ((2, 6, 12, 10), (9, 2, 3, 2), 3, sm.Convolution2DDescriptor(stride=(2, 1), dilation=(1, 2), padding=1),
+     "patch"),
+    ((2, 8, 4, 4), (8, 4, 3, 3), 2, sm.Convolution2DDescriptor(stride=2, padding=1), "patch"),  # few pixels
+    ((2, 8, 1, 19), (8, 2, 1, 16), 4, sm.Convolution2DDescriptor(padding=(0, 0, 8, 8)), "rows"),  # 1-D (Wav2Vec2)
+    ((3, 6, 1, 20), (6, 1, 1, 5), 6, sm.Convolution2DDescriptor(stride=(1, 3), padding=(0, 0, 2, 1)), "depthwise"),
+    # 1x1 at stride 1: columns an image over many pixels, dot products over one, else all images' pixels as
+    # the columns of one product (17 of them: a block and one more)
+    ((2, 8, 8, 8), (24, 8, 1, 1), 1, sm.Convolution2DDescriptor(), "patch"),
+    ((1, 40, 1, 1), (64, 40, 1, 1), 1, sm.Convolution2DDescriptor(), "patch"),
+    ((1, 80, 1, 1), (512, 80, 1, 1), 1, sm.Convolution2DDescriptor(), "patch"),  # threads share the outputs
+    ((17, 40, 1, 1), (64, 40, 1, 1), 1, sm.Convolution2DDescriptor(), "pointwise"),
+    ((2, 16, 2, 2), (24, 16, 1, 1), 1, sm.Convolution2DDescriptor(), "pointwise"),
+]
+
+
+@pytest.mark.parametrize("shape, wshape, groups, descriptor, form", GROUPED, ids=[
+    "depthwise-same", "depthwise-7x7", "depthwise-stride-2-uneven", "depthwise-stride-2-columns",
+    "depthwise-few-pixels", "multiplier-3-few-pixels", "multiplier-2-dilated", "groups-3-strided-dilated",
+    "groups-2-few-pixels", "1d-grouped", "1d-depthwise-strided", "1x1-columns", "1x1-one-pixel", "1x1-one-pixel-threads", "1x1-images",
+    "1x1-few-pixels"])
+@pytest.mark.parametrize("dtype", [sm.float32, sm.float64])
+def test_grouped_convolutions_run_as_the_direct_loop_nest(shape, wshape, groups, descriptor, form, dtype):
+    """Grouped and depthwise convolutions (any stride, padding, dilation, channel multiplier; 1-D as a
+    height of one) and the forms of 1x1 ones: the native loop nest under a bias and ReLU6 epilogue, against
+    float64 PyTorch."""
+    desc = sm.Convolution2DDescriptor(**{**descriptor.attrs(), "groups": groups})
+    g = sm.Graph()
+    x = g.placeholder(shape, dtype, name="x")
+    w = g.placeholder(wshape, dtype, name="w")
+    b = g.placeholder((wshape[0], 1, 1), dtype, name="b")
+    y = g.clamp(g.convolution2d(x, w, desc) + b, 0.0, 6.0)
+    rng = np.random.default_rng(5)
+    xv, wv, bv = (rng.standard_normal(s).astype(dtype.numpy) for s in (shape, wshape, (wshape[0], 1, 1)))
+    exe = g.compile({x: sm.TensorType(shape, dtype), w: sm.TensorType(wshape, dtype),
+                     b: sm.TensorType((wshape[0], 1, 1), dtype)}, [y], device="cpu", options=NATIVE)
+    assert any("_direct(" in (s.source or "") for s in exe.steps)
+    conv = next(o for op in exe.program.operations if op.op == "fusion"
+                for o in op.attrs["body"].operations if o.op == "convolution2d")
+    assert cpu_window._form(conv) == form
+    # the bias and ReLU6 are computed as the loop nest stores each output: one kernel, one call
+    assert [type(s.run).__name__ for s in exe.steps if s.kind == "convolution"] == ["NativeLaunch"]
+    got = exe.run({x: xv, w: wv, b: bv})[y].torch()
+    a = desc.attrs()
+    pad = a["padding"]
+    if pad == "same":
+        pad = ((wshape[2] - 1) // 2,) * 2 + ((wshape[3] - 1) // 2,) * 2
+    x64 = F.pad(torch.from_numpy(xv).double(), (pad[2], pad[3], pad[0], pad[1]))
+    ref = (F.conv2d(x64, torch.from_numpy(wv).double(), stride=a["stride"], dilation=a["dilation"], groups=groups)
+           + torch.from_numpy(bv).double()).clamp(0, 6)
+    tol = 1e-5 if dtype == sm.float32 else 1e-12
+    torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("value", [0.0, 1.0])
+def test_a_zero_pad_before_a_convolution_is_its_padding(value):
+    """TensorFlow's "same" padding exported as a pad op (MobileNetV2's): a zero pad folds into the convolution
+    (no padded copy), any other value stays a pad; forward and gradients against float64 PyTorch."""
+    shape, wshape = (2, 6, 9, 8), (6, 1, 3, 3)
+    g = sm.Graph()
+    x = g.placeholder(shape, sm.float32, name="x")
+    w = g.placeholder(wshape, sm.float32, name="w")
+    y = g.convolution2d(g.pad(x, [0, 0, 0, 1], [0, 0, 1, 1], constant_value=value),
+                        w, sm.Convolution2DDescriptor(stride=2, groups=6))
+    grads = g.gradients(g.reduction_sum(y * y), [x, w])
+    rng = np.random.default_rng(6)
+    xv, wv = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(wshape).astype(np.float32)
+    exe = g.compile({x: sm.TensorType(shape, sm.float32), w: sm.TensorType(wshape, sm.float32)},
+                    [y, grads[x], grads[w]], device="cpu", options=NATIVE)
+    forward = next(op for op in exe.program.operations if op.op == "convolution2d"
+                   or op.op == "fusion" and any(o.op == "convolution2d" for o in op.attrs["body"].operations))
+    conv = forward if forward.op == "convolution2d" else \
+        next(o for o in forward.attrs["body"].operations if o.op == "convolution2d")
+    assert (conv.attrs["padding"] == (0, 1, 1, 1)) == (value == 0.0), conv.attrs["padding"]
+    got = exe.run({x: xv, w: wv})
+    x64 = torch.from_numpy(xv).double().requires_grad_(True)
+    w64 = torch.from_numpy(wv).double().requires_grad_(True)
+    y64 = F.conv2d(F.pad(x64, (1, 1, 0, 1), value=value), w64, stride=2, groups=6)
+    dx64, dw64 = torch.autograd.grad((y64 * y64).sum(), [x64, w64])
+    for t, ref in ((y, y64.detach()), (grads[x], dx64), (grads[w], dw64)):
+        torch.testing.assert_close(got[t].torch().double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("shape, wshape, groups, descriptor", [
+    ((2, 6, 7, 8), (6, 1, 3, 3), 6, sm.Convolution2DDescriptor(padding="same")),  # depthwise
+    ((2, 4, 9, 8), (8, 2, 3, 3), 2, sm.Convolution2DDescriptor(dilation=2, padding=(2, 1, 0, 3))),
+    ((2, 8, 1, 19), (8, 2, 1, 16), 4, sm.Convolution2DDescriptor(padding=(0, 0, 8, 8))),  # 1-D (Wav2Vec2)
+], ids=["depthwise", "groups-2-dilated-uneven", "1d-grouped"])
+def test_grouped_convolutions_weights_gradient_is_the_native_loop_nest(shape, wshape, groups, descriptor):
+    """Few taps at stride 1: the weights' gradient of a grouped convolution is the native loop nest, each
+    output channel over its group's input channels; both gradients against float64 PyTorch."""
+    desc = sm.Convolution2DDescriptor(**{**descriptor.attrs(), "groups": groups})
+    g = sm.Graph()
+    x = g.placeholder(shape, sm.float32, name="x")
+    w = g.placeholder(wshape, sm.float32, name="w")
+    y = g.convolution2d(x, w, desc)
+    grads = g.gradients(g.reduction_sum(y * y), [x, w])
+    rng = np.random.default_rng(7)
+    xv, wv = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(wshape).astype(np.float32)
+    exe = g.compile({x: sm.TensorType(shape, sm.float32), w: sm.TensorType(wshape, sm.float32)},
+                    [grads[x], grads[w]], device="cpu", options=NATIVE)
+    assert any(st.kind == "window" and "_weights_gradient" in st.name for st in exe.steps)
+    got = exe.run({x: xv, w: wv})
+    a = desc.attrs()
+    pad = a["padding"]
+    if pad == "same":
+        pad = ((wshape[2] - 1) // 2,) * 2 + ((wshape[3] - 1) // 2,) * 2
+    x64 = torch.from_numpy(xv).double().requires_grad_(True)
+    w64 = torch.from_numpy(wv).double().requires_grad_(True)
+    y64 = F.conv2d(F.pad(x64, (pad[2], pad[3], pad[0], pad[1])), w64, dilation=a["dilation"], groups=groups)
+    dx64, dw64 = torch.autograd.grad((y64 * y64).sum(), [x64, w64])
+    for t, ref in ((grads[x], dx64), (grads[w], dw64)):
+        torch.testing.assert_close(got[t].torch().double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())

@@ -643,6 +643,16 @@ def _native_step(op: Operation, plan, ins: list[int], outs: list[int], scratch_s
         vendor = _vendor(contraction, placeholders, ins, outs[0] if epi is None else scratch_slots[op.id], options,
                          native=True)
         direct = ""  # the direct convolution's source, shown with the kernel's
+        fused = cpu_window.fused_epilogue(epi, layouts) if epi is not None and \
+            cpu_window.direct_convolution_fits(contraction) else None
+        if fused is not None:  # the epilogue ends the loop nest's own kernel: one kernel, no product buffer
+            slots = [ins[placeholders.index(t)] for t in contraction.inputs] + [ins[i] for i in used]
+            body_layouts = _layouts(op, plan)
+            src = cpu_window.direct_convolution(f"{op.name}_direct", contraction,
+                                                [body_layouts[placeholders.index(t)] for t in contraction.inputs],
+                                                fused)
+            module.add(src)
+            return Step(op.name, template, cpu.NativeLaunch(module, src, slots, outs, reference), src.source)
         if cpu_window.direct_convolution_fits(contraction):
             vendor, direct = _direct_convolution(op, contraction, plan, placeholders, ins, vendor, module,
                                                  epi is not None)

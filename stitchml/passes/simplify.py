@@ -11,12 +11,18 @@ Requires: static types. Ensures:
   reshape/transpose/broadcast to the same shape, chains of reshapes and of
   transposes, select on a constant predicate;
 * a transpose that swaps two axes counted from the end (built for an operand
-  of unknown rank) becomes a permutation.
+  of unknown rank) becomes a permutation;
+* a convolution of a zero-padded input (TensorFlow's "same" padding as an
+  explicit pad, as exported models have it) pads inside the convolution:
+  no padded copy of the activation, and the native CPU loop nests and the
+  libraries take any padding.
 
 Each rule is an entry of RULES keyed by op name: `rule(g, op, inputs)`
 returns replacement outputs or None.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -155,6 +161,24 @@ def _select(g, op, inputs):
     return [pick] if _same(op, pick) else None
 
 
+def _padded_convolution(g, op, inputs):
+    x, w = inputs
+    padded = x.op
+    if padded.op != "pad" or len(padded.inputs) != 1 or op.attrs["padding"] == "same":
+        return None
+    value, left, right = padded.attrs["constant_value"], padded.attrs["left"], padded.attrs["right"]
+    if value != 0 or math.copysign(1.0, value) < 0 or len(left) != 4:  # -0.0 would show in an all-padding window
+        return None
+    rows, cols = (2, 3) if op.attrs["data_layout"] == "NCHW" else (1, 2)
+    if any(left[a] or right[a] for a in range(4) if a not in (rows, cols)):
+        return None
+    top, bottom, first, last = (0, 0, 0, 0) if op.attrs["padding"] == "valid" else op.attrs["padding"]
+    padding = (top + left[rows], bottom + right[rows], first + left[cols], last + right[cols])
+    conv = g._emit("convolution2d", [padded.inputs[0], w], {**op.attrs, "padding": padding}, op.name)
+    conv.location, conv.scope = op.location, op.scope
+    return conv.outputs if _same(op, conv.outputs[0]) else None
+
+
 RULES = {
     "identity": _identity,
     "stop_gradient": _identity,
@@ -176,6 +200,7 @@ RULES = {
     "random_normal": _random,
     "element_count": _element_count,
     "select": _select,
+    "convolution2d": _padded_convolution,
 }
 
 
