@@ -154,16 +154,11 @@ def measure(model_name: str, batch: int, n: int = 2000) -> tuple[str, list[tuple
     return note, rows
 
 
-def cpu_parts(args) -> int:
-    """The prepared CPU dispatch's calls, one line each, timed in order."""
-    import time
-
-    from stitchml.pipeline import cpu_run
-
+def _cpu_dispatch(args):
+    """(the package function, its input, the CPU pipeline, its heap, one dispatch encoded, committed and
+    waited for) for zoo model args.model at args.batch, on args.threads threads."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.per_kernel:
-        cpu_run._native_runner = lambda: None  # no runner: every kernel stays a call of its own
     model, (example,) = zoo.build(args.model)
     x = example[:1].repeat(args.batch, *[1] * (example.dim() - 1))
     with warnings.catch_warnings():
@@ -185,6 +180,18 @@ def cpu_parts(args) -> int:
         cb.commit()
         cb.wait()
 
+    return fn, x, pipe, heap, dispatch
+
+
+def cpu_parts(args) -> int:
+    """The prepared CPU dispatch's calls, one line each, timed in order."""
+    import time
+
+    from stitchml.pipeline import cpu_run
+
+    if args.per_kernel:
+        cpu_run._native_runner = lambda: None  # no runner: every kernel stays a call of its own
+    fn, x, pipe, heap, dispatch = _cpu_dispatch(args)
     for _ in range(3):  # the bound run, the preparing run, a prepared run
         dispatch()
     run = pipe.launcher(pipe._checked_table, heap).__self__
@@ -208,29 +215,8 @@ def cpu_parts(args) -> int:
 
 def cpu_steps(args) -> int:
     """The CPU dispatch's wall time, its prepared calls, and the executable's steps timed one by one."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, (example,) = zoo.build(args.model)
-    x = example[:1].repeat(args.batch, *[1] * (example.dim() - 1))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fn = sm.package.from_torch(model, (x,)).function()
-    dev = sm.device("cpu")
-    pipe = sm.Compiler(dev).new_ml_pipeline(sm.MLPipelineDescriptor(fn))
-    heap, q = dev.new_heap(pipe.intermediates_heap_size), dev.new_command_queue("parts")
-    (in_name,), (out_name, shape) = list(pipe.input_types), next(iter(pipe.output_shapes.items()))
-    table = {in_name: sm.TensorData(x), out_name: dev.new_tensor(shape, sm.float32)}
-
-    def dispatch():
-        cb = q.command_buffer()
-        enc = cb.ml_encoder()
-        enc.set_pipeline(pipe)
-        enc.set_argument_table(table)
-        enc.dispatch_network(heap)
-        enc.end()
-        cb.commit()
-        cb.wait()
-
+    fn, x, pipe, _, dispatch = _cpu_dispatch(args)
+    in_name = next(iter(pipe.input_types))
     whole = median_us(dispatch, n=500)
     exe = pipe.executable
     prepared = pipe._last[2].__self__.prepared
