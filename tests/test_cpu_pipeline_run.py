@@ -122,14 +122,14 @@ def test_small_batched_products_are_pytorchs_bit_for_bit():
     instruction, which GCC would otherwise make, rounds once and differs)."""
     import ctypes
 
-    from stitchml.codegen import cpu, cpu_window
+    from stitchml.codegen import cpu, cpu_product
 
     rng = np.random.default_rng(7)
     module, cases = cpu.Module(), []
     while len(cases) < 16:
         c = len(cases)
         m, k, n = (int(v) for v in rng.integers(1, [12, 40, 12], endpoint=True))
-        if m * k * n >= cpu_window.TORCH_SMALL_BMM:
+        if m * k * n >= cpu_product.TORCH_SMALL_BMM:
             continue
         batch = int(rng.integers(1, 20))
         dtype = (torch.float32, torch.float64)[c % 2]
@@ -138,7 +138,7 @@ def test_small_batched_products_are_pytorchs_bit_for_bit():
         b = torch.from_numpy(rng.standard_normal((batch, n, k))).to(dtype).transpose(1, 2) if c % 4 == 0 else \
             torch.from_numpy(rng.standard_normal((batch, k, n))).to(dtype)
         name = f"small_product_test_{c}"
-        module.add(cpu_window.small_batched_product(name, batch, m, k, n, a.stride(), b.stride(),
+        module.add(cpu_product.small_batched_product(name, batch, m, k, n, a.stride(), b.stride(),
                                                     str(dtype).replace("torch.", "")))
         cases.append((name, a, b))
     module.build()

@@ -18,7 +18,8 @@ import math
 import torch
 
 from .cpu import CppSource
-from .cpu_window import BIT_TYPES
+
+BIT_TYPES = {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}
 
 # Index types a native gather reads.
 INDEX_TYPES = {torch.int32: "int32_t", torch.int64: "int64_t"}
@@ -111,4 +112,18 @@ def pad(name: str, shape: tuple, strides: tuple, left: tuple, right: tuple, valu
     lines += head
     lines.append("    " * depth + f"out[{first}LL + {_offset('i', tuple(out_strides))}] = x[{_offset('i', strides)}];")
     lines.append("}")
+    return CppSource(name, "\n".join(lines) + "\n", "copy")
+
+
+def strided_copy(name: str, shape: tuple, strides: tuple, itemsize: int) -> CppSource:
+    """C++ copying the elements of a strided view (`shape`, `strides` in elements, read from its data
+    pointer) in row-major order into a contiguous buffer; the bits as they are (any type of `itemsize` bytes)."""
+    t = BIT_TYPES[itemsize]
+    shape, strides = tuple(shape) or (1,), tuple(strides) or (1,)
+    lines = [f'extern "C" void {name}(const {t}* __restrict__ in0, {t}* __restrict__ out0, int threads) {{',
+             "    int64_t q = 0;"]
+    for d, n in enumerate(shape):
+        lines.append("    " * (d + 1) + f"for (int64_t i{d} = 0; i{d} < {n}; ++i{d})")
+    index = " + ".join(f"i{d} * {s}LL" for d, s in enumerate(strides))
+    lines += ["    " * (len(shape) + 1) + f"out0[q++] = in0[{index}];", "}"]
     return CppSource(name, "\n".join(lines) + "\n", "copy")

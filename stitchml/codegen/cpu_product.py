@@ -16,6 +16,12 @@ from __future__ import annotations
 
 from .cpu import CppSource
 
+# PyTorch multiplies batched matrices with fewer multiply-adds than this per matrix (rows x columns x
+# contraction) in a plain loop of its own (ATen's baddbmm_cpu_kernel): for each output, products added in
+# order of the contraction index to a sum starting at zero, each product and sum rounded to the type.
+# `small_batched_product` is that loop, so its results are bit for bit PyTorch's.
+TORCH_SMALL_BMM = 400
+
 # The register block: output rows times vectors of columns whose sums stay in registers across the
 # contraction (eight independent multiply-add chains for the core's two FMA ports).
 ROWS, VECTORS = 4, 2
@@ -113,4 +119,29 @@ def product(name: str, batch: tuple, m: int, k: int, n: int, a_strides: tuple, b
             lines += block(rows, vectors % VECTORS, i, str(full * lanes), last)
         lines.append("        }")
     lines += ["    }", "}", "#pragma GCC pop_options"]
+    return CppSource(name, "\n".join(lines) + "\n", "matmul")
+
+
+def small_batched_product(name: str, batch: int, m: int, k: int, n: int, a_strides: tuple, b_strides: tuple,
+                          dtype: str) -> CppSource:
+    """C++ for out[b] = a[b] @ b[b] (a: batch x m x k, b: batch x k x n, any strides in elements; out
+    contiguous) in PyTorch's order for small products (`TORCH_SMALL_BMM`): sums start at zero and add the
+    products in order of k, unfused (no multiply-add instruction: PyTorch's loop has none). The loop over
+    columns is innermost, so it vectorises without changing any sum's order."""
+    t = {"float32": "float", "float64": "double"}[dtype]
+    (sa0, sa1, sa2), (sb0, sb1, sb2) = a_strides, b_strides
+    lines = ["#pragma GCC push_options", '#pragma GCC optimize ("fp-contract=off")',
+             f'extern "C" void {name}(const {t}* __restrict__ in0, const {t}* __restrict__ in1, '
+             f'{t}* __restrict__ out0, int threads) {{',
+             f"    for (int64_t b = 0; b < {batch}; ++b)",
+             f"        for (int64_t i = 0; i < {m}; ++i) {{",
+             f"            {t} acc[{n}];",
+             f"            for (int64_t j = 0; j < {n}; ++j) acc[j] = 0;",
+             f"            for (int64_t p = 0; p < {k}; ++p) {{",
+             f"                const {t} x = in0[b * {sa0}LL + i * {sa1}LL + p * {sa2}LL];",
+             f"                const {t}* y = in1 + b * {sb0}LL + p * {sb1}LL;",
+             f"                for (int64_t j = 0; j < {n}; ++j) acc[j] = acc[j] + x * y[j * {sb2}LL];",
+             "            }",
+             f"            for (int64_t j = 0; j < {n}; ++j) out0[(b * {m} + i) * {n}LL + j] = acc[j];",
+             "        }", "}", "#pragma GCC pop_options"]
     return CppSource(name, "\n".join(lines) + "\n", "matmul")

@@ -14,7 +14,7 @@ data:
 * a matrix product between such slots calls `torch.mm` or `torch.bmm` into the planned buffer (what
   `torch.matmul` calls after its shape logic), where the answer is bit for bit `torch.matmul`'s; a batched
   product small enough that PyTorch multiplies it in a loop of its own runs that loop compiled
-  (codegen/cpu_window.py, `small_batched_product`), and other small products MKL's chains of multiply-adds
+  (codegen/cpu_product.py, `small_batched_product`), and other small products MKL's chains of multiply-adds
   compiled (codegen/cpu_product.py): native kernels, so they join their neighbours' runner call;
 * a movement op run through its reference implementation (a `split`, a `reshape` of a transposed
   view), which binds fresh memory every run, copies into a buffer of its own instead, from a view of
@@ -43,7 +43,7 @@ from typing import Callable
 
 import torch
 
-from ..codegen import cpu, cpu_movement, cpu_product, cpu_window
+from ..codegen import cpu, cpu_movement, cpu_product
 from ..codegen.cpu import NativeLaunch
 from ..ops.contraction import _matmul_vendor
 from ..registry import MOVEMENT, lookup
@@ -125,7 +125,7 @@ class _Binding(functools.partial):
 
 
 class _Pending:
-    """A part to run as a native loop made for it (codegen/cpu_window.py), compiled with the run's other such
+    """A part to run as a native loop made for it (codegen/cpu_movement.py, cpu_product.py), compiled with the run's other such
     loops once the steps have been walked. `capture()`, called when `out` holds the library's answer, keeps
     that answer and the memory of `inputs` (later steps reuse the arena); the loop is then checked on those
     copies and replaces `fallback` only where it gives the same bits."""
@@ -343,7 +343,7 @@ class PreparedRun:
         if not args or not all(isinstance(a, torch.Tensor) for a in args):
             return None
         result = fn.impl(*args, **fn.attrs)
-        if not isinstance(result, torch.Tensor) or result.element_size() not in cpu_window.BIT_TYPES:
+        if not isinstance(result, torch.Tensor) or result.element_size() not in cpu_movement.BIT_TYPES:
             return None
         slot = fn.outs[0]
         dst = env[slot] if fn.into else torch.empty(result.shape, dtype=result.dtype, device=result.device)
@@ -416,11 +416,11 @@ def _copy(source: torch.Tensor, dst: torch.Tensor):
     """`dst.copy_(source)` (dst contiguous, same shape) as a native loop where the element size allows."""
     fallback = functools.partial(dst.copy_, source)
     size = source.element_size()
-    if size not in cpu_window.BIT_TYPES or source.dtype != dst.dtype or not dst.is_contiguous():
+    if size not in cpu_movement.BIT_TYPES or source.dtype != dst.dtype or not dst.is_contiguous():
         return fallback
     key = f"{tuple(source.shape)}{source.stride()}{size}".encode()
     name = f"prepared_copy_{hashlib.sha256(key).hexdigest()[:16]}"
-    src = cpu_window.strided_copy(name, tuple(source.shape), source.stride(), size)
+    src = cpu_movement.strided_copy(name, tuple(source.shape), source.stride(), size)
     return _Pending(src, [source], dst, fallback, "copy").capture()
 
 
@@ -443,7 +443,7 @@ def _copy_slot(dst: torch.Tensor, env: list, slot: int) -> None:
 def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
     """`torch.mm` or `torch.bmm` writing `out` (`torch.matmul` where the batch axes do not fold into one), or
     in its place a native loop with the library's bits for these operands: where PyTorch multiplies small
-    batched matrices in a loop of its own, that loop (codegen/cpu_window.py), else for small products MKL's
+    batched matrices in a loop of its own, that loop (codegen/cpu_product.py), else for small products MKL's
     chain of multiply-adds (codegen/cpu_product.py); None where that is not `torch.matmul`'s answer bit for
     bit (checked on the values at hand)."""
     if out.dtype != a.dtype or out.dtype != b.dtype or not out.is_contiguous() or a.dim() != b.dim() or \
@@ -462,11 +462,11 @@ def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
     batch = math.prod(a.shape[:-2])
     dtype = str(a.dtype).replace("torch.", "")
     small = None
-    if dtype in ("float32", "float64") and folded is not None and m * k * n < cpu_window.TORCH_SMALL_BMM:
+    if dtype in ("float32", "float64") and folded is not None and m * k * n < cpu_product.TORCH_SMALL_BMM:
         a3, b3, out3 = folded
         key = f"{batch},{m},{k},{n}{a3.stride()}{b3.stride()}{a.dtype}".encode()
         name = f"prepared_product_{hashlib.sha256(key).hexdigest()[:16]}"
-        src = cpu_window.small_batched_product(name, batch, m, k, n, a3.stride(), b3.stride(), dtype)
+        src = cpu_product.small_batched_product(name, batch, m, k, n, a3.stride(), b3.stride(), dtype)
         small = _Pending(src, [a3, b3], out3, call, "product")
     elif dtype in ("float32", "float64") and cpu_product.fits(batch, m, k, n, a.element_size()):
         key = f"fma{tuple(a.shape)},{n}{a.stride()}{b.stride()}{a.dtype}".encode()
