@@ -696,10 +696,10 @@ def reduction(name: str, body, in_layouts: list[Layout], first_check: int = 0) -
 
 
 # -- compiling and loading --------------------------------------------------------------------------------
-@functools.cache
-def compiler() -> tuple[str, str]:
-    """(path, version line) of the C++ compiler: $CXX, else g++, else clang++; CompilerUnavailable if none."""
-    for candidate in (os.environ.get("CXX"), "g++", "clang++", "c++"):
+def find_compiler(candidates) -> tuple[str, str] | None:
+    """(path, version line) of the first of `candidates` (names or paths; None is skipped) on PATH that
+    answers `--version`; None if none does."""
+    for candidate in candidates:
         path = candidate and shutil.which(candidate)
         if path:
             try:
@@ -708,7 +708,16 @@ def compiler() -> tuple[str, str]:
             except (OSError, subprocess.SubprocessError, IndexError):
                 continue
             return path, version
-    raise CompilerUnavailable("no C++ compiler found (set CXX, or install g++ or clang++)")
+    return None
+
+
+@functools.cache
+def compiler() -> tuple[str, str]:
+    """(path, version line) of the C++ compiler: $CXX, else g++, else clang++; CompilerUnavailable if none."""
+    found = find_compiler((os.environ.get("CXX"), "g++", "clang++", "c++"))
+    if found is None:
+        raise CompilerUnavailable("no C++ compiler found (set CXX, or install g++ or clang++)")
+    return found
 
 
 @functools.cache

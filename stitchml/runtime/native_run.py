@@ -41,7 +41,6 @@ import importlib.util
 import logging
 import math
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -51,6 +50,7 @@ from typing import Any
 
 import torch
 
+from ..codegen.cpu import find_compiler
 from ..ir import Operation, Tensor
 from ..tensor_data import TensorData
 from .launch import KernelLaunch
@@ -83,16 +83,10 @@ def enabled() -> bool:
 
 def compiler() -> tuple[str, str]:
     """(path, version line) of the C compiler: $CC, else cc, gcc or clang; Unavailable if none."""
-    for candidate in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        path = candidate and shutil.which(candidate)
-        if path:
-            try:
-                version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30,
-                                         check=True).stdout.splitlines()[0]
-            except (OSError, subprocess.SubprocessError, IndexError):
-                continue
-            return path, version
-    raise Unavailable("no C compiler found (set CC, or install gcc or clang)")
+    found = find_compiler((os.environ.get("CC"), "cc", "gcc", "clang"))
+    if found is None:
+        raise Unavailable("no C compiler found (set CC, or install gcc or clang)")
+    return found
 
 
 def cache_dir() -> str:
