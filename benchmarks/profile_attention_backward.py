@@ -26,10 +26,8 @@ import sys
 import time
 
 import torch
-import torch.nn.attention  # noqa: F401  (sdpa_kernel, to pin the flash backend)
-import torch.nn.functional as F
 from timing import median_ms  # noqa: E402
-from tune_attention import _warm  # noqa: E402
+from tune_attention import _warm, sdpa  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from stitchml.codegen import attention, attention_backward  # noqa: E402
@@ -194,21 +192,8 @@ def main(argv=None) -> int:
         case = Case(shape, causal, device)
         row = {"shape": list(shape), "causal": causal, "kernels": []}
 
-        def sdpa(backward: bool):
-            leaves = [t.detach().clone().requires_grad_(backward) for t in (case.q, case.k, case.v)]
-
-            def run():
-                if device == "cuda":
-                    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
-                        o = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-                else:
-                    o = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-                if backward:
-                    torch.autograd.grad(o, leaves, case.do)
-            return run
-
-        row["sdpa_fwd_ms"] = median_ms(sdpa(False), device, reps)
-        row["sdpa_fwd_bwd_ms"] = median_ms(sdpa(True), device, reps)
+        row["sdpa_fwd_ms"] = median_ms(sdpa(case, causal, device, False), device, reps)
+        row["sdpa_fwd_bwd_ms"] = median_ms(sdpa(case, causal, device, True), device, reps)
         runs = {}
         for kernel, variant, tile, src in found:
             entry = {"kernel": kernel, "variant": variant, "tile": list(tile.__dict__.values())}

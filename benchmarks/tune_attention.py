@@ -128,6 +128,22 @@ def launcher(src, problem: Problem, kernel: str):
     return lambda: fn[grid](*args, num_warps=src.num_warps, **src.constexprs)
 
 
+def sdpa(problem, causal: bool, device: str, backward: bool):
+    """PyTorch's scaled_dot_product_attention on `problem`'s q, k, v (the flash backend on CUDA), with its
+    backward for `problem.do` when `backward`: a contender to time."""
+    leaves = [t.detach().clone().requires_grad_(backward) for t in (problem.q, problem.k, problem.v)]
+
+    def run():
+        if device == "cuda":
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+                o = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+        else:
+            o = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+        if backward:
+            torch.autograd.grad(o, leaves, problem.do)
+    return run
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
@@ -181,21 +197,8 @@ def main(argv=None) -> int:
         problem = Problem(shape, causal, device, dtype)
         row = {"shape": list(shape), "causal": causal, "candidates": [], "skipped": []}
 
-        def sdpa(backward: bool):
-            leaves = [t.detach().clone().requires_grad_(backward) for t in (problem.q, problem.k, problem.v)]
-
-            def run():
-                if device == "cuda":
-                    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
-                        o = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-                else:
-                    o = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-                if backward:
-                    torch.autograd.grad(o, leaves, problem.do)
-            return run
-
-        row["sdpa_fwd_ms"] = median_ms(sdpa(False), device, reps, warmup=2)
-        row["sdpa_fwd_bwd_ms"] = median_ms(sdpa(True), device, reps, warmup=2)
+        row["sdpa_fwd_ms"] = median_ms(sdpa(problem, causal, device, False), device, reps, warmup=2)
+        row["sdpa_fwd_bwd_ms"] = median_ms(sdpa(problem, causal, device, True), device, reps, warmup=2)
         best: dict[str, tuple] = {}
         for j, (case, kernel, tile, split, src) in enumerate(plan):
             if case != i:
