@@ -39,7 +39,7 @@ from . import cudart
 from .cudart import using
 
 
-def _span(t: torch.Tensor) -> tuple[int, int]:
+def byte_span(t: torch.Tensor) -> tuple[int, int]:
     """The byte range [start, end) that `t` addresses."""
     if t.numel() == 0:
         return t.data_ptr(), t.data_ptr()
@@ -47,7 +47,8 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
-def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
+def spans_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether two byte ranges [start, end) share a byte."""
     return a[0] < b[1] and b[0] < a[1]
 
 
@@ -69,7 +70,7 @@ class BoundRun:
             else:
                 env[slot] = torch.empty(shape, dtype=dtype, device=exe.device)
                 self.stage_in.append((env[slot], t))
-            inputs.append(_span(t))
+            inputs.append(byte_span(t))
         output_slots = {slot for slot, _, _ in exe.output_buffers}
         for slot, shape, dtype in exe.output_buffers:
             env[slot] = torch.empty(shape, dtype=dtype, device=exe.device)
@@ -81,12 +82,12 @@ class BoundRun:
                                 or dst.dtype != t.dtype.torch):
                 raise GraphError(f"bind: output {name} must be {tuple(t.shape)} {t.dtype} on {exe.device}, "
                                  f"got {tuple(dst.shape)} {dst.dtype} on {dst.device}")
-            span = _span(dst)
+            span = byte_span(dst)
             for other in placed:
-                if _overlaps(span, other):
+                if spans_overlap(span, other):
                     raise GraphError(f"bind: output {name} shares memory with another output")
             placed.append(span)
-            if (slot in output_slots and dst.is_contiguous() and not any(_overlaps(span, s) for s in inputs)
+            if (slot in output_slots and dst.is_contiguous() and not any(spans_overlap(span, s) for s in inputs)
                     and not any(r is dst for _, r in self.results)):
                 env[slot] = dst  # the kernel that makes it writes the caller's memory
                 output_slots.discard(slot)

@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 import torch
 
+from .bound import byte_span, spans_overlap
+
 
 @dataclass(frozen=True)
 class SlabView:
@@ -43,19 +45,6 @@ class Slab:
     b_index: tuple
     views: tuple[SlabView, ...]
     launch: Callable[[list], None]
-
-
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    """The bytes [start, end) a tensor's elements lie in."""
-    if t.numel() == 0:
-        return t.data_ptr(), t.data_ptr()
-    extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
-    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
-
-
-def _overlap(x: torch.Tensor, y: torch.Tensor) -> bool:
-    (a, b), (c, d) = _span(x), _span(y)
-    return a < d and c < b
 
 
 class Slabs:
@@ -81,7 +70,7 @@ class Slabs:
         place, with an input of the epilogue (the product would overwrite it before the epilogue reads it)."""
         outs = [env[s] for s in self.outs]
         others = [env[self.a], env[self.b]] + ([env[s] for s in self.epilogue_ins] if self.in_place else [])
-        return not any(_overlap(o, t) for o in outs for t in others)
+        return not any(spans_overlap(byte_span(o), byte_span(t)) for o in outs for t in others)
 
     def __call__(self, env: list) -> None:
         if not self.safe(env):
