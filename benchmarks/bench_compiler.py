@@ -25,35 +25,15 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stitchml as sm  # noqa: E402
+from timing import batched_cuda_ms  # noqa: E402
 
 DEV = "cuda"
 ROWS: list[dict] = []
 
 
 def cuda_time(fn, warmup: int = 5, reps: int = 30) -> float:
-    """Median milliseconds per call of `fn()`, between CUDA events.
-
-    Each sample times a batch of back-to-back calls (at least ~0.5 ms of work)
-    so that the host's launch of the next call overlaps the device's work,
-    as in a real program; host-bound contenders show their host cost.
-    """
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    inner = max(1, min(100, int(0.5e-3 / max(time.perf_counter() - t, 1e-6))))
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / inner)
-    return statistics.median(times)
+    """Median milliseconds per call of `fn()`, between CUDA events, over batches of back-to-back calls."""
+    return batched_cuda_ms(fn, reps, warmup)
 
 
 def host_time(fn, warmup: int = 5, reps: int = 30) -> float:

@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stitchml as sm  # noqa: E402
+from timing import batched_cuda_ms  # noqa: E402
 
 SETTINGS = [(1, 4), (2, 4), (4, 4), (8, 4), (1, 8), (2, 8), (4, 8), (8, 8), (16, 8), (4, 16), (8, 16), (16, 16)]
 
@@ -53,19 +54,7 @@ def gpu_us(fn, launches: int = 20, reps: int = 25) -> float:
 
 
 def run_us(fn, inner: int = 50, reps: int = 15) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / inner)
-    return statistics.median(times)
+    return batched_cuda_ms(fn, reps, warmup=5, inner=inner) * 1000
 
 
 def build(kind: str, rows: int, cols: int):
