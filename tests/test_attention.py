@@ -193,6 +193,20 @@ def _training(shape, dtype, mask):
     return g, (q, k, v, do), [out, grads[q], grads[k], grads[v]]
 
 
+def _assert_training_matches(got, feeds, leaves, outs, bias, label):
+    """O, dQ, dK and dV of a `_training` graph's run obey the tolerance rule against float64 autograd."""
+    mask64 = None if bias is None else bias.double()
+
+    def reference(q, k, v, do):
+        o = _reference(q, k, v, 0.25, mask64)
+        return (o, *torch.autograd.grad((o * do).sum(), (q, k, v), create_graph=True))
+
+    args = [feeds[t].double().requires_grad_() for t in leaves]
+    scopes = sensitivity(reference, [a.detach() for a in args])
+    for name, t, want, scope in zip(("O", "dQ", "dK", "dV"), outs, reference(*args), scopes):
+        assert_within(got[t].torch(), want.detach(), "composite", f"{name} {label}", scope)
+
+
 @pytest.mark.parametrize("shape,dtype,mask", [((1, 1, 19, 8), sm.float32, None), ((1, 13, 8), sm.float16, "causal"),
                                               ((1, 1, 66, 4), sm.bfloat16, "additive")], ids=str)
 def test_training_step_fuses_forward_and_backward(shape, dtype, mask):
@@ -211,18 +225,7 @@ def test_training_step_fuses_forward_and_backward(shape, dtype, mask):
     assert "with its gradient" in exe.fusion_report(), exe.fusion_report()
     assert [s.kind for s in exe.steps if s.kind in ("attention", "attention_backward", "matmul", "reduction")] == \
         ["attention", "attention_backward"]
-    got = exe.run(feeds)
-    mask64 = None if bias is None else bias.double()
-
-    def reference(q, k, v, do):
-        o = _reference(q, k, v, 0.25, mask64)
-        return (o, *torch.autograd.grad((o * do).sum(), (q, k, v), create_graph=True))
-
-    args = [feeds[t].double().requires_grad_() for t in leaves]
-    wants = reference(*args)
-    scopes = sensitivity(reference, [a.detach() for a in args])
-    for name, t, want, scope in zip(("O", "dQ", "dK", "dV"), outs, wants, scopes):
-        assert_within(got[t].torch(), want.detach(), "composite", f"{name} {shape} {dtype.name} {mask}", scope)
+    _assert_training_matches(exe.run(feeds), feeds, leaves, outs, bias, f"{shape} {dtype.name} {mask}")
 
 
 def test_training_step_with_probabilities_read_elsewhere_stays_unfused():
@@ -265,17 +268,7 @@ def test_causal_training_step_with_many_tiles_matches_float64(monkeypatch, shape
     assert ("mask=" in sources) == bounds, "bounds checks only where a tile overhangs"
     # the mask on the diagonal loops alone: once in the forward and dQ kernels, once (transposed) in dK/dV
     assert sources.count("rows[:, None] >= cols[None, :]") == 2 and sources.count("rows[None, :] >= cols[:, None]") == 1
-    got = exe.run(feeds)
-    mask64 = bias.double()
-
-    def reference(q, k, v, do):
-        o = _reference(q, k, v, 0.25, mask64)
-        return (o, *torch.autograd.grad((o * do).sum(), (q, k, v), create_graph=True))
-
-    args = [feeds[t].double().requires_grad_() for t in leaves]
-    scopes = sensitivity(reference, [a.detach() for a in args])
-    for name, t, want, scope in zip(("O", "dQ", "dK", "dV"), outs, reference(*args), scopes):
-        assert_within(got[t].torch(), want.detach(), "composite", f"{name} {shape} {rows_tile} {keys_tile}", scope)
+    _assert_training_matches(exe.run(feeds), feeds, leaves, outs, bias, f"{shape} {rows_tile} {keys_tile}")
 
 
 @pytest.mark.parametrize("dtype,causal", [(sm.float16, True), (sm.bfloat16, False)], ids=str)
@@ -291,15 +284,6 @@ def test_training_step_with_peaked_softmax_takes_delta_from_unrounded_output(dty
     exe = g.compile(feeds, outs, device="cpu")
     assert [s.kind for s in exe.steps if s.kind.startswith("attention")] == ["attention", "attention_backward"]
     got = exe.run(feeds)
-    mask64 = None if bias is None else bias.double()
-
-    def reference(q, k, v, do):
-        o = _reference(q, k, v, 0.25, mask64)
-        return (o, *torch.autograd.grad((o * do).sum(), (q, k, v), create_graph=True))
-
-    args = [feeds[t].double().requires_grad_() for t in leaves]
-    scopes = sensitivity(reference, [a.detach() for a in args])
-    for name, t, want, scope in zip(("O", "dQ", "dK", "dV"), outs, reference(*args), scopes):
-        assert_within(got[t].torch(), want.detach(), "composite", f"{name} {dtype.name} causal={causal}", scope)
+    _assert_training_matches(got, feeds, leaves, outs, bias, f"{dtype.name} causal={causal}")
     if causal:
         assert (got[outs[1]].torch()[:, 0] == 0).all()
