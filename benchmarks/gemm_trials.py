@@ -1,14 +1,17 @@
 """A persistent Triton GEMM with TMA descriptors and the bias + GeLU(erf) epilogue in registers: can a fused
 epilogue come within 3 % of the bare cuBLAS product? Warp specialisation, epilogue subtiling and two CTAs per
-SM are each switched on and off.
+SM are each switched on and off, beside the compiler's own TMA template (codegen/matmul_tma.py).
 
-    python benchmarks/gemm_trials.py --json trials.json     # the H200 figures (about 60 s)
+    python benchmarks/gemm_trials.py --json trials.json     # the H200 figures (about 90 s)
     python benchmarks/gemm_trials.py --device cpu --quick   # a smoke run (TRITON_INTERPRET=1)
 
-Every variant is checked against a float32 reference of the same bf16/fp16 inputs before it is timed; then,
-after half a second of products, the bare cuBLAS product, torch addmm + F.gelu, StitchML's compiled graph and
-every variant are timed in interleaved rounds (medians of CUDA-event medians, benchmarks/timing.py).
-`persistent_gelu` is also what bench_targets.py --explore times.
+Every contender is checked against a float32 reference of the same bf16/fp16 inputs before it is timed;
+then, after half a second of products, the bare cuBLAS product, PyTorch eager and torch.compile, StitchML
+(its measured choice, cuBLAS + the epilogue kernel alone, and each TMA configuration forced) and the
+hand-written variants are timed in interleaved rounds (medians of CUDA-event medians, benchmarks/timing.py);
+jax.jit after them (wall-clock mean). A ragged product (8000 x 8184 x 8120), one through a transposed
+weight and one whose operand sits at an odd address are checked, not timed. `persistent_gelu` is also what
+bench_targets.py --explore times.
 """
 from __future__ import annotations
 
@@ -115,19 +118,17 @@ def persistent_gelu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, bm: in
     return c, run
 
 
+# The first call (results/gemm_trials_h200_2026-12-02_first.json) timed warp specialisation on and off: it
+# never beat the plain loop, and 128 x 128 tiles of 4 warps failed in Triton 3.6's Hopper pass. What is left
+# to try is a second program per SM, whose main loop can run while the other's epilogue computes.
 VARIANTS = [
-    Config(),  # the earlier trial's best: no warp specialisation
-    Config(gelu=False),
-    Config(subtile=True),
-    Config(ws=True, flatten=False),
-    Config(ws=True, flatten=False, gelu=False),
-    Config(ws=True, flatten=False, subtile=True),
-    Config(ws=True, flatten=False, subtile=True, stages=4),
-    Config(ws=True, flatten=True, subtile=True),
-    Config(bn=128, stages=4, ws=True, flatten=False),
-    Config(bn=128, warps=4, stages=4, ws=True, flatten=False),
+    Config(),  # the best of the first call
     Config(bn=128, warps=4, stages=3, subtile=True, per_sm=2),
-    Config(bn=128, warps=4, stages=2, ws=True, flatten=False, per_sm=2),
+    Config(bn=128, warps=4, stages=3, subtile=True, per_sm=2, gelu=False),
+    Config(bn=128, warps=4, stages=2, per_sm=2),
+    Config(bn=128, bk=32, warps=4, stages=4, subtile=True, per_sm=2),
+    Config(bm=64, bn=256, warps=4, stages=2, subtile=True, per_sm=2),
+    Config(bm=256, bn=128, warps=8, stages=3, subtile=True),
 ]
 QUICK = [Config(16, 32, 16, 4, 1), Config(16, 32, 16, 4, 1, ws=True, flatten=False, subtile=True)]
 
@@ -157,27 +158,33 @@ def kernel_facts(kernel) -> dict:
     the producer and consumer warps) of a compiled kernel."""
     try:
         ptx = kernel.asm.get("ptx", "")
-        return {"regs": kernel.n_regs, "spills": kernel.n_spills, "setmaxnreg": "setmaxnreg" in ptx}
+        warps, shared = kernel.metadata.num_warps, kernel.metadata.shared
+        per_warp = -(-kernel.n_regs * 32 // 256) * 256  # registers are allocated per warp in blocks of 256
+        fit = min(65536 // (per_warp * warps), 233472 // (shared + 1024))  # an H100/H200 SM's file and memory
+        return {"regs": kernel.n_regs, "spills": kernel.n_spills, "shared": shared, "ctas_per_sm": fit,
+                "setmaxnreg": "setmaxnreg" in ptx}
     except Exception:  # noqa: BLE001  (the interpreter's launch returns no compiled kernel)
         return {}
 
 
-def stitchml_path(a, w, bias, dev):
-    """StitchML's compiled matmul + bias + GeLU(erf) (whatever it chooses) and the step's choice."""
+def stitchml_path(a, w, bias, dev, options=None, transposed: bool = False):
+    """StitchML's compiled gelu(a @ w + bias) (`transposed`: w holds the weight's transpose, read through a
+    transpose view), a callable that runs it again, and how its step ran (its measured choice)."""
     import stitchml as sm
 
     g = sm.Graph("mlp")
     x = g.placeholder(tuple(a.shape), sm.as_dtype(str(a.dtype)[6:]), name="x")
     wt = g.placeholder(tuple(w.shape), sm.as_dtype(str(w.dtype)[6:]), name="w")
     b = g.placeholder(tuple(bias.shape), sm.as_dtype(str(bias.dtype)[6:]), name="b")
-    y = g.gelu(x @ wt + b)
+    y = g.gelu(x @ (g.transpose(wt, [1, 0]) if transposed else wt) + b)
     feeds = {x: a, wt: w, b: bias}
-    exe = g.compile(feeds, [y], device=str(dev))
+    exe = g.compile(feeds, [y], device=str(dev), options=options)
     out = exe.run(feeds)[y].torch()
     step = next(s for s in exe.steps if s.kind == "matmul")
-    info = {"chose": getattr(step.run, "chosen", None),
-            "measured": {k: round(v, 4) for k, v in getattr(step.run, "timings", {}).items()}}
-    return out, (lambda: exe.run(feeds)), info
+    info = {"runs": type(step.run).__name__, "chose": getattr(step.run, "chosen", None),
+            "measured": {k: round(v, 4) for k, v in getattr(step.run, "timings", {}).items()},
+            "failures": getattr(step.run, "failures", {})}
+    return out, (lambda: exe.run(feeds)), {k: v for k, v in info.items() if v}, step
 
 
 def interleaved(contenders: list, dev, reps: int, rounds: int) -> list[float]:
@@ -189,8 +196,62 @@ def interleaved(contenders: list, dev, reps: int, rounds: int) -> list[float]:
     return [statistics.median(s) for s in samples]
 
 
+def tma_options(config) -> dict:
+    """Compile options that force the compiler's TMA template with `config` (a matmul_tma.TmaConfig)."""
+    import dataclasses
+
+    return {"matmul_tma": "always", "matmul_tma_configs": [dataclasses.asdict(config)]}
+
+
+def forced(dev) -> list[tuple[str, dict]]:
+    """(name, compile options) forcing each TMA configuration a GPU measures; the interpreter's tiles on a CPU."""
+    from stitchml.codegen import matmul_tma
+
+    if dev.type != "cuda":
+        return [("interpreter tiles", {"matmul_tma": "always"})]
+    return [(c.name, tma_options(c)) for c in matmul_tma.CONFIGS]
+
+
+def compiled_contenders(a, w, bias, ref, dev, force: bool) -> list:
+    """StitchML as it compiles by default, with its TMA template off, and (`force`) each TMA configuration."""
+    found = []
+    runs = [("stitchml default (measured choice)", None), ("stitchml cuBLAS + epilogue kernel", {"matmul_tma": "never"})]
+    if force:
+        runs += [(f"stitchml {name}", options) for name, options in forced(dev)]
+    for label, options in runs:
+        try:
+            t = time.perf_counter()
+            out, fn, info, _ = stitchml_path(a, w, bias, dev, options)
+            err = rel_err(out, ref)
+            assert err < 1e-2, err
+            found.append((label, fn, {"rel_err": f"{err:.1e}", "compile_s": round(time.perf_counter() - t, 1), **info}))
+        except Exception as e:  # noqa: BLE001  (a failure is a finding)
+            record(f"{a.shape[0]}x{w.shape[1]}x{a.shape[1]}", label, float("nan"), None,
+                   failed=f"{type(e).__name__}: {' '.join(str(e).split())}"[:300])
+    return found
+
+
+def torch_contenders(a, w, bias, ref, with_compile: bool) -> list:
+    """PyTorch eager (addmm then GeLU; and product, add, GeLU) and torch.compile of the latter, checked."""
+    found = [("torch eager gelu(addmm)", lambda: torch.nn.functional.gelu(torch.addmm(bias, a, w)), {}),
+             ("torch eager gelu(a @ w + b)", lambda: torch.nn.functional.gelu(a @ w + bias), {})]
+    if with_compile:
+        try:
+            t = time.perf_counter()
+            compiled = torch.compile(lambda p, q, r: torch.nn.functional.gelu(p @ q + r))
+            compiled(a, w, bias)
+            found.append(("torch.compile gelu(a @ w + b)", lambda: compiled(a, w, bias),
+                          {"compile_s": round(time.perf_counter() - t, 1)}))
+        except Exception as e:  # noqa: BLE001
+            record(f"{a.shape[0]}x{w.shape[1]}x{a.shape[1]}", "torch.compile", float("nan"), None,
+                   failed=f"{type(e).__name__}: {e}"[:200])
+    for _, fn, extra in found:
+        extra["rel_err"] = f"{rel_err(fn(), ref):.1e}"
+    return found
+
+
 def case(dev, m: int, n: int, k: int, dtype, variants: list[Config], reps: int, rounds: int, time_it: bool = True,
-         others: bool = True) -> None:
+         others: bool = True, with_compile: bool = False, force: bool = False) -> tuple:
     name = f"{m}x{n}x{k} {str(dtype)[6:]}"
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(m, k, generator=gen).to(dev, dtype)
@@ -201,15 +262,8 @@ def case(dev, m: int, n: int, k: int, dtype, variants: list[Config], reps: int, 
     prod = torch.empty(m, n, device=dev, dtype=dtype)
     contenders = [("cuBLAS bare product", lambda: torch.matmul(a, w, out=prod), {})]
     if others:
-        eager = lambda: torch.nn.functional.gelu(torch.addmm(bias, a, w))  # noqa: E731
-        contenders.append(("torch addmm + F.gelu (eager)", eager, {"rel_err": f"{rel_err(eager(), ref):.1e}"}))
-        try:
-            out, fn, info = stitchml_path(a, w, bias, dev)
-            err = rel_err(out, ref)
-            assert err < 1e-2, err
-            contenders.append(("stitchml (today's path)", fn, {"rel_err": f"{err:.1e}", **info}))
-        except Exception as e:  # noqa: BLE001  (a failure is a finding)
-            record(name, "stitchml (today's path)", float("nan"), None, failed=f"{type(e).__name__}: {e}"[:200])
+        contenders += torch_contenders(a, w, bias, ref, with_compile)
+        contenders += compiled_contenders(a, w, bias, ref, dev, force)
     for cfg in variants:
         try:
             t = time.perf_counter()
@@ -226,7 +280,7 @@ def case(dev, m: int, n: int, k: int, dtype, variants: list[Config], reps: int, 
     if not time_it:
         for label, _, extra in contenders[1:]:
             record(name, label, float("nan"), None, checked=True, **extra)
-        return
+        return a, w, bias, ref
     if dev.type == "cuda":
         end = time.perf_counter() + 0.5
         while time.perf_counter() < end:
@@ -236,6 +290,71 @@ def case(dev, m: int, n: int, k: int, dtype, variants: list[Config], reps: int, 
     times = interleaved(contenders, dev, reps, rounds)
     for (label, _, extra), ms in zip(contenders, times):
         record(name, label, ms, times[0], **extra)
+    return a, w, bias, ref, times[0]
+
+
+def checks(dev, shapes, odd_size: int) -> None:
+    """Not timed: each TMA configuration forced on `shapes` ((m, n, k, weight transposed)), and a run whose
+    operand is not 16-byte aligned (the template's step runs cuBLAS + the epilogue kernel for it)."""
+    import stitchml as sm
+
+    gen = torch.Generator().manual_seed(3)
+    for m, n, k, transposed in shapes:
+        a = torch.randn(m, k, generator=gen).to(dev, torch.bfloat16)
+        w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(dev, torch.bfloat16)
+        bias = torch.randn(n, generator=gen).to(dev, torch.bfloat16)
+        ref = torch.nn.functional.gelu(a.float() @ w.float().T + bias.float())
+        weight = w if transposed else w.T.contiguous()
+        old = stitchml_path(a, weight, bias, dev, {"matmul_tma": "never"}, transposed)[0]
+        for name, options in forced(dev):
+            label = f"check {m}x{n}x{k}{' w.T' if transposed else ''} {name}"
+            try:
+                out, _, info, _ = stitchml_path(a, weight, bias, dev, options, transposed)
+                record("checks", label, float("nan"), None, rel_err=f"{rel_err(out, ref):.1e}",
+                       max_vs_old=float((out.float() - old.float()).abs().max()), **info)
+            except Exception as e:  # noqa: BLE001
+                record("checks", label, float("nan"), None, failed=f"{type(e).__name__}: {e}"[:300])
+    m = n = k = odd_size
+    g = sm.Graph("odd")
+    x, wt, b = (g.placeholder(s, sm.bfloat16, name=nm) for s, nm in (((m, k), "x"), ((k, n), "w"), ((n,), "b")))
+    y = g.gelu(x @ wt + b)
+    feeds = {x: torch.randn(m, k, generator=gen).to(dev, torch.bfloat16),
+             wt: (torch.randn(k, n, generator=gen) / k ** 0.5).to(dev, torch.bfloat16),
+             b: torch.randn(n, generator=gen).to(dev, torch.bfloat16)}
+    ref = torch.nn.functional.gelu(feeds[x].float() @ feeds[wt].float() + feeds[b].float())
+    exe = g.compile(feeds, [y], device=str(dev), options=forced(dev)[0][1])
+    launch = next(s for s in exe.steps if s.kind == "matmul").run
+    aligned = exe.run(feeds)[y].torch()
+    odd = torch.empty(m * k + 1, device=dev, dtype=torch.bfloat16)[1:].view(m, k)
+    odd.copy_(feeds[x])
+    shifted = exe.run({**feeds, x: odd})[y].torch()
+    record("checks", f"{m}^3 operand at an odd address", float("nan"), None, runs=type(launch).__name__,
+           fallbacks=getattr(launch, "fallbacks", None), rel_err=f"{rel_err(shifted, ref):.1e}",
+           max_vs_aligned=float((shifted.float() - aligned.float()).abs().max()))
+
+
+def jax_row(a, w, bias, ref, bare: float, reps: int) -> None:
+    """jax.jit of gelu(a @ w + b) where JAX sees a GPU: wall-clock mean of back-to-back calls."""
+    try:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        import jax
+        import jax.numpy as jnp
+
+        if jax.default_backend() != "gpu":
+            return
+        ja, jw, jb = (jax.dlpack.from_dlpack(t.contiguous()) for t in (a, w, bias))
+        f = jax.jit(lambda p, q, r: jax.nn.gelu(jnp.matmul(p, q) + r, approximate=False))
+        err = rel_err(torch.from_dlpack(f(ja, jw, jb).block_until_ready()), ref)
+        for _ in range(5):
+            f(ja, jw, jb).block_until_ready()
+        t = time.perf_counter()
+        for _ in range(reps):
+            out = f(ja, jw, jb)
+        out.block_until_ready()
+        record(f"{a.shape[0]}x{w.shape[1]}x{a.shape[1]} {str(a.dtype)[6:]}", "jax.jit gelu(a @ w + b) (wall mean)",
+               (time.perf_counter() - t) / reps * 1e3, bare, rel_err=f"{err:.1e}")
+    except Exception as e:  # noqa: BLE001
+        record("jax", "jax.jit", float("nan"), None, failed=f"{type(e).__name__}: {e}"[:200])
 
 
 def main(argv=None) -> int:
@@ -250,13 +369,15 @@ def main(argv=None) -> int:
            "triton": triton.__version__, "date": time.strftime("%Y-%m-%d %H:%M")}
     OUT.update(path=args.json, env=env)
     if args.quick:
-        case(dev, 40, 72, 48, torch.float16, QUICK, 2, 2)
+        case(dev, 40, 72, 48, torch.float16, QUICK, 2, 2, with_compile=True, force=True)
+        checks(dev, ((40, 56, 24, False), (32, 48, 40, True)), 32)
     else:
-        best = [VARIANTS[0], VARIANTS[3], VARIANTS[5]]
-        case(dev, 8192, 8192, 8192, torch.bfloat16, VARIANTS, 10, 6)
-        case(dev, 8192, 8192, 8192, torch.float16, best, 10, 4)
-        case(dev, 4096, 4096, 1024, torch.bfloat16, best, 20, 4)
-        case(dev, 8000, 8184, 8120, torch.bfloat16, best, 0, 0, time_it=False, others=False)
+        a, w, bias, ref, bare = case(dev, 8192, 8192, 8192, torch.bfloat16, VARIANTS, 10, 6, with_compile=True,
+                                     force=True)
+        case(dev, 8192, 8192, 8192, torch.float16, [], 10, 4, force=True)
+        case(dev, 4096, 4096, 1024, torch.bfloat16, [], 20, 4)
+        checks(dev, ((8000, 8184, 8120, False), (4096, 4096, 4096, True)), 2048)
+        jax_row(a, w, bias, ref, bare, 60)
     print(f"total {time.perf_counter() - started:.1f} s")
     return 0
 
