@@ -2,7 +2,7 @@
 epilogue come within 3 % of the bare cuBLAS product? Warp specialisation, epilogue subtiling and two CTAs per
 SM are each switched on and off, beside the compiler's own TMA template (codegen/matmul_tma.py).
 
-    python benchmarks/gemm_trials.py --json trials.json     # the H200 figures (about 90 s)
+    python benchmarks/gemm_trials.py --json trials.json     # the H200 figures (about 65 s)
     python benchmarks/gemm_trials.py --device cpu --quick   # a smoke run (TRITON_INTERPRET=1)
 
 Every contender is checked against a float32 reference of the same bf16/fp16 inputs before it is timed;

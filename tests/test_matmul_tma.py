@@ -148,11 +148,12 @@ def test_misaligned_address_runs_the_other_path():
     assert launch.fallbacks == 1
 
 
-def test_measure_mode_and_the_option():
-    """By default the interpreter keeps cuBLAS and the epilogue kernel (CUDA measures the template); an
-    unknown value of the option is an error that names it."""
+def test_default_and_measure_mode_keep_the_vendor_path_here_and_the_option_is_checked():
+    """Off by default; "measure" offers the template only to a GPU's measured choice, so the interpreter keeps
+    cuBLAS (torch) and the epilogue kernel; an unknown value of the option is an error that names it."""
     case = CASES[0]
-    assert not isinstance(_step(compile_case(case)[3]).run, TmaLaunch)
+    for options in (None, {"matmul_tma": "measure"}):
+        assert not isinstance(_step(compile_case(case, options)[3]).run, TmaLaunch)
     with pytest.raises(CompileError, match="matmul_tma expects 'measure', 'always' or 'never', got 'yes'"):
         compile_case(case, {"matmul_tma": "yes"})
 

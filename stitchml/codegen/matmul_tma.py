@@ -24,8 +24,8 @@ from .common import Layout, header, tl_type
 from .matmul import GROUP_M, TileEmitter, rounded, split
 
 DTYPES = ("float16", "bfloat16")  # wgmma's operands here: float32 products stay with cuBLAS (IEEE, no TF32)
-# Products smaller than this stay with cuBLAS and the epilogue kernel: on an H200 the template took 1.8-2.2x
-# the bare product at 4096 x 4096 x 1024 against 1.7x for that path (benchmarks/gemm_trials.py).
+# Smaller products stay with cuBLAS and the epilogue kernel: on an H200 persistent TMA kernels took 1.8-2.2x the
+# bare product at 4096 x 4096 x 1024, against 1.65-1.7x for that path (benchmarks/gemm_trials.py).
 MIN_WORK = 2**36
 
 
@@ -50,8 +50,12 @@ class TmaConfig:
         return f"triton-tma-{self.bm}x{self.bn}x{self.bk}-w{self.warps}-s{self.stages}-x{self.per_sm}{flags}"
 
 
-# What a GPU times against cuBLAS and the epilogue kernel (benchmarks/gemm_trials.py measured these on an H200).
-CONFIGS = (TmaConfig(), TmaConfig(bn=128, warps=4, stages=3, subtile=True, per_sm=2))
+# What a GPU times against cuBLAS and the epilogue kernel. On an H200 (benchmarks/gemm_trials.py, second call)
+# at 8192^3 bfloat16 with bias + GeLU(erf), in interleaved rounds: two programs per SM of 128 x 128 tiles, the
+# epilogue in halves, 1.080x (BLOCK_K 32, 4 stages, hand-written) and 1.086x (BLOCK_K 64, 3 stages) the bare
+# product, against 1.099x for cuBLAS + the epilogue kernel; one program per SM of 128 x 256 tiles, 1.08-1.16x.
+CONFIGS = (TmaConfig(bn=128, bk=32, warps=4, stages=4, subtile=True, per_sm=2),
+           TmaConfig(bn=128, warps=4, stages=3, subtile=True, per_sm=2))
 
 
 @dataclass
@@ -119,10 +123,11 @@ def configs(body, in_layouts: list[Layout], mode: str, capability: tuple[int, in
             given: list[dict] | None = None) -> tuple[list[TmaConfig], str]:
     """The configurations to generate for matmul kernel `body` and why there are none ("" when there are).
 
-    `mode` is compile option `matmul_tma`: "measure" (on a GPU of compute `capability` 9.0 or later, for
-    products of at least MIN_WORK multiply-adds, each of CONFIGS joins the measured choice) or "always" (one
-    configuration wherever the template applies, under the interpreter (`capability` None) too). `given`
-    (option `matmul_tma_configs`, dicts of TmaConfig fields) replaces the configurations."""
+    `mode` is compile option `matmul_tma` where it offers the template: "measure" (on a GPU of compute
+    `capability` 9.0 or later, for products of at least MIN_WORK multiply-adds, each of CONFIGS joins the
+    measured choice) or "always" (one configuration wherever the template applies, under the interpreter
+    (`capability` None) too). `given` (option `matmul_tma_configs`, dicts of TmaConfig fields) replaces the
+    configurations."""
     why = unsupported(body, in_layouts)
     if why:
         return [], why
