@@ -6,8 +6,8 @@ One program per SM (or two) walks the output tiles in groups of GROUP_M row bloc
 shares stay in L2. The epilogue is the matmul template's own (codegen/matmul.py, `TileEmitter.epilogue`):
 the product rounded once to its dtype, then float32 until each output's one rounding, so results equal
 those of cuBLAS followed by the epilogue kernel up to the product's summation order. With `subtile` the
-epilogue runs on the two column halves of a tile in turn: the second half's arithmetic overlaps the first
-half's store, and half the tile's staging buffer is freed for the operand pipeline.
+epilogue runs on the two column halves of a tile in turn, so that the second half's arithmetic can overlap
+the first half's store, and the store's staging buffer is half a tile.
 
 TMA reads and writes in boxes of the tile's shape and fills the lanes past a tensor's edges with zeros
 (stores there are dropped), so ragged M, N and K need no masks on the operands. Its rules: the innermost
@@ -70,7 +70,6 @@ class TmaSource:
     num_warps: int
     num_stages: int
     descriptors: list[tuple[tuple[int, int], bool] | None]
-    template: str = "matmul_tma"
 
 
 def _operand(lay: Layout, itemsize: int) -> tuple[bool, str]:
