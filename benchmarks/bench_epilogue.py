@@ -1,6 +1,6 @@
 """matmul + bias + GeLU: the whole-product epilogue against the slabbed ones (passes/slabs.py).
 
-    python benchmarks/bench_epilogue.py --json results.json      # the H200 figures (about 40 s)
+    python benchmarks/bench_epilogue.py --json results.json      # the H200 figures (about 50 s)
     python benchmarks/bench_epilogue.py --device cpu --quick     # a smoke run
 
 Per case (M x N x K, dtype): the bare cuBLAS product, cuBLAS addmm (bias in its
@@ -9,7 +9,8 @@ bytes an epilogue pass moves), the epilogue kernel alone over the whole
 product (bias only; GeLU with several launch blocks), StitchML as it compiles
 by default (the tanh form: the measured choice, `chose`, and what it measured),
 StitchML with each slab layout forced (`epilogue_slabs` bytes, in place,
-overlapped on a second stream, other epilogue blocks) and with slabs off,
+overlapped on a second stream, other epilogue blocks), with slabs off, and
+with the persistent TMA template (option `matmul_tma`) measured or forced,
 PyTorch eager and torch.compile, for the erf and the tanh GeLU; then jax.jit.
 A row in between runs a slabbed, overlapped, in-place product inside an
 executable that replays a CUDA graph, and checks every replay.
@@ -303,6 +304,8 @@ def main(argv=None) -> int:
                                                               **block(1024, 4)}),
                      ("slabs 64 MB in place block 1024x4", {"epilogue_slabs": 64 * MB, "epilogue_in_place": True,
                                                             **block(1024, 4)}),
+                     ("TMA template in the measured choice", {**off, "matmul_tma": "measure"}),
+                     ("TMA template forced", {**off, "matmul_tma": "always"}),
                      ("slabs off (again: the spread)", off)]
         blocks = ((4096, 4), (2048, 4), (1024, 4), (2048, 8), (1024, 8), (512, 4))
         run_case(dev, 8192, 8192, 8192, dtype, variants, reps, rounds, blocks=blocks, others=others)
@@ -311,6 +314,7 @@ def main(argv=None) -> int:
         short = [("slabs off", off), ("slabs off block 1024x4", {**off, **block(1024, 4)})]
         run_case(dev, 4096, 4096, 1024, dtype, short, reps, rounds, ("none",), ((4096, 4), (1024, 4)))
         short.append(("slabs 32 MB block 1024x4", {"epilogue_slabs": 32 * MB, **block(1024, 4)}))
+        short.append(("TMA template in the measured choice", {**off, "matmul_tma": "measure"}))
         run_case(dev, 8192, 8192, 8192, torch.float16, short, reps, rounds, ("none",), ((4096, 4), (1024, 4)))
     print(f"total {time.perf_counter() - started:.1f} s")
     return 0

@@ -135,6 +135,81 @@ def more_blocks(m: int, n: int, dtype: str) -> list[tuple[int, int, int, int, in
     return [(128, 256, 64, 8, 3)]
 
 
+class TileEmitter:
+    """Triton source for elementwise ops on the tiles of a matmul kernel: lines before the loop over K
+    (`hoisted`, 4 spaces in) and inside it (`looped`, 8 spaces in), variables named from one counter.
+
+    `lanes` maps a tile axis ("m", "n", "k") to the names of its index vector and mask; a kernel that
+    computes an epilogue on part of a tile at a time changes them between calls."""
+
+    def __init__(self, placeholders: list[Tensor], layouts: list[Layout], batch: tuple[int, ...]):
+        self.arg_of = {t.id: f"in{i}" for i, t in enumerate(placeholders)}
+        self.layout_of = {t.id: lay for t, lay in zip(placeholders, layouts)}
+        self.batch = batch
+        self.hoisted: list[str] = []
+        self.looped: list[str] = []
+        self.names = iter(range(1 << 30))
+        self.lanes = {"m": ("rm", "m_ok"), "n": ("rn", "n_ok"), "k": ("rk", "k_ok")}
+
+    def load(self, t: Tensor, lay: Layout, row: str, col: str, convert: bool = True) -> tuple[str, bool]:
+        """Load placeholder `t` through `lay` (over batch + the two tile axes) at lanes `row` x `col`, in
+        its compute type (`convert`) or its own: the variable and whether it moves with K."""
+        nb = len(self.batch)
+        base = index_expr("bid", flat_dims(lay, list(range(nb))))
+        terms = [] if base == "0" else [f"({base})"]
+        mask, moves = [], False
+        for axis, stride, where in ((row, lay.strides[nb], "[:, None]"), (col, lay.strides[nb + 1], "[None, :]")):
+            lane, ok = self.lanes[axis]
+            if stride:  # a broadcast axis (stride 0) leaves the load a row, a column or a scalar
+                terms.append(f"{lane}{where}" if stride == 1 else f"{lane}{where} * {stride}")
+                mask.append(f"{ok}{where}")
+                moves = moves or axis == "k"
+        var = f"x{next(self.names)}"
+        ptr = self.arg_of[t.id] + (f" + {lay.offset}" if lay.offset else "")
+        masked = f", mask={' & '.join(mask)}, other=0" if mask else ""
+        text = f"tl.load({ptr} + {' + '.join(terms)}{masked})" if terms else f"tl.load({ptr})"
+        text = f"{text}.to({tl_type(compute_dtype(t.dtype))})" if convert else text
+        (self.looped if moves else self.hoisted).append(f"{'        ' if moves else '    '}{var} = {text}")
+        return var, moves
+
+    def emit(self, ops: list[Operation], frame_layout, row: str, col: str, value: dict, moving: dict) -> None:
+        """Emit elementwise `ops`; `frame_layout(t)` is a placeholder's layout over batch + tile axes."""
+        for op in ops:
+            o = op.outputs[0]
+            if op.op == "constant":
+                value[o.id], moving[o.id] = literal(op.attrs["value"], o.dtype), False
+                continue
+            args, moves = [], False
+            for t in op.inputs:
+                if t.id not in value:
+                    value[t.id], moving[t.id] = self.load(t, frame_layout(t), row, col)
+                args.append(value[t.id])
+                moves = moves or moving[t.id]
+            var = f"v{next(self.names)}"
+            (self.looped if moves else self.hoisted).append(
+                f"{'        ' if moves else '    '}{var} = {expression(op, args)}")
+            value[o.id], moving[o.id] = var, moves
+
+    def epilogue(self, parts: MatmulParts, out: Tensor, accumulator: str) -> tuple[list[str], dict[int, str]]:
+        """The epilogue's lines on the product's tile held in `accumulator` (taken out of `hoisted`), and
+        the variable of every value it computes, the product's included."""
+        value = {out.id: accumulator}
+        moving: dict[int, bool] = {out.id: False}
+        before = len(self.hoisted)
+        self.emit(parts.epilogue, lambda x: self.layout_of[x.id].broadcast_to(out.shape), "m", "n", value, moving)
+        lines = self.hoisted[before:]
+        del self.hoisted[before:]
+        if any(moving.values()):
+            raise AssertionError("an epilogue value moves with K")
+        return lines, value
+
+
+def rounded(acc: str, dt) -> str:
+    """The float32 accumulator `acc` as the product's value: rounded once to a half type, as the vendor
+    GEMM stores it."""
+    return acc if dt == compute_dtype(dt) else f"{acc}.to({tl_type(dt)}).to(tl.float32)"
+
+
 def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options: dict | None = None) -> KernelSource:
     """Triton source for a matmul kernel `body` (a Program) reading inputs of the given layouts."""
     options = options or {}
@@ -153,53 +228,10 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
     for d in batch:
         nbatch *= d
     placeholders = [op.outputs[0] for op in body.operations if op.op == "placeholder"]
-    arg_of = {t.id: f"in{i}" for i, t in enumerate(placeholders)}
-    layout_of = {t.id: lay for t, lay in zip(placeholders, in_layouts)}
     sizes = [t.type.numel() for t in placeholders] + [t.type.numel() for t in body.outputs]
     wide = max(sizes + [nbatch * m * n]) >= 2**31 - 2**20
-    hoisted: list[str] = []  # before the loop over K
-    looped: list[str] = []  # inside it
-    names = iter(range(1 << 30))
-    lanes = {"m": ("rm", "m_ok"), "n": ("rn", "n_ok"), "k": ("rk", "k_ok")}
-
-    def load(t: Tensor, lay: Layout, row: str, col: str, convert: bool = True) -> tuple[str, bool]:
-        """Load placeholder `t` through `lay` (over batch + the two tile axes) at lanes `row` x `col`, in
-        its compute type (`convert`) or its own: the variable and whether it moves with K."""
-        nb = len(batch)
-        base = index_expr("bid", flat_dims(lay, list(range(nb))))
-        terms = [] if base == "0" else [f"({base})"]
-        mask, moves = [], False
-        for axis, stride, where in ((row, lay.strides[nb], "[:, None]"), (col, lay.strides[nb + 1], "[None, :]")):
-            lane, ok = lanes[axis]
-            if stride:  # a broadcast axis (stride 0) leaves the load a row, a column or a scalar
-                terms.append(f"{lane}{where}" if stride == 1 else f"{lane}{where} * {stride}")
-                mask.append(f"{ok}{where}")
-                moves = moves or axis == "k"
-        var = f"x{next(names)}"
-        ptr = arg_of[t.id] + (f" + {lay.offset}" if lay.offset else "")
-        masked = f", mask={' & '.join(mask)}, other=0" if mask else ""
-        text = f"tl.load({ptr} + {' + '.join(terms)}{masked})" if terms else f"tl.load({ptr})"
-        text = f"{text}.to({tl_type(compute_dtype(t.dtype))})" if convert else text
-        (looped if moves else hoisted).append(f"{'        ' if moves else '    '}{var} = {text}")
-        return var, moves
-
-    def emit(ops: list[Operation], frame_layout, row: str, col: str, value: dict, moving: dict) -> None:
-        """Emit elementwise `ops`; `frame_layout(t)` is a placeholder's layout over batch + tile axes."""
-        for op in ops:
-            o = op.outputs[0]
-            if op.op == "constant":
-                value[o.id], moving[o.id] = literal(op.attrs["value"], o.dtype), False
-                continue
-            args, moves = [], False
-            for t in op.inputs:
-                if t.id not in value:
-                    value[t.id], moving[t.id] = load(t, frame_layout(t), row, col)
-                args.append(value[t.id])
-                moves = moves or moving[t.id]
-            var = f"v{next(names)}"
-            (looped if moves else hoisted).append(f"{'        ' if moves else '    '}{var} = {expression(op, args)}")
-            value[o.id], moving[o.id] = var, moves
-
+    em = TileEmitter(placeholders, in_layouts, batch)
+    hoisted, looped = em.hoisted, em.looped
     dot_type = tl_type(dt)
     # the interpreter holds bfloat16 as raw 16-bit integers, which its tl.dot multiplies as integers: there
     # the rounded operands are widened to float32 (values unchanged, products exact)
@@ -211,21 +243,21 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
         value: dict[int, str] = {}
         moving: dict[int, bool] = {}
         if pro is None:
-            lay = layout_of[t.id].broadcast_to(tile_shape)
-            var = load(t, lay, row, col, convert=False)[0]
+            lay = em.layout_of[t.id].broadcast_to(tile_shape)
+            var = em.load(t, lay, row, col, convert=False)[0]
             if all(lay.strides[-2:]):
                 operands.append(var + widen)
                 continue
             src = var  # a broadcast operand: its load is a row or a column, the dot takes a whole tile
         else:
             def frame_layout(x: Tensor, pro=pro, tile_shape=tile_shape) -> Layout:
-                lay = layout_of[x.id].broadcast_to(pro.value.shape)
+                lay = em.layout_of[x.id].broadcast_to(pro.value.shape)
                 lay = Layout(tuple(lay.shape[p] for p in pro.perm), tuple(lay.strides[p] for p in pro.perm), lay.offset)
                 return lay.broadcast_to(tile_shape)
 
-            emit(pro.ops, frame_layout, row, col, value, moving)
+            em.emit(pro.ops, frame_layout, row, col, value, moving)
             src = value[pro.value.id]
-        mask = f"{lanes[row][1]}[:, None] & {lanes[col][1]}[None, :]"
+        mask = f"{em.lanes[row][1]}[:, None] & {em.lanes[col][1]}[None, :]"
         src = f"tl.where({mask}, {src}, 0.0)"
         var = "a" if j == 0 else "b"
         looped.append(f"        {var} = ({src}).to({dot_type}){widen}")
@@ -234,25 +266,17 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
     looped.append(f"        acc = tl.dot({operands[0]}, {operands[1]}, acc{precision})")
 
     # The epilogue runs on the accumulator's tile, hoisted lines and all, after the loop.
-    value = {out.id: "c"}
-    moving: dict[int, bool] = {out.id: False}
-    before = len(hoisted)
-    emit(parts.epilogue, lambda x: layout_of[x.id].broadcast_to(out.shape), "m", "n", value, moving)
-    epilogue_lines = hoisted[before:]
-    del hoisted[before:]
-    if any(moving.values()):
-        raise AssertionError("an epilogue value moves with K")
-    rounded = "acc" if dt == compute_dtype(dt) else f"acc.to({dot_type}).to(tl.float32)"
+    epilogue_lines, value = em.epilogue(parts, out, "c")
     stores = []
     for i, t in enumerate(body.outputs):
         if t.shape != out.shape:
             raise NotImplementedError(f"matmul kernel output {t.name} of shape {t.shape} is not the product's "
                                       f"{out.shape}")
-        v = value[t.id] if t.id in value else rounded
+        v = value.get(t.id, rounded("acc", dt))
         stores.append(f"    tl.store(out{i} + out_base + rm[:, None] * {n} + rn[None, :], "
                       f"({v}).to({tl_type(t.dtype)}), mask=m_ok[:, None] & n_ok[None, :])")
     bm, bn, bk, warps, stages = blocks(m, n, k, dt.name, interpret, options)
-    params = ", ".join([arg_of[t.id] for t in placeholders] + [f"out{i}" for i in range(len(body.outputs))])
+    params = ", ".join([em.arg_of[t.id] for t in placeholders] + [f"out{i}" for i in range(len(body.outputs))])
     cast = ".to(tl.int64)" if wide else ""
     src = header(f"matmul kernel {name}", interpret) + f'''
 
@@ -278,7 +302,7 @@ def {name}({params}, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: t
         rk = k0 + tl.arange(0, BLOCK_K)
         k_ok = rk < {k}
 ''' + "\n".join(looped) + f'''
-    c = {rounded}
+    c = {rounded("acc", dt)}
 ''' + "\n".join(epilogue_lines + stores) + "\n"
     grid = (-(-m // bm) * -(-n // bn), nbatch)
     return KernelSource(name, src, grid, warps, {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, "matmul",
