@@ -2,6 +2,7 @@
 whose stream and CUDA runtime are stand-ins that script what the device answers. Work already done costs one
 query and no synchronize; running work is synchronized once; CUDA errors, a bound run's division check,
 handlers, timeouts and GPU timestamps keep their behaviour."""
+import gc
 import threading
 
 import numpy as np
@@ -200,3 +201,24 @@ def test_gpu_timestamps_become_spans_and_their_events_are_reused(network):
     assert span.clock == "gpu" and (span.start_us, span.end_us) == (2000.0, 1000.0)
     assert rt.calls[-1] == ("event_query", 100)  # the last mark tells when the buffer is done
     assert sorted(e.cuda_event for e in q._events) == [100, 101]  # both back in the pool
+
+
+def test_a_heap_forgets_buffers_gone_but_not_one_still_encoding(network):
+    dev, pipe = network
+    heap = dev.new_heap(pipe.intermediates_heap_size)
+    left, right = dev.new_command_queue("left"), dev.new_command_queue("right")
+    x, y, want = _tensors(dev)
+    pending = _dispatch(left, pipe, heap, x, y)  # encoded, never committed: it holds the heap
+    for i in range(300):
+        cb = _dispatch(left, pipe, heap, x, y)
+        cb.commit()
+        cb.wait()
+        if i % 50 == 0:
+            gc.collect()  # a buffer and its encoders form a cycle: the collector frees them
+    del cb
+    assert len(heap._users) <= 128 and np.array_equal(y.numpy(), want)
+    with pytest.raises(PipelineError, match="in use by command buffer .* on queue 'left'"):
+        _dispatch(right, pipe, heap, x, y)
+    del pending
+    gc.collect()
+    _dispatch(right, pipe, heap, x, y).commit()  # gone: the heap is free for the other queue

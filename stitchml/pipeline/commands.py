@@ -260,7 +260,7 @@ class MLEncoder(_Encoder):
     __slots__ = ("pipeline", "table")
 
     def __init__(self, cb, label, index):
-        super().__init__(cb, label, index)
+        self.cb, self._label, self._index, self.ended = cb, label, index, False  # _Encoder's, without the call
         self.pipeline: MLPipeline | None = None
         self.table: tuple | None = None  # ((name, TensorData), ...), inputs then outputs
 
@@ -268,7 +268,8 @@ class MLEncoder(_Encoder):
         if pipeline is not self.pipeline:
             if not isinstance(pipeline, MLPipeline):
                 raise PipelineError(f"set_pipeline: expected an MLPipeline, got {type(pipeline).__name__}")
-            if pipeline.device.torch_device != self.cb.queue.device.torch_device:
+            dev = self.cb.queue.device
+            if pipeline.device is not dev and pipeline.device.torch_device != dev.torch_device:
                 raise PipelineError(f"set_pipeline: pipeline {pipeline.label} is for {pipeline.device.name}, "
                                     f"the queue is on {self.cb.queue.device.name}")
         self.pipeline, self.table = pipeline, None
@@ -324,7 +325,7 @@ class MLEncoder(_Encoder):
         heap._claim(cb)
         cb._commands.append(("ml", p.label, self, run, p.span_args, None))
         if check is not None:
-            cb._checks.append(check)
+            cb._checks += (check,)
 
 
 class ComputeEncoder(_Encoder):
@@ -356,12 +357,12 @@ class CommandBuffer:
         self._commands: list[_Command] = []
         self._open: _Encoder | None = None
         self._encoders = 0
-        self._handlers: list[Callable[["CommandBuffer"], None]] = []
-        self._checks: list[Callable[[], None]] = []  # bound runs' checks of what their replays met on the device
+        self._handlers: list[Callable[["CommandBuffer"], None]] | tuple = ()  # a list once one is added
+        self._checks: tuple[Callable[[], None], ...] = ()  # bound runs' checks of what their replays met on the device
         self._waits = False
         self._executed = None  # a _pending() lock, released once the commands have run (None: run in a GPU commit)
         self._stamps: list = []  # per command run: (start, end): indices into _marks, else host nanoseconds
-        self._marks: list = []  # with timestamps: the CUDA events recorded between commands
+        self._marks: list | tuple = ()  # with timestamps: the CUDA events recorded between commands
         self._done = None  # without timestamps, when a handler waits: a CUDA event after the last command
         self._spans: list[Span] | None = None  # made from the stamps when `timeline` is asked for
         self._finished = False
@@ -415,7 +416,7 @@ class CommandBuffer:
         """Call `handler(command_buffer)` when the work is done (or has failed: see `.error`)."""
         with self.queue._finish_lock:
             if not self._finished:
-                self._handlers.append(handler)
+                self._handlers = [*self._handlers, handler]
                 later = self._status != "encoding" and not self._completing
                 self._completing = self._completing or later
             else:
@@ -445,8 +446,9 @@ class CommandBuffer:
     def _execute(self) -> None:
         """Put the commands on the queue's stream (the calling thread is the committer or the worker)."""
         q = self.queue
-        stream, marks, stamps, timed = q.stream, self._marks, self._stamps, self.timestamps
-        clock = time.perf_counter_ns
+        stamps, timed = self._stamps, self.timestamps
+        stream, clock = q.stream, time.perf_counter_ns
+        marks = self._marks = [] if timed else ()
         try:
             if timed:
                 marks.append(q._mark())
@@ -539,12 +541,10 @@ class CommandBuffer:
                     q._events.extend(self._marks)
                     if self._done is not None:
                         q._events.append(self._done)
-                self._marks, self._done = [], None
+                self._marks, self._done = (), None
             self._status = "error" if self.error is not None else "completed"
             self._finished = True
-            handlers = self._handlers
-            if handlers:
-                self._handlers = []
+            handlers, self._handlers = self._handlers, ()
         for handler in handlers:
             try:
                 handler(self)
