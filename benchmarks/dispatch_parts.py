@@ -3,6 +3,8 @@
     $ python benchmarks/dispatch_parts.py [--model cnn] [--batch 1]
     $ python benchmarks/dispatch_parts.py --device cpu --model hf:t5 --batch 1 --threads 1
     $ python benchmarks/dispatch_parts.py --device cpu --model hf:mobilenetv2 --threads 1 --steps [--top 20]
+    $ python benchmarks/dispatch_parts.py --device cpu --model cnn --host
+    $ python benchmarks/dispatch_parts.py --model resnet18 --kernels [--variant triton '{"conv_template": "triton"}']
 
 On CUDA each line is the median host time of one piece over many calls, each
 call starting from an idle queue: encoding (command buffer, encoder, pipeline,
@@ -16,6 +18,14 @@ call, a step run as it is) with the ops it computes and its median time, called
 in order as a dispatch calls them; then the whole dispatch and the
 preparation's counts (hoisted views, native kernels, products, copies, parts
 left as they are).
+
+With --device cpu --host: the host parts of one dispatch on the CPU queue (encode, commit with the
+work it runs, wait() on a finished buffer, with and without a completed handler), as on CUDA.
+
+With --kernels (CUDA): each compile variant of the network (default: the measured choice, cuDNN only,
+the Triton template only; --variant NAME JSON adds compile options), bound and replayed as a CUDA graph:
+the GPU time per replay (back to back and from an idle stream), every kernel of a replay with its median
+time (torch.profiler over the replays), what each measured choice picked, and the error against PyTorch.
 
 With --device cpu --steps: the dispatch's median wall time, what its prepared list of calls holds, and the
 executable's steps timed one by one (medians over runs; the step-by-step run pays a little host time per step
@@ -52,9 +62,17 @@ def main() -> int:
                         help="CPU: each native kernel its own call (timed alone) instead of runs of them in one")
     parser.add_argument("--steps", action="store_true", help="CPU: the executable's steps timed one by one")
     parser.add_argument("--top", type=int, default=15, help="CPU --steps: how many of the slowest steps to list")
+    parser.add_argument("--host", action="store_true", help="CPU: the host parts of a dispatch")
+    parser.add_argument("--kernels", action="store_true", help="CUDA: every kernel of a replay, per variant")
+    parser.add_argument("--variant", nargs=2, action="append", default=[], metavar=("NAME", "JSON"),
+                        help="--kernels: a compile variant (options as JSON) besides the default ones")
+    parser.add_argument("--only", nargs="+", default=None, help="--kernels: only these variants, by name")
+    parser.add_argument("--json", default=None, help="--kernels: write the rows here")
     args = parser.parse_args()
+    if args.kernels:
+        return kernel_parts(args)
     if args.device == "cpu":
-        return cpu_steps(args) if args.steps else cpu_parts(args)
+        return cpu_host(args) if args.host else cpu_steps(args) if args.steps else cpu_parts(args)
     note, rows = measure(args.model, args.batch)
     print(note)
     for name, us in rows:
@@ -239,6 +257,135 @@ def cpu_steps(args) -> int:
     for us, name in steps[:args.top]:
         inside = ", ".join(o.split(" ")[0] for o in ops.get(name, []))
         print(f"{us:8.1f} us  {kinds[name]:<11} {name:<24} {inside[:90]}")
+    return 0
+
+
+def cpu_host(args) -> int:
+    """The host parts of one CPU dispatch (encode; commit, which runs the work on an idle queue; wait)."""
+    fn, x, pipe, heap, dispatch = _cpu_dispatch(args)
+    dispatch()
+    q = pipe.device.new_command_queue("host")
+    table = dict(pipe._checked_table)
+
+    def encode():
+        cb = q.command_buffer()
+        enc = cb.ml_encoder()
+        enc.set_pipeline(pipe)
+        enc.set_argument_table(table)
+        enc.dispatch_network(heap)
+        enc.end()
+        return cb
+
+    def committed(handler=False):
+        cb = encode()
+        if handler:
+            cb.add_completed_handler(lambda _: None)
+        cb.commit()
+        return cb
+
+    for _ in range(5):
+        committed().wait()
+    pending, done = [encode()], [committed()]
+    rows = [("encode alone", median_us(encode, n=2000)),
+            ("commit alone (runs the work)", median_us(lambda: pending.pop().commit(),
+                                                       lambda _: pending.append(encode()), n=2000)),
+            ("wait() on a finished buffer", median_us(lambda: done.pop().wait(),
+                                                      lambda _: done.append(committed()), n=2000)),
+            ("encode + commit + wait", median_us(lambda: committed().wait(), n=2000)),
+            ("  with a completed handler", median_us(lambda: committed(True).wait(), n=2000))]
+    print(f"{args.model} batch {args.batch} on the CPU, torch {torch.__version__}")
+    for name, us in rows:
+        print(f"{name:<36} {us:8.2f} us")
+    return 0
+
+
+def _profiled_kernels(launch, stream, replays: int) -> list[tuple[str, int, float]]:
+    """(kernel name, launches per replay, median us per launch) over `replays` replays, in first-run order."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            launch(stream)
+        stream.synchronize()
+    seen: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0:
+            seen.setdefault(e.name, []).append(e.time_range.elapsed_us())
+    return [(name, round(len(t) / replays), statistics.median(t)) for name, t in seen.items()]
+
+
+def _choices(exe) -> list[str]:
+    """What each measured choice of `exe` picked, with its candidates' milliseconds."""
+    from stitchml.runtime.choices import Chooser
+
+    out = []
+    for step in exe.steps:
+        run = step.run
+        if isinstance(run, Chooser):
+            times = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in run.timings.items()) or "stored decision"
+            out.append(f"{step.name}: {run.chosen} ({times} us)")
+    return out
+
+
+def kernel_parts(args) -> int:
+    """Per compile variant: GPU time of a replay of the bound network and every kernel in it."""
+    import json
+
+    model, (example,) = zoo.build(args.model)
+    x = example[:1].repeat(args.batch, *[1] * (example.dim() - 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fn = sm.package.from_torch(model, (x,)).function()
+    with torch.no_grad():
+        want = model(x).double()
+    variants = [("measure", {}), ("library", {"conv_template": "library"}), ("triton", {"conv_template": "triton"})]
+    variants += [(name, json.loads(text)) for name, text in args.variant]
+    variants = [(name, options) for name, options in variants if args.only is None or name in args.only]
+    stream, rows = torch.cuda.Stream(), []
+    (port,), (out,) = fn.inputs, fn.outputs
+    xin = x.cuda()
+    for name, options in variants:
+        exe = fn.graph.compile({fn.input_tensor(port.name): sm.TensorData(xin)}, [fn.output_tensor(out.name)],
+                               device="cuda", options=options)
+        y = torch.empty(tuple(want.shape), device="cuda")
+        bound = exe.bind({fn.input_tensor(port.name): xin}, {fn.output_tensor(out.name): y})
+        with torch.cuda.stream(stream):
+            for _ in range(3):  # the steps (measured choices decide), the capture, a replay
+                bound.launch(stream)
+        stream.synchronize()
+        error = float((y.double().cpu() - want).abs().max())
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        for _ in range(200):
+            bound.launch(stream)
+        end.record(stream)
+        end.synchronize()
+        back_to_back = start.elapsed_time(end) * 1e3 / 200
+        idle = []
+        for _ in range(100):
+            stream.synchronize()
+            start.record(stream)
+            bound.launch(stream)
+            end.record(stream)
+            end.synchronize()
+            idle.append(start.elapsed_time(end) * 1e3)
+        kernels = _profiled_kernels(bound.launch, stream, 20)
+        row = {"variant": name, "options": options, "kernel_steps": exe.kernel_count,
+               "replayed": bound.graph is not None, "gpu_us_back_to_back": back_to_back,
+               "gpu_us_from_idle": statistics.median(idle), "max_error": error,
+               "kernels": kernels, "choices": _choices(exe)}
+        rows.append(row)
+        print(f"{args.model} batch {args.batch}, {name} {options}: {exe.kernel_count} kernel steps, "
+              f"{sum(k[1] for k in kernels)} kernels per replay, GPU {back_to_back:.1f} us per replay back to "
+              f"back, {row['gpu_us_from_idle']:.1f} from idle; max error {error:.2e}; replayed {row['replayed']}")
+        for kname, count, us in kernels:
+            print(f"  {us:7.2f} us x{count}  {kname[:100]}")
+        for line in row["choices"]:
+            print(f"  choice {line}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "batch": args.batch, "gpu": torch.cuda.get_device_name(),
+                       "torch": torch.__version__, "rows": rows}, f, indent=1)
     return 0
 
 

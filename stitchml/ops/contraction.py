@@ -508,11 +508,31 @@ def _window_sum(xp, kernel, stride, padding, dilation, ceil_mode):
     return F.avg_pool2d(xp, kernel, stride, padding, ceil_mode, True, divisor_override=1)
 
 
+def _torch_padding(spec, attrs) -> tuple[int, int] | None:
+    """The padding to hand torch's own pooling (one kernel, no padded copy, no divisor computed per run), or
+    None where its rules differ from ours: asymmetric padding, more than half a window, ceil mode (torch's
+    divisor of a window that runs past the input)."""
+    left, right, top, bottom = spec
+    (kh, kw), ceil = attrs["kernel_size"], attrs["ceil_mode"]
+    if left != right or top != bottom or 2 * top > kh or 2 * left > kw or ceil:
+        return None
+    return top, left
+
+
 def _pool_impl(kind):
     def impl(x, **attrs):
         layout = attrs["data_layout"]
         x = _to_nchw(x, layout)
         spec, out = _pool_geometry(x, attrs)
+        padding = _torch_padding(spec, attrs) if x.dtype.is_floating_point else None
+        if padding is not None:
+            if kind == "max":
+                y = F.max_pool2d(x, attrs["kernel_size"], attrs["stride"], padding, attrs["dilation"])
+            else:  # the divisor: the window's size, or (include_zero_padding off) its part inside the input
+                y = F.avg_pool2d(x, attrs["kernel_size"], attrs["stride"], padding,
+                                 count_include_pad=attrs["include_zero_padding"])
+            if tuple(y.shape[2:]) == out:
+                return _from_nchw(y, layout)
         if kind == "max":
             fill = float("-inf") if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
             y = _pooled(F.max_pool2d, _padded(x, spec, fill), attrs, out)

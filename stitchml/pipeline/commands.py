@@ -51,7 +51,7 @@ import torch
 
 from ..errors import PipelineError, StitchError
 from ..runtime import cudart
-from ..runtime.cudart import using
+from ..runtime.cudart import NOT_READY, using
 from ..tensor_data import TensorData
 from .ml import MLPipeline
 from .resources import Heap, SharedEvent
@@ -183,6 +183,33 @@ class CommandQueue:
                 rt.fail("cudaEventRecord", code)
         return ev
 
+    def _is_done(self, ev) -> bool:
+        """Whether CUDA event `ev` (None: all the work on the stream) has completed; a CUDA error counts
+        as done (the synchronize in `_wait_done` raises it)."""
+        rt = self._direct
+        if rt is None:
+            return ev.query() if ev is not None else self.stream.query()
+        return (rt.event_query(ev.cuda_event) if ev is not None else rt.stream_query(self._handle)) != NOT_READY
+
+    def _wait_done(self, ev) -> None:
+        """Block until CUDA event `ev` (None: all the work on the stream) has completed; a CUDA error raises
+        RuntimeError. Work that is already done costs one query, not a synchronize."""
+        rt = self._direct
+        if rt is None:
+            ev.synchronize() if ev is not None else self.stream.synchronize()
+            return
+        if ev is not None:
+            handle = ev.cuda_event
+            code = rt.event_query(handle)
+            if code == NOT_READY:
+                code = rt.event_synchronize(handle)
+        else:
+            code = rt.stream_query(self._handle)
+            if code == NOT_READY:
+                code = rt.stream_synchronize(self._handle)
+        if code:
+            rt.fail("waiting for the queue's work", code)
+
     def __repr__(self) -> str:
         return f"CommandQueue({self.label!r} on {self.device.name})"
 
@@ -233,7 +260,7 @@ class MLEncoder(_Encoder):
     __slots__ = ("pipeline", "table")
 
     def __init__(self, cb, label, index):
-        super().__init__(cb, label, index)
+        self.cb, self._label, self._index, self.ended = cb, label, index, False  # _Encoder's, without the call
         self.pipeline: MLPipeline | None = None
         self.table: tuple | None = None  # ((name, TensorData), ...), inputs then outputs
 
@@ -241,7 +268,8 @@ class MLEncoder(_Encoder):
         if pipeline is not self.pipeline:
             if not isinstance(pipeline, MLPipeline):
                 raise PipelineError(f"set_pipeline: expected an MLPipeline, got {type(pipeline).__name__}")
-            if pipeline.device.torch_device != self.cb.queue.device.torch_device:
+            dev = self.cb.queue.device
+            if pipeline.device is not dev and pipeline.device.torch_device != dev.torch_device:
                 raise PipelineError(f"set_pipeline: pipeline {pipeline.label} is for {pipeline.device.name}, "
                                     f"the queue is on {self.cb.queue.device.name}")
         self.pipeline, self.table = pipeline, None
@@ -287,14 +315,17 @@ class MLEncoder(_Encoder):
             raise PipelineError(f"ml encoder {self.label!r}: used after end()")
         last = p._last  # the previous dispatch's table and heap: the same launch again
         if last[0] is table and last[1] is heap:
-            run = last[2]
+            run, check = last[2], last[3]
         else:
             try:
-                run = p.launcher(table, heap)
+                run, check = p.bound(table, heap)
             except StitchError as e:
                 raise PipelineError(f"dispatch_network: pipeline {p.label}: {e}") from None
-        heap._claim(self.cb)
-        self.cb._commands.append(("ml", p.label, self, run, p.span_args, None))
+        cb = self.cb
+        heap._claim(cb)
+        cb._commands.append(("ml", p.label, self, run, p.span_args, None))
+        if check is not None:
+            cb._checks += (check,)
 
 
 class ComputeEncoder(_Encoder):
@@ -315,7 +346,7 @@ class CommandBuffer:
 
     __slots__ = ("queue", "_label", "_status", "error", "_commands", "_open", "_encoders", "_handlers", "_waits",
                  "_executed", "_stamps", "_marks", "_spans", "_finished", "_completing", "timestamps", "_done",
-                 "_ran", "__weakref__")
+                 "_ran", "_checks", "__weakref__")
 
     def __init__(self, queue: CommandQueue, label: str = "", timestamps: bool = False):
         self.queue = queue
@@ -326,11 +357,12 @@ class CommandBuffer:
         self._commands: list[_Command] = []
         self._open: _Encoder | None = None
         self._encoders = 0
-        self._handlers: list[Callable[["CommandBuffer"], None]] = []
+        self._handlers: list[Callable[["CommandBuffer"], None]] | tuple = ()  # a list once one is added
+        self._checks: tuple[Callable[[], None], ...] = ()  # bound runs' checks of what their replays met on the device
         self._waits = False
         self._executed = None  # a _pending() lock, released once the commands have run (None: run in a GPU commit)
         self._stamps: list = []  # per command run: (start, end): indices into _marks, else host nanoseconds
-        self._marks: list = []  # with timestamps: the CUDA events recorded between commands
+        self._marks: list | tuple = ()  # with timestamps: the CUDA events recorded between commands
         self._done = None  # without timestamps, when a handler waits: a CUDA event after the last command
         self._spans: list[Span] | None = None  # made from the stamps when `timeline` is asked for
         self._finished = False
@@ -384,7 +416,7 @@ class CommandBuffer:
         """Call `handler(command_buffer)` when the work is done (or has failed: see `.error`)."""
         with self.queue._finish_lock:
             if not self._finished:
-                self._handlers.append(handler)
+                self._handlers = [*self._handlers, handler]
                 later = self._status != "encoding" and not self._completing
                 self._completing = self._completing or later
             else:
@@ -414,8 +446,9 @@ class CommandBuffer:
     def _execute(self) -> None:
         """Put the commands on the queue's stream (the calling thread is the committer or the worker)."""
         q = self.queue
-        stream, marks, stamps, timed = q.stream, self._marks, self._stamps, self.timestamps
-        clock = time.perf_counter_ns
+        stamps, timed = self._stamps, self.timestamps
+        stream, clock = q.stream, time.perf_counter_ns
+        marks = self._marks = [] if timed else ()
         try:
             if timed:
                 marks.append(q._mark())
@@ -482,8 +515,7 @@ class CommandBuffer:
 
     def _gpu_done(self) -> bool:
         """Whether the GPU finished this buffer's work (without an event: whether the queue is idle)."""
-        ev = self._last_event()
-        return ev.query() if ev is not None else self.queue.stream.query()
+        return self.queue._is_done(self._last_event())
 
     def _finish(self) -> None:
         """Once the work is done: turn the stamps into spans, set the status, call the handlers (once)."""
@@ -494,28 +526,25 @@ class CommandBuffer:
         q = self.queue
         if q.stream is not None and self.error is None:
             try:  # without an event, waiting for the queue also waits for work committed after this buffer
-                ev = self._last_event()
-                ev.synchronize() if ev is not None else q.stream.synchronize()
-                for kind, _, _, run, _, _ in self._commands:
-                    # a replayed dispatch met its zero integer divisors on the device: raise them now
-                    check = getattr(getattr(run, "__self__", None), "check", None) if kind == "ml" else None
-                    if check is not None:
-                        check()
+                q._wait_done(self._marks[-1] if self._marks else self._done)
+                for check in self._checks:  # a replayed dispatch met its zero integer divisors on the device
+                    check()
             except (RuntimeError, StitchError) as e:
                 self.error = e
         with q._finish_lock:
             if self._finished:
                 return
-            if self.timestamps:  # the events go back to the queue's pool below: read their times now
-                self._spans = self._make_spans()
-            if self.error is None:
-                q._events.extend(self._marks)
-                if self._done is not None:
-                    q._events.append(self._done)
-            self._marks, self._done = [], None
+            if self._marks or self._done is not None:
+                if self.timestamps:  # the events go back to the queue's pool below: read their times now
+                    self._spans = self._make_spans()
+                if self.error is None:
+                    q._events.extend(self._marks)
+                    if self._done is not None:
+                        q._events.append(self._done)
+                self._marks, self._done = (), None
             self._status = "error" if self.error is not None else "completed"
             self._finished = True
-            handlers, self._handlers = self._handlers, []
+            handlers, self._handlers = self._handlers, ()
         for handler in handlers:
             try:
                 handler(self)
@@ -532,6 +561,10 @@ class CommandBuffer:
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the work is done; raises its error (PipelineError wraps non-StitchML errors)."""
+        if self._finished:  # done before: only its error to raise
+            if self.error is not None:
+                self._raise()
+            return
         if self._status == "encoding":
             raise PipelineError(f"command buffer {self.label}: wait() before commit()")
         if timeout is not None:
@@ -545,10 +578,13 @@ class CommandBuffer:
                 time.sleep(1e-4)
         self._finish()
         if self.error is not None:
-            if isinstance(self.error, StitchError):
-                raise self.error
-            raise PipelineError(f"command buffer {self.label} failed: {type(self.error).__name__}: {self.error}") \
-                from self.error
+            self._raise()
+
+    def _raise(self) -> None:
+        if isinstance(self.error, StitchError):
+            raise self.error
+        raise PipelineError(f"command buffer {self.label} failed: {type(self.error).__name__}: {self.error}") \
+            from self.error
 
     def _make_spans(self) -> list[Span]:
         q = self.queue

@@ -94,46 +94,54 @@ class MLPipeline:
         self._checked_table: tuple | None = None  # the last argument table found valid (set_argument_table)
         self._bindings: OrderedDict[tuple, Any] = OrderedDict()
         self._bind_lock = threading.Lock()
-        self._last: tuple = (None, None, None)  # (table, heap, run) of the last dispatch
+        self._last: tuple = (None, None, None, None)  # (table, heap, run, check) of the last dispatch
 
     def launcher(self, table: tuple, heap: Heap):
         """What a dispatch on these tensors runs, `run(stream)`: the bound run's launch for this argument table and heap (made on
         first use and kept for the last `BINDINGS` tables; see runtime/bound.py), or for executables that
         cannot be bound a full run that copies in and out. `table` is the checked ((name, TensorData), ...)
         in input-then-output order."""
+        return self.bound(table, heap)[0]
+
+    def bound(self, table: tuple, heap: Heap) -> tuple:
+        """(`launcher`'s run, the check to call once its work is done or None): a replayed CUDA launch meets
+        a zero integer divisor on the device, and the check raises it (only for kernels that flag them)."""
         last = self._last
         if last[0] is table and last[1] is heap:
-            return last[2]
+            return last[2:]
         key = (id(heap), *[id(v) for _, v in table])
         with self._bind_lock:
             hit = self._bindings.get(key)
             if hit is not None:
                 self._bindings.move_to_end(key)
-                self._last = (table, heap, hit[0])
-                return hit[0]
+                self._last = (table, heap, hit[0], hit[3])
+                return hit[0], hit[3]
             fn, exe, values, dev = self.function, self.executable, dict(table), self.device
             feeds = {fn.input_tensor(n): values[n] for n in self.input_types}
             outputs = {fn.output_tensor(n): values[n] for n in self.output_types}
             names = {**{fn.input_tensor(n): n for n in self.input_types}, **{fn.output_tensor(n): n for n in self.output_types}}
             bound = exe.bind(feeds, outputs, heap.data, names, checked=True)  # set_argument_table checked them
+            check = None
             if bound is not None:
                 run = bound.launch if dev.is_cuda else PreparedRun(bound).launch
+                if dev.is_cuda and bound.needs_check:  # the CPU and full runs raise it in the run itself
+                    check = bound.check
             else:
                 def run(stream=None):
                     with using(stream):
                         exe.run(feeds, outputs=outputs, heap=heap.data)
             # the key's objects stay alive with the entry, so their ids cannot be reused meanwhile
-            self._bindings[key] = (run, heap, table)
+            self._bindings[key] = (run, heap, table, check)
             while len(self._bindings) > BINDINGS:
                 self._bindings.popitem(last=False)
-            self._last = (table, heap, run)
-            return run
+            self._last = (table, heap, run, check)
+            return run, check
 
     def release_bindings(self) -> None:
         """Forget the bound runs (and with them the references they hold to argument tensors and heaps)."""
         with self._bind_lock:
             self._bindings.clear()
-            self._last = (None, None, None)
+            self._last = (None, None, None, None)
 
     def _install_package_kernels(self, dev: Device, use: bool) -> str:
         """Put the package's compiled kernels for this machine where the compile will find them; the note

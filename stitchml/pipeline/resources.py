@@ -37,24 +37,30 @@ class Heap:
         self.size = int(size)
         self.data = TensorData.empty((max(self.size, 1),), dtypes.uint8, device.torch_device)
         self._queue = None  # the queue whose buffers use it (the one that may dispatch on it without checks)
-        self._users: weakref.WeakSet = weakref.WeakSet()  # that queue's buffers that dispatch on it
+        self._users: list[weakref.ref] = []  # that queue's buffers that dispatch on it (weak: dead ones pruned)
+        self._prune_at = 64
         self._lock = threading.Lock()
 
     def _claim(self, cb) -> None:
         """Record that command buffer `cb` dispatches on this heap; refuse while another queue's buffer
-        that uses it is not completed. O(1) while one queue keeps using it."""
+        that uses it is not completed. O(1) (amortized) while one queue keeps using it."""
         with self._lock:
+            users = self._users
             if self._queue is not cb.queue:
-                for other in list(self._users):
-                    if not other._work_done():
+                for ref in users:
+                    other = ref()
+                    if other is not None and not other._work_done():
                         raise PipelineError(
                             f"dispatch_network: {self!r} is in use by command buffer {other.label!r} on queue "
                             f"{other.queue.label!r} ({other._status}, not completed); command buffer {cb.label!r} "
                             f"on queue {cb.queue.label!r} cannot use it until that one completes: wait for it, or "
                             f"give each queue its own heap")
-                self._users.clear()
+                users.clear()
                 self._queue = cb.queue
-            self._users.add(cb)
+            users.append(weakref.ref(cb))
+            if len(users) > self._prune_at:  # the buffers gone since; the bound doubles past the live ones
+                users[:] = [r for r in users if r() is not None]
+                self._prune_at = max(64, 2 * len(users))
 
     def __repr__(self) -> str:
         return f"Heap({self.size} bytes on {self.device.name})"

@@ -25,7 +25,7 @@ poison mode are not bindable (`Executable.bindable`); `Executable.bind`
 returns None for them and callers use `Executable.run`. A bound run uses only
 the executable's public interface: how a run is laid out (`feed_slots`,
 `output_buffers`, `result_slots`, `environment`) and how its steps run
-(`run_steps`, `check_flag`, `run_lock`).
+(`run_steps`, `check_flag`, `flags_divisions`, `run_lock`).
 """
 from __future__ import annotations
 
@@ -145,6 +145,11 @@ class BoundRun:
         """Raise the ExecutionError of an integer division by zero that a replayed launch met (reads one
         int from the device: call it once the launches are done); a no-op for runs that divide no integers."""
         self.exe.check_flag(self.env)
+
+    @property
+    def needs_check(self) -> bool:
+        """Whether `check()` can raise (a kernel flags integer divisions); callers skip it otherwise."""
+        return self.exe.flags_divisions
 
     def _replay_failed(self, error) -> None:
         ops = ", ".join(built_at(op) for s in self.exe.steps for op in s.ops)

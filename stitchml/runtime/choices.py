@@ -49,9 +49,20 @@ def _store(key: str, name: str) -> None:
         os.replace(tmp, _path())
 
 
+# Cycles the GPU spins before each timed run (about 1 ms on an H200): the host enqueues the run meanwhile, so
+# the events time the GPU's work alone. Timed from an idle GPU they would time the host's enqueueing too: on
+# an H200 a batch-1 cuDNN convolution of ResNet-18 read 70-110 us that way against 19-40 us for the Triton
+# template, which picked the template, though replayed in a CUDA graph the cuDNN kernel takes 5.8 us and the
+# template up to 81 (benchmarks/dispatch_parts.py --kernels).
+SPIN_CYCLES = 2_000_000
+
+
 def _time(fn: Callable[[list], None], env: list) -> float:
-    """Milliseconds of one run of `fn` between CUDA events."""
+    """Milliseconds of the GPU's work for one run of `fn`, between CUDA events recorded behind a spin."""
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    spin = getattr(torch.cuda, "_sleep", None)  # private to torch: without it, timed from where the GPU is
+    if spin is not None:
+        spin(SPIN_CYCLES)
     a.record()
     fn(env)
     b.record()

@@ -4,7 +4,8 @@ A packaged-network dispatch on a GPU is a CUDA-graph launch between two
 timing-event records. Through torch's wrappers those cost about 5 and 3
 microseconds of host time on an H200's host (benchmarks/dispatch_parts.py);
 called through ctypes on the libcudart that torch itself loaded, they cost a
-fraction of that. The handles are the same driver objects torch made (its
+fraction of that. So do the completion checks a command buffer's `wait()`
+makes (a query, then a synchronize only if the work still runs). The handles are the same driver objects torch made (its
 events' `cuda_event`, its graphs' `raw_cuda_graph_exec()`, its streams'
 `cuda_stream`), so everything else keeps going through torch.
 
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 _runtime: Any = False  # not looked up yet
+NOT_READY = 600  # cudaErrorNotReady: what a query answers for work still running
 
 
 class _Runtime:
@@ -31,6 +33,12 @@ class _Runtime:
         self.graph_launch = lib.cudaGraphLaunch
         for fn in (self.event_record, self.graph_launch):
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            fn.restype = ctypes.c_int
+        # a command buffer's completion: query first (0 done, NOT_READY running), synchronize only if running
+        self.stream_query, self.stream_synchronize = lib.cudaStreamQuery, lib.cudaStreamSynchronize
+        self.event_query, self.event_synchronize = lib.cudaEventQuery, lib.cudaEventSynchronize
+        for fn in (self.stream_query, self.stream_synchronize, self.event_query, self.event_synchronize):
+            fn.argtypes = [ctypes.c_void_p]
             fn.restype = ctypes.c_int
         lib.cudaGetErrorString.argtypes = [ctypes.c_int]
         lib.cudaGetErrorString.restype = ctypes.c_char_p

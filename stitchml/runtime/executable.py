@@ -281,6 +281,11 @@ class Executable:
         (with `check_flag`) a zero integer divisor a kernel flagged is raised at the end."""
         run_steps(self.steps, env, self._checks, self._flag_slot, check_flag=check_flag)
 
+    @property
+    def flags_divisions(self) -> bool:
+        """Whether kernels flag integer divisions by zero in the environment (`check_flag` reads the flag)."""
+        return self._flag_slot is not None
+
     def check_flag(self, env: list) -> None:
         """Raise the ExecutionError of an integer division by zero a kernel flagged in `env` (reads one int
         from the device); a no-op for executables that divide no integers."""
