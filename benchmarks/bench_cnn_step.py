@@ -37,7 +37,9 @@ def record(path: str | None, row: dict) -> None:
     print(" ".join(f"{k}={v}" for k, v in row.items() if k not in ("steps", "choices")), flush=True)
     for step, choice in row.get("choices", {}).items():
         print(f"     {step}: {choice}", flush=True)
-    for s in row.get("steps", [])[:12]:
+    if row.get("steps"):
+        print(f"     sum of steps {sum(s['ms'] for s in row['steps']):.4f} ms over {len(row['steps'])} steps", flush=True)
+    for s in row.get("steps", [])[:40]:
         print(f"     {s['ms']:8.4f} ms  {s['kind']:12} {s['step']}  {s.get('chosen') or ''}", flush=True)
     if path:
         env = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
