@@ -17,11 +17,7 @@ float32 unless the compile allows TF32 (`allow_tf32`), as the library call would
 The transposed convolution of stride 1 (the data gradient of a stride-1 convolution) is the same kernel
 reading the window backwards: input row `oh + top - kh * dilation`, the weights' two channel axes
 swapped. A max pooling of the epilogue's output whose windows tile it can be computed in the same kernel
-(`poolable`): a tile's rows are then pooled pixels, and the kernel computes the product and epilogue once per
-cell of the window (stores them: the pooling's gradient reads them) and keeps the running maximum in
-registers. An earlier form held whole rows of windows in a tile and pooled them with a reshape and a reduce
-across lanes: those shuffles through shared memory made it 2.8x slower than the convolution alone with a
-pooling kernel after it (conv1 of the CNN step, H200). The weights' gradient (`weights_gradient`) is a
+(`poolable`): its tiles then hold whole rows of windows. The weights' gradient (`weights_gradient`) is a
 product of output channels by taps over all the pixels, split over the pixels into partial sums that a
 second kernel adds in a fixed order.
 """
@@ -158,7 +154,8 @@ def blocks(win: Window, dtype: str, interpret: bool, options: dict) -> tuple[int
 
 def poolable(body, output: int, attrs: dict) -> str:
     """Why the kernel of convolution `body` cannot also max-pool its output `output` with pooling `attrs`
-    ("" when it can): windows that tile the NCHW output (stride = window, no padding or dilation)."""
+    ("" when it can): windows of power-of-two extents that tile the NCHW output, and rows short enough for
+    a tile to hold a row of windows."""
     from .matmul import split
     from .pooling import fits
 
@@ -168,6 +165,10 @@ def poolable(body, output: int, attrs: dict) -> str:
         return "pooling inside a convolution kernel takes NCHW convolutions"
     if body.outputs[output].shape != out.shape or not fits(attrs, out.shape):
         return "the pooling windows do not tile the convolution's output"
+    if any(k & (k - 1) for k in attrs["kernel_size"]):
+        return "a pooling window of other than power-of-two extents"
+    if attrs["kernel_size"][0] * _pow2(out.shape[3]) > 256:
+        return "a window's rows take more than 256 lanes of a tile"
     return ""
 
 
@@ -176,8 +177,8 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
     """Triton source for a convolution kernel `body` (a Program: the convolution and a pointwise epilogue)
     reading inputs of the given layouts; with `contraction` set, `body` is None and the kernel computes
     that op alone from its first two inputs. With `pool` (body output index, window), the kernel also
-    max-pools that output (see `poolable`) into a last output: its tiles' rows are then pooled pixels, and
-    the product and epilogue run once per cell of the window, each cell's values maxed into the last's."""
+    max-pools that output (see `poolable`) into a last output: its tiles then hold whole rows of windows
+    (rows padded to a power of two), pooled in registers."""
     options = options or {}
     if contraction is None:
         from .matmul import split  # the same split of a kernel body into product and epilogue
@@ -203,6 +204,9 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
     dt = out.dtype
     taps = win.cin * win.kh * win.kw
     bm, bn, bk, warps, stages = blocks(win, dt.name, interpret, options)
+    if pool is not None:
+        band = pool[1][0] * _pow2(win.wo)  # one row of windows: its window rows, each padded to a power of two
+        bm = max(bm, band)
     hw = win.ho * win.wo
     xs, ws = win.x_strides, win.w_strides
     (sh, sw), (oh0, ow0), (dh, dw) = win.stride, win.origin, win.dilation
@@ -278,82 +282,76 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
                   f"{term('kh_[:, None]', ws[2])}{term('kw_[:, None]', ws[3])}, "
                   f"mask=k_ok[:, None] & n_ok[None, :], other=0).to({dot_type}){widen}",
                   f"        acc = tl.dot(a, b, acc{precision})"]
-    product, lines = lines, []
     # the product rounded to its type, as the library stores it, then the epilogue on the tile
     rounded = "acc" if dt == compute_dtype(dt) else f"acc.to({tl_type(dt)}).to(tl.float32)"
+    lines.append(f"    c = {rounded}")
     axes = ("nn[:, None]", "oh[:, None]", "ow[:, None]", "rn[None, :]") if win.nhwc else \
         ("nn[:, None]", "rn[None, :]", "oh[:, None]", "ow[:, None]")
+    value = {out.id: "c"}
     names = iter(range(1 << 30))
+    for op in epilogue:
+        o = op.outputs[0]
+        if op.op == "constant":
+            value[o.id] = literal(op.attrs["value"], o.dtype)
+            continue
+        if lookup(op.op).kind != ELEMENTWISE or op.op in DIVISIONS and checks_divisor(op):
+            raise NotImplementedError(f"{op.op} ({op.name}) in a convolution's epilogue")
+        args = []
+        for t in op.inputs:
+            if t.id not in value:
+                lay = layout_of[t.id].broadcast_to(out.shape)
+                terms = "".join(term(v, s) for v, s in zip(axes, lay.strides))
+                # a value constant along the tile's rows (a bias) or columns loads as one row or column
+                rows = any(st for v, st in zip(axes, lay.strides) if v.endswith("[:, None]"))
+                cols = any(st for v, st in zip(axes, lay.strides) if v.endswith("[None, :]"))
+                mask = " & ".join(m for m, used in (("m_ok[:, None]", rows), ("n_ok[None, :]", cols)) if used)
+                var = f"x{next(names)}"
+                lines.append(f"    {var} = tl.load({ptr(t)}{terms}{f', mask={mask}, other=0' if mask else ''})"
+                             f".to({tl_type(compute_dtype(t.dtype))})")
+                value[t.id] = var
+            args.append(value[t.id])
+        var = f"v{next(names)}"
+        lines.append(f"    {var} = {expression(op, args)}")
+        value[o.id] = var
     where = "rm[:, None] * {c} + rn[None, :]".format(c=win.cout) if win.nhwc else \
         f"nn[:, None] * {win.cout * hw} + rn[None, :] * {hw} + (rm % {hw})[:, None]" if pool is None else \
         f"nn[:, None] * {win.cout * hw} + rn[None, :] * {hw} + (oh * {win.wo} + ow)[:, None]"
-
-    def finish() -> dict:
-        """The epilogue on the tile `c` and the stores of every output; the values by tensor id."""
-        lines.append(f"    c = {rounded}")
-        value = {out.id: "c"}
-        for op in epilogue:
-            o = op.outputs[0]
-            if op.op == "constant":
-                value[o.id] = literal(op.attrs["value"], o.dtype)
-                continue
-            if lookup(op.op).kind != ELEMENTWISE or op.op in DIVISIONS and checks_divisor(op):
-                raise NotImplementedError(f"{op.op} ({op.name}) in a convolution's epilogue")
-            args = []
-            for t in op.inputs:
-                if t.id not in value:
-                    lay = layout_of[t.id].broadcast_to(out.shape)
-                    terms = "".join(term(v, s) for v, s in zip(axes, lay.strides))
-                    # a value constant along the tile's rows (a bias) or columns loads as one row or column
-                    rows = any(st for v, st in zip(axes, lay.strides) if v.endswith("[:, None]"))
-                    cols = any(st for v, st in zip(axes, lay.strides) if v.endswith("[None, :]"))
-                    mask = " & ".join(m for m, used in (("m_ok[:, None]", rows), ("n_ok[None, :]", cols)) if used)
-                    var = f"x{next(names)}"
-                    lines.append(f"    {var} = tl.load({ptr(t)}{terms}{f', mask={mask}, other=0' if mask else ''})"
-                                 f".to({tl_type(compute_dtype(t.dtype))})")
-                    value[t.id] = var
-                args.append(value[t.id])
-            var = f"v{next(names)}"
-            lines.append(f"    {var} = {expression(op, args)}")
-            value[o.id] = var
-        for i, t in enumerate(outputs):
-            if t.shape != out.shape:
-                raise NotImplementedError(f"convolution kernel output {t.name} of shape {t.shape} is not the "
-                                          f"product's {out.shape}")
-            lines.append(f"    tl.store(out{i} + {where}, ({value.get(t.id, 'c')}).to({tl_type(t.dtype)}), "
-                         "mask=m_ok[:, None] & n_ok[None, :])")
-        return value
-
+    for i, t in enumerate(outputs):
+        if t.shape != out.shape:
+            raise NotImplementedError(f"convolution kernel output {t.name} of shape {t.shape} is not the "
+                                      f"product's {out.shape}")
+        v = value.get(t.id, "c")
+        lines.append(f"    tl.store(out{i} + {where}, ({v}).to({tl_type(t.dtype)}), "
+                     "mask=m_ok[:, None] & n_ok[None, :])")
     names_out = [f"out{i}" for i in range(len(outputs))]
+    m = win.n * hw
+    grid_m = -(-m // bm)
     if pool is None:
-        lines += product
-        finish()
-        m = win.n * hw
         pixels = f"""    m_ok = rm < M
     ow = rm % {win.wo}
     oh = (rm // {win.wo}) % {win.ho}
     nn = rm // {hw}"""
     else:
-        # rm walks the pooled pixels; the tile is computed once per cell of the window (the pixels at that
-        # offset of every window in the tile) and the cells' values meet in a running maximum in registers:
-        # no lane exchanges values with another, so the pooling costs a max per cell and one store
-        (kp, lp) = pool[1]
+        # rm walks rows of windows: (n, pooled row) groups of kh rows of `width` lanes, the last lanes masked
+        (kp, lp), width = pool[1], _pow2(win.wo)
         ph, pw = win.ho // kp, win.wo // lp
-        pixels = f"""    m_ok = rm < M
-    pw_ = rm % {pw}
-    ph_ = (rm // {pw}) % {ph}
-    nn = rm // {ph * pw}"""
-        for a in range(kp):
-            for b in range(lp):
-                lines += [f"    oh = ph_ * {kp} + {a}", f"    ow = pw_ * {lp} + {b}"] + product
-                v = finish().get(outputs[pool[0]].id, "c")
-                lines.append(f"    pv = {v}" if a == b == 0 else f"    pv = _maximum(pv, {v})")
-        lines.append(f"    tl.store(pooled + nn[:, None] * {win.cout * ph * pw} + rn[None, :] * {ph * pw} + "
-                     f"(ph_ * {pw} + pw_)[:, None], pv.to({tl_type(outputs[pool[0]].dtype)}), "
-                     "mask=m_ok[:, None] & n_ok[None, :])")
+        pixels = f"""    ow = rm % {width}
+    grp = rm // {kp * width}
+    oh = (grp % {ph}) * {kp} + (rm // {width}) % {kp}
+    nn = grp // {ph}
+    m_ok = (ow < {win.wo}) & (grp < M)"""
+        rows = bm // (kp * width)
+        v = value.get(outputs[pool[0]].id, "c")
+        lines += [f"    pv = tl.reshape({v}, ({rows}, {kp}, {width // lp}, {lp}, BLOCK_N))",
+                  "    pv = tl.reduce(tl.reduce(pv, 3, _maximum), 1, _maximum)",
+                  f"    pg = (tl.program_id(0) * {rows} + tl.arange(0, {rows})){cast}[:, None, None]",
+                  f"    pc = tl.arange(0, {width // lp})[None, :, None]",
+                  f"    tl.store(pooled + (pg // {ph}) * {win.cout * ph * pw} + rn[None, None, :] * {ph * pw} + "
+                  f"(pg % {ph}) * {pw} + pc, pv.to({tl_type(outputs[pool[0]].dtype)}), "
+                  f"mask=(pg < M) & (pc < {pw}) & n_ok[None, None, :])"]
         names_out.append("pooled")
-        m = win.n * ph * pw
-    grid_m = -(-m // bm)
+        m = win.n * ph
+        grid_m = -(-m * kp * width // bm)
     params = ", ".join([arg_of[t.id] for t in placeholders] + names_out)
     what = "transposed convolution" if conv.op == "convolution_transpose2d" else "convolution"
     src = header(f"{what} kernel {name}", interpret, reduction=pool is not None) + f'''

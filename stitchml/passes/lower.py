@@ -418,8 +418,8 @@ def _convolution_step(op: Operation, contraction: Operation, body: Program | Non
         return Step(op.name, kind, library, library_source)
     launches, sources = {}, []
     forms = [(variant, True) for variant in convolution.variants(contraction)] if mode == "measure" else [({}, True)]
-    if pool is not None and mode == "measure":  # each variant pooling in registers, and pooling after it
-        forms += [(variant, False) for variant, _ in forms]
+    if pool is not None and mode == "measure":  # the template pooling in registers, and pooling after it
+        forms = forms[:1] + [(variant, False) for variant, _ in forms]
     for variant, pooling_inside in forms:
         inside = pool is not None and pooling_inside
         try:
