@@ -15,13 +15,15 @@ from tolerance import allowed
 # (input NCHW shape, output channels, kernel, padding, stride, dilation, layout, options): one input channel
 # (unrolled multiply-adds), asymmetric padding with stride 2, channels-last with dilation (tiled products over the
 # flattened window), 16 and 17 channels (tiled products one tap at a time, input tiles loaded either way, or
-# over the flattened window as measured variants)
+# over the flattened window as measured variants), 256 pixels (the weights gradient in four slices, summed two at
+# a time)
 CASES = [((2, 1, 7, 9), 5, 3, "same", 1, 1, "NCHW", {}),
          ((2, 5, 8, 9), 6, 3, (1, 0, 2, 1), 2, 1, "NCHW", {}),
          ((1, 6, 9, 8), 4, 3, "same", 1, 2, "NHWC", {}),
          ((1, 16, 6, 5), 17, 3, "same", 1, 1, "NCHW", {}),
          ((1, 16, 6, 5), 17, 3, "valid", 1, 1, "NCHW", {"conv_order": "pixels"}),
-         ((1, 16, 5, 6), 17, 3, "same", 1, 1, "NCHW", {"conv_form": "flat", "wgrad_form": "flat"})]
+         ((1, 16, 5, 6), 17, 3, "same", 1, 1, "NCHW", {"conv_form": "flat", "wgrad_form": "flat"}),
+         ((1, 3, 16, 16), 4, 3, "same", 1, 1, "NCHW", {})]
 
 
 def _pads(padding, k: int, dilation: int) -> tuple[int, int, int, int]:
@@ -39,7 +41,7 @@ def _check(got: torch.Tensor, want: torch.Tensor, cond: torch.Tensor, n: int, wh
 
 
 @pytest.mark.parametrize("case", CASES, ids=["cin1-same", "stride2-asymmetric", "nhwc-dilation2", "cin16-same",
-                                             "cin16-valid-pixels", "cin16-flat"])
+                                             "cin16-valid-pixels", "cin16-flat", "four-slices"])
 def test_convolution_epilogue_and_gradients_match_float64(triton_interpreter, case):
     shape, cout, k, padding, stride, dilation, layout, options = case
     n, cin, h, w = shape
@@ -72,6 +74,8 @@ def test_convolution_epilogue_and_gradients_match_float64(triton_interpreter, ca
                   if any(t in s for s in sources.values()))
     assert made == (["convolution kernel", "transposed convolution kernel", "weights gradient"] if stride == 1
                     else ["convolution kernel", "weights gradient"]), made  # stride 2: cuDNN's data gradient
+    if shape == (1, 3, 16, 16):
+        assert any("for k0 in range(0, 4, WAYS)" in s for s in sources.values())
     out = exe.run(feeds)
 
     def nchw(t):
