@@ -110,16 +110,21 @@ def test_the_default_measures_on_cuda_and_keeps_the_library_under_the_interprete
 
 
 # (batch, input channels, output channels, height, width, window): 2x2 windows that tile the output pool in the
-# convolution's kernel; a window of 3 (no power-of-two axes to reshape a tile into) and odd extents, which cut
-# the last window (torch drops it), keep a pooling step of their own
-POOLS = [(2, 3, 6, 8, 10, 2), (1, 3, 5, 12, 15, 3), (1, 1, 7, 9, 7, 2), (2, 17, 5, 6, 4, 2)]
+# convolution's kernel, pooling whole rows of windows (the default) or the window's cells one after another
+# (`conv_pool` "cells", which also takes a window of one column); a window of 3 (no power-of-two axes to
+# reshape a tile into) and odd extents, which cut the last window (torch drops it), keep a pooling step of
+# their own
+POOLS = [(2, 3, 6, 8, 10, (2, 2), "rows"), (1, 3, 5, 12, 15, (3, 3), "rows"), (1, 1, 7, 9, 7, (2, 2), "rows"),
+         (2, 17, 5, 6, 4, (2, 2), "rows"), (2, 3, 6, 8, 10, (2, 2), "cells"), (1, 17, 5, 6, 4, (2, 2), "cells"),
+         (1, 2, 3, 8, 5, (2, 1), "cells"), (1, 1, 7, 9, 7, (2, 2), "cells")]
 
 
-@pytest.mark.parametrize("case", POOLS, ids=["2x2", "3x3-batch1", "odd-cut", "cin17-tiled"])
+@pytest.mark.parametrize("case", POOLS, ids=["2x2", "3x3-batch1", "odd-cut", "cin17-tiled", "cells-2x2",
+                                             "cells-cin17-batch1", "cells-2x1", "cells-odd-cut"])
 def test_a_max_pooling_of_the_epilogue_is_computed_in_the_convolution_kernel(triton_interpreter, case):
-    """conv + bias + ReLU + max pooling whose windows tile the output: one kernel stores the ReLU (which the
-    pooling's gradient reads) and the pooled values; both and the data gradient match float64."""
-    n, cin, cout, h, w, window = case
+    """conv + bias + ReLU + max pooling whose windows tile the output: one kernel stores the ReLU and its mask
+    (which the gradients read) and the pooled values; all and the data gradient match float64."""
+    n, cin, cout, h, w, window, form = case
     gen = torch.Generator().manual_seed(1)
     a, wt = torch.randn(n, cin, h, w, generator=gen), torch.randn(cout, cin, 3, 3, generator=gen)
     bias = torch.randn(cout, generator=gen)
@@ -132,10 +137,13 @@ def test_a_max_pooling_of_the_epilogue_is_computed_in_the_convolution_kernel(tri
     pooled = g.max_pooling2d(relu, sm.Pooling2DDescriptor(kernel_size=window))
     dx = g.gradients(g.reduction_sum(pooled * pooled), [x])[x]
     feeds = {x: a, wv: wt, b: bias}
-    exe = g.compile(feeds, [relu, pooled, dx], device="cpu", options={"conv_template": "triton"})
-    cut = h % window or w % window or window & (window - 1)
+    options = {"conv_template": "triton"} | ({"conv_pool": "cells"} if form == "cells" else {})
+    exe = g.compile(feeds, [relu, pooled, dx], device="cpu", options=options)
+    cut = h % window[0] or w % window[1] or window[0] & (window[0] - 1)
     assert (pooled.op.name in [s.name for s in exe.steps]) == bool(cut)
-    assert ("tl.store(pooled" in exe.kernel_sources()["kernel0_convolution"]) == (not cut)
+    source = exe.kernel_sources()["kernel0_convolution"]
+    assert ("tl.store(pooled" in source) == (not cut)
+    assert ("tl.join" in source) == (not cut and form == "cells" and window[1] == 2)
     out = exe.run(feeds)
     a64, w64 = a.double().requires_grad_(), wt.double()
     pre = F.conv2d(a64, w64, bias.double(), padding=1)
