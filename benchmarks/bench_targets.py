@@ -361,9 +361,13 @@ def stitchml_cnn(name, options, weights, batch, xs, ys, reference, dev, reps, ex
     ms = median_ms(lambda: exe.run(feeds), dev, reps)
     launchers = sorted({getattr(s.run, "launcher", None) for s in exe.steps} - {None})
     chosen = {s.name: s.run.chosen for s in exe.steps if getattr(s.run, "chosen", None)}
+    # what each candidate of a measured choice took (ms), and why one that failed did
+    candidates = {s.name: {k: round(v, 4) for k, v in s.run.timings.items()} |
+                  {f"{k} failed": v[:200] for k, v in s.run.failures.items()}
+                  for s in exe.steps if getattr(s.run, "chosen", None) and len(s.run.timings) > 1}
     record("cnn", case, name, ms, "ms", loss_rel_err=f"{err:.1e}", kernels=exe.kernel_count,
            replay=exe._graph_state is not None, compile_s=round(time.perf_counter() - t0, 1),
-           launchers="|".join(launchers), chosen=chosen)
+           launchers="|".join(launchers), chosen=chosen, candidates=candidates)
     if explore and dev.type == "cuda" and name in ("stitchml", "stitchml allow_tf32"):
         report = exe.profile({x: xs, y: ys}, repeats=3)
         top = sorted(report.rows, key=lambda r: -r["ms"])[:10]
