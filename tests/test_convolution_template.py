@@ -155,6 +155,29 @@ def test_a_max_pooling_of_the_epilogue_is_computed_in_the_convolution_kernel(tri
     assert torch.allclose(out[dx].torch().double(), grad, rtol=1e-4, atol=1e-4 * float(grad.abs().max()))
 
 
+@pytest.mark.parametrize("window, width, candidates", [
+    ((2, 2), 10, ["library", "triton", "triton-cells", "triton+pooling"]),
+    ((2, 4), 12, ["library", "triton", "triton+pooling"]),
+    ((2, 2), 9, ["library", "triton"])], ids=["2x2", "2x4", "cut"])
+def test_on_cuda_the_pooling_forms_are_measured_candidates(monkeypatch, window, width, candidates):
+    """What the first run on CUDA times for conv + bias + ReLU + max pooling: the library call with a pooling
+    after it, the template pooling rows of windows ("triton"), pooling by cells where a window has at most two
+    columns, and the template with the pooling kernel after it; a cut window keeps a pooling step of its own.
+    Lowered for CUDA on the CPU (nothing runs)."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "stand-in")
+    g = sm.Graph("conv_pool")
+    x = g.placeholder((2, 3, 8, width), sm.float32, name="x")
+    wv = g.placeholder((6, 3, 3, 3), sm.float32, name="w")
+    b = g.placeholder((6,), sm.float32, name="b")
+    relu = g.relu(g.convolution2d(x, wv, sm.Convolution2DDescriptor(padding="same")) + g.reshape(b, (1, 6, 1, 1)))
+    pooled = g.max_pooling2d(relu, sm.Pooling2DDescriptor(kernel_size=window))
+    types = {t: sm.TensorType(tuple(t.shape), sm.float32) for t in (x, wv, b)}
+    exe = g.compile(types, [relu, pooled], device="cpu", options={"backend": "triton"})
+    step = next(s for s in exe.steps if s.name == "kernel0_convolution")
+    assert list(step.run.candidates) == candidates
+    assert (pooled.op.name in [s.name for s in exe.steps]) == (width % window[1] != 0)
+
+
 def test_a_candidate_that_fails_when_measured_is_not_chosen(tmp_path, monkeypatch):
     """A generated kernel that this GPU or Triton refuses (a compile error) leaves the measured choice to the
     others, with the reason kept; when every candidate fails, the first failure is raised."""
