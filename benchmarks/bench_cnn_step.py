@@ -39,7 +39,8 @@ def record(path: str | None, row: dict) -> None:
     for step, choice in row.get("choices", {}).items():
         print(f"     {step}: {choice}", flush=True)
     if row.get("steps"):
-        print(f"     sum of steps {sum(s['ms'] for s in row['steps']):.4f} ms over {len(row['steps'])} steps", flush=True)
+        total = sum(s["ms"] for s in row["steps"])
+        print(f"     sum of steps {total:.4f} ms over {len(row['steps'])} steps", flush=True)
     for k in row.get("gpu_kernels", []):
         print(f"     {k['us']:9.2f} us  x{k.get('per_step', '')}  {k['kernel']}", flush=True)
     for s in row.get("steps", [])[:40]:
