@@ -7,7 +7,8 @@ For IEEE float32 and for `allow_tf32`, the step compiled with option `conv_templ
 default: per convolution the fastest of cuDNN and the template's variants, measured on the first run),
 "library" (cuDNN and a generated epilogue) and "triton" (codegen/convolution.py wherever it applies):
 its loss against float64, the median step time (CUDA events, CUDA-graph replay), every measured
-choice with each candidate's time and, with `--profile`, the slowest steps. Then
+choice with each candidate's time and, with `--profile`, the slowest steps (each timed alone) and every GPU
+kernel of the replayed step (torch.profiler: µs per step, their sum against the step's time). Then
 the template's launch blocks for the two forward convolutions alone, and PyTorch eager. The script
 stops starting new work after `--budget` seconds; every row is written to the JSON as it comes.
 """
@@ -34,10 +35,15 @@ ROWS: list[dict] = []
 
 def record(path: str | None, row: dict) -> None:
     ROWS.append(row)
-    print(" ".join(f"{k}={v}" for k, v in row.items() if k not in ("steps", "choices")), flush=True)
+    print(" ".join(f"{k}={v}" for k, v in row.items() if k not in ("steps", "choices", "gpu_kernels")), flush=True)
     for step, choice in row.get("choices", {}).items():
         print(f"     {step}: {choice}", flush=True)
-    for s in row.get("steps", [])[:12]:
+    if row.get("steps"):
+        total = sum(s["ms"] for s in row["steps"])
+        print(f"     sum of steps {total:.4f} ms over {len(row['steps'])} steps", flush=True)
+    for k in row.get("gpu_kernels", []):
+        print(f"     {k['us']:9.2f} us  x{k.get('per_step', '')}  {k['kernel']}", flush=True)
+    for s in row.get("steps", [])[:40]:
         print(f"     {s['ms']:8.4f} ms  {s['kind']:12} {s['step']}  {s.get('chosen') or ''}", flush=True)
     if path:
         env = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
@@ -52,6 +58,26 @@ def step_rows(exe, feeds) -> list[dict]:
     rows = [{"step": r["step"], "kind": r["kind"], "ms": r["ms"], "chosen": chosen.get(r["step"])}
             for r in report.rows]
     return sorted(rows, key=lambda r: -r["ms"])
+
+
+def kernel_rows(exe, feeds, replays: int = 10) -> list[dict]:
+    """Every GPU kernel of the replayed step (torch.profiler over `replays` runs): µs per step by kernel name,
+    slowest first, after a row "all kernels" with their sum (the step's time less this is launch gaps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    exe.run(feeds)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            exe.run(feeds)
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if us > 0 and e.count >= replays:
+            rows.append({"kernel": e.key[:90], "us": round(us / replays, 2), "per_step": e.count // replays})
+    rows.sort(key=lambda r: -r["us"])
+    return [{"kernel": "all kernels", "us": round(sum(r["us"] for r in rows), 2), "per_step": len(rows)}] + rows
 
 
 def main(argv=None) -> int:
@@ -97,6 +123,10 @@ def main(argv=None) -> int:
                               for s in exe.steps if getattr(s.run, "chosen", None)}
             if args.profile and dev.type == "cuda":
                 row["steps"] = step_rows(exe, feeds)
+                try:
+                    row["gpu_kernels"] = kernel_rows(exe, feeds)
+                except Exception as e:  # noqa: BLE001  (the profiler is optional; the step times stand)
+                    row["gpu_kernels"] = [{"kernel": f"profiler failed: {type(e).__name__}: {e}"[:200], "us": 0}]
             record(args.json, row)
         except Exception as e:  # noqa: BLE001  (one failing case must not lose the others' figures)
             record(args.json, {"case": name, "failed": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"})

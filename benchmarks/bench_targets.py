@@ -333,10 +333,11 @@ def cnn(dev: torch.device, quick: bool, explore: bool, with_compile: bool) -> No
     reference = torch.nn.functional.cross_entropy(model(xs.cpu().double()), ys.cpu()).item()
     reps = 5 if quick else 30
 
-    variants = [("stitchml", {}), ("stitchml allow_tf32", {"allow_tf32": True})]
+    # the target's row first: a run stopped by a time limit keeps it (each row is written as it comes)
+    variants = [("stitchml allow_tf32", {"allow_tf32": True}), ("stitchml", {})]
     if explore:  # cuDNN alone (no convolution template) and cuDNN on channels-last operands
-        variants += [("stitchml conv_template=library", {"conv_template": "library"}),
-                     ("stitchml allow_tf32 conv_template=library", {"allow_tf32": True, "conv_template": "library"}),
+        variants += [("stitchml allow_tf32 conv_template=library", {"allow_tf32": True, "conv_template": "library"}),
+                     ("stitchml conv_template=library", {"conv_template": "library"}),
                      ("stitchml allow_tf32 + conv_channels_last", {"allow_tf32": True, "conv_channels_last": True}),
                      ("stitchml conv_channels_last", {"conv_channels_last": True})]
     for name, options in variants:
@@ -360,9 +361,13 @@ def stitchml_cnn(name, options, weights, batch, xs, ys, reference, dev, reps, ex
     ms = median_ms(lambda: exe.run(feeds), dev, reps)
     launchers = sorted({getattr(s.run, "launcher", None) for s in exe.steps} - {None})
     chosen = {s.name: s.run.chosen for s in exe.steps if getattr(s.run, "chosen", None)}
+    # what each candidate of a measured choice took (ms), and why one that failed did
+    candidates = {s.name: {k: round(v, 4) for k, v in s.run.timings.items()} |
+                  {f"{k} failed": v[:200] for k, v in s.run.failures.items()}
+                  for s in exe.steps if getattr(s.run, "chosen", None) and len(s.run.timings) > 1}
     record("cnn", case, name, ms, "ms", loss_rel_err=f"{err:.1e}", kernels=exe.kernel_count,
            replay=exe._graph_state is not None, compile_s=round(time.perf_counter() - t0, 1),
-           launchers="|".join(launchers), chosen=chosen)
+           launchers="|".join(launchers), chosen=chosen, candidates=candidates)
     if explore and dev.type == "cuda" and name in ("stitchml", "stitchml allow_tf32"):
         report = exe.profile({x: xs, y: ys}, repeats=3)
         top = sorted(report.rows, key=lambda r: -r["ms"])[:10]

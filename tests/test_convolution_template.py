@@ -15,13 +15,15 @@ from tolerance import allowed
 # (input NCHW shape, output channels, kernel, padding, stride, dilation, layout, options): one input channel
 # (unrolled multiply-adds), asymmetric padding with stride 2, channels-last with dilation (tiled products over the
 # flattened window), 16 and 17 channels (tiled products one tap at a time, input tiles loaded either way, or
-# over the flattened window as measured variants)
+# over the flattened window as measured variants), 256 pixels (the weights gradient in four slices, summed two at
+# a time)
 CASES = [((2, 1, 7, 9), 5, 3, "same", 1, 1, "NCHW", {}),
          ((2, 5, 8, 9), 6, 3, (1, 0, 2, 1), 2, 1, "NCHW", {}),
          ((1, 6, 9, 8), 4, 3, "same", 1, 2, "NHWC", {}),
          ((1, 16, 6, 5), 17, 3, "same", 1, 1, "NCHW", {}),
          ((1, 16, 6, 5), 17, 3, "valid", 1, 1, "NCHW", {"conv_order": "pixels"}),
-         ((1, 16, 5, 6), 17, 3, "same", 1, 1, "NCHW", {"conv_form": "flat", "wgrad_form": "flat"})]
+         ((1, 16, 5, 6), 17, 3, "same", 1, 1, "NCHW", {"conv_form": "flat", "wgrad_form": "flat"}),
+         ((1, 3, 16, 16), 4, 3, "same", 1, 1, "NCHW", {})]
 
 
 def _pads(padding, k: int, dilation: int) -> tuple[int, int, int, int]:
@@ -39,7 +41,7 @@ def _check(got: torch.Tensor, want: torch.Tensor, cond: torch.Tensor, n: int, wh
 
 
 @pytest.mark.parametrize("case", CASES, ids=["cin1-same", "stride2-asymmetric", "nhwc-dilation2", "cin16-same",
-                                             "cin16-valid-pixels", "cin16-flat"])
+                                             "cin16-valid-pixels", "cin16-flat", "four-slices"])
 def test_convolution_epilogue_and_gradients_match_float64(triton_interpreter, case):
     shape, cout, k, padding, stride, dilation, layout, options = case
     n, cin, h, w = shape
@@ -72,6 +74,8 @@ def test_convolution_epilogue_and_gradients_match_float64(triton_interpreter, ca
                   if any(t in s for s in sources.values()))
     assert made == (["convolution kernel", "transposed convolution kernel", "weights gradient"] if stride == 1
                     else ["convolution kernel", "weights gradient"]), made  # stride 2: cuDNN's data gradient
+    if shape == (1, 3, 16, 16):
+        assert any("for k0 in range(0, 4, WAYS)" in s for s in sources.values())
     out = exe.run(feeds)
 
     def nchw(t):
@@ -105,34 +109,73 @@ def test_the_default_measures_on_cuda_and_keeps_the_library_under_the_interprete
         g.compile(feeds, [y], device="cpu", options={"conv_template": "cudnn"})
 
 
-@pytest.mark.parametrize("window", [2, 3])
-def test_a_max_pooling_of_the_epilogue_is_computed_in_the_convolution_kernel(triton_interpreter, window):
-    """conv + bias + ReLU + max pooling whose windows tile the output: one kernel stores the ReLU (which the
-    pooling's gradient reads) and the pooled values; both and the data gradient match float64. A window of
-    3 does not reshape into a tile's power-of-two axes: it pools in a step of its own."""
+# (batch, input channels, output channels, height, width, window): 2x2 windows that tile the output pool in the
+# convolution's kernel, pooling whole rows of windows (the default) or the window's cells one after another
+# (`conv_pool` "cells", which also takes a window of one column); a window of 3 (no power-of-two axes to
+# reshape a tile into) and odd extents, which cut the last window (torch drops it), keep a pooling step of
+# their own
+POOLS = [(2, 3, 6, 8, 10, (2, 2), "rows"), (1, 3, 5, 12, 15, (3, 3), "rows"), (1, 1, 7, 9, 7, (2, 2), "rows"),
+         (2, 17, 5, 6, 4, (2, 2), "rows"), (2, 3, 6, 8, 10, (2, 2), "cells"), (1, 17, 5, 6, 4, (2, 2), "cells"),
+         (1, 2, 3, 8, 5, (2, 1), "cells"), (1, 1, 7, 9, 7, (2, 2), "cells")]
+
+
+@pytest.mark.parametrize("case", POOLS, ids=["2x2", "3x3-batch1", "odd-cut", "cin17-tiled", "cells-2x2",
+                                             "cells-cin17-batch1", "cells-2x1", "cells-odd-cut"])
+def test_a_max_pooling_of_the_epilogue_is_computed_in_the_convolution_kernel(triton_interpreter, case):
+    """conv + bias + ReLU + max pooling whose windows tile the output: one kernel stores the ReLU and its mask
+    (which the gradients read) and the pooled values; all and the data gradient match float64."""
+    n, cin, cout, h, w, window, form = case
     gen = torch.Generator().manual_seed(1)
-    h, w = 4 * window, 5 * window
-    a, wt = torch.randn(2, 3, h, w, generator=gen), torch.randn(6, 3, 3, 3, generator=gen)
-    bias = torch.randn(6, generator=gen)
+    a, wt = torch.randn(n, cin, h, w, generator=gen), torch.randn(cout, cin, 3, 3, generator=gen)
+    bias = torch.randn(cout, generator=gen)
     g = sm.Graph("conv_pool")
-    x = g.placeholder((2, 3, h, w), sm.float32, name="x")
-    wv = g.placeholder((6, 3, 3, 3), sm.float32, name="w")
-    b = g.placeholder((6,), sm.float32, name="b")
-    relu = g.relu(g.convolution2d(x, wv, sm.Convolution2DDescriptor(padding="same")) + g.reshape(b, (1, 6, 1, 1)))
+    x = g.placeholder((n, cin, h, w), sm.float32, name="x")
+    wv = g.placeholder((cout, cin, 3, 3), sm.float32, name="w")
+    b = g.placeholder((cout,), sm.float32, name="b")
+    relu = g.relu(g.convolution2d(x, wv, sm.Convolution2DDescriptor(padding="same")) +
+                  g.reshape(b, (1, cout, 1, 1)))
     pooled = g.max_pooling2d(relu, sm.Pooling2DDescriptor(kernel_size=window))
-    dx = g.gradients(g.reduction_sum(pooled), [x])[x]
+    dx = g.gradients(g.reduction_sum(pooled * pooled), [x])[x]
     feeds = {x: a, wv: wt, b: bias}
-    exe = g.compile(feeds, [relu, pooled, dx], device="cpu", options={"conv_template": "triton"})
-    assert (pooled.op.name in [s.name for s in exe.steps]) == (window == 3)
+    options = {"conv_template": "triton"} | ({"conv_pool": "cells"} if form == "cells" else {})
+    exe = g.compile(feeds, [relu, pooled, dx], device="cpu", options=options)
+    cut = h % window[0] or w % window[1] or window[0] & (window[0] - 1)
+    assert (pooled.op.name in [s.name for s in exe.steps]) == bool(cut)
+    source = exe.kernel_sources()["kernel0_convolution"]
+    assert ("tl.store(pooled" in source) == (not cut)
+    assert ("tl.join" in source) == (not cut and form == "cells" and window[1] == 2)
     out = exe.run(feeds)
     a64, w64 = a.double().requires_grad_(), wt.double()
     pre = F.conv2d(a64, w64, bias.double(), padding=1)
     want = F.max_pool2d(pre.relu(), window)
     cond = F.conv2d(a.double().abs(), wt.double().abs(), bias.double().abs(), padding=1)
-    _check(out[relu].torch(), pre.relu().detach(), cond, 28, "relu")
-    _check(out[pooled].torch(), want.detach(), F.max_pool2d(cond, window), 28, "pooled")
-    grad = torch.autograd.grad(want.sum(), a64)[0]
-    assert torch.allclose(out[dx].torch().double(), grad, atol=1e-4)
+    _check(out[relu].torch(), pre.relu().detach(), cond, 9 * cin + 1, "relu")
+    _check(out[pooled].torch(), want.detach(), F.max_pool2d(cond, window), 9 * cin + 1, "pooled")
+    grad = torch.autograd.grad((want * want).sum(), a64)[0]
+    assert torch.allclose(out[dx].torch().double(), grad, rtol=1e-4, atol=1e-4 * float(grad.abs().max()))
+
+
+@pytest.mark.parametrize("window, width, candidates", [
+    ((2, 2), 10, ["library", "triton", "triton-cells", "triton+pooling"]),
+    ((2, 4), 12, ["library", "triton", "triton+pooling"]),
+    ((2, 2), 9, ["library", "triton"])], ids=["2x2", "2x4", "cut"])
+def test_on_cuda_the_pooling_forms_are_measured_candidates(monkeypatch, window, width, candidates):
+    """What the first run on CUDA times for conv + bias + ReLU + max pooling: the library call with a pooling
+    after it, the template pooling rows of windows ("triton"), pooling by cells where a window has at most two
+    columns, and the template with the pooling kernel after it; a cut window keeps a pooling step of its own.
+    Lowered for CUDA on the CPU (nothing runs)."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "stand-in")
+    g = sm.Graph("conv_pool")
+    x = g.placeholder((2, 3, 8, width), sm.float32, name="x")
+    wv = g.placeholder((6, 3, 3, 3), sm.float32, name="w")
+    b = g.placeholder((6,), sm.float32, name="b")
+    relu = g.relu(g.convolution2d(x, wv, sm.Convolution2DDescriptor(padding="same")) + g.reshape(b, (1, 6, 1, 1)))
+    pooled = g.max_pooling2d(relu, sm.Pooling2DDescriptor(kernel_size=window))
+    types = {t: sm.TensorType(tuple(t.shape), sm.float32) for t in (x, wv, b)}
+    exe = g.compile(types, [relu, pooled], device="cpu", options={"backend": "triton"})
+    step = next(s for s in exe.steps if s.name == "kernel0_convolution")
+    assert list(step.run.candidates) == candidates
+    assert (pooled.op.name in [s.name for s in exe.steps]) == (width % window[1] != 0)
 
 
 def test_a_candidate_that_fails_when_measured_is_not_chosen(tmp_path, monkeypatch):

@@ -204,7 +204,7 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
     dt = out.dtype
     taps = win.cin * win.kh * win.kw
     bm, bn, bk, warps, stages = blocks(win, dt.name, interpret, options)
-    if pool is not None:
+    if pool is not None and options.get("conv_pool") != "cells":
         band = pool[1][0] * _pow2(win.wo)  # one row of windows: its window rows, each padded to a power of two
         bm = max(bm, band)
     hw = win.ho * win.wo
@@ -282,73 +282,129 @@ def generate(name: str, body, in_layouts: list[Layout], interpret: bool, options
                   f"{term('kh_[:, None]', ws[2])}{term('kw_[:, None]', ws[3])}, "
                   f"mask=k_ok[:, None] & n_ok[None, :], other=0).to({dot_type}){widen}",
                   f"        acc = tl.dot(a, b, acc{precision})"]
+    product, lines = lines, []
     # the product rounded to its type, as the library stores it, then the epilogue on the tile
     rounded = "acc" if dt == compute_dtype(dt) else f"acc.to({tl_type(dt)}).to(tl.float32)"
-    lines.append(f"    c = {rounded}")
     axes = ("nn[:, None]", "oh[:, None]", "ow[:, None]", "rn[None, :]") if win.nhwc else \
         ("nn[:, None]", "rn[None, :]", "oh[:, None]", "ow[:, None]")
-    value = {out.id: "c"}
     names = iter(range(1 << 30))
-    for op in epilogue:
-        o = op.outputs[0]
-        if op.op == "constant":
-            value[o.id] = literal(op.attrs["value"], o.dtype)
-            continue
-        if lookup(op.op).kind != ELEMENTWISE or op.op in DIVISIONS and checks_divisor(op):
-            raise NotImplementedError(f"{op.op} ({op.name}) in a convolution's epilogue")
-        args = []
-        for t in op.inputs:
-            if t.id not in value:
-                lay = layout_of[t.id].broadcast_to(out.shape)
-                terms = "".join(term(v, s) for v, s in zip(axes, lay.strides))
-                # a value constant along the tile's rows (a bias) or columns loads as one row or column
-                rows = any(st for v, st in zip(axes, lay.strides) if v.endswith("[:, None]"))
-                cols = any(st for v, st in zip(axes, lay.strides) if v.endswith("[None, :]"))
-                mask = " & ".join(m for m, used in (("m_ok[:, None]", rows), ("n_ok[None, :]", cols)) if used)
-                var = f"x{next(names)}"
-                lines.append(f"    {var} = tl.load({ptr(t)}{terms}{f', mask={mask}, other=0' if mask else ''})"
-                             f".to({tl_type(compute_dtype(t.dtype))})")
-                value[t.id] = var
-            args.append(value[t.id])
-        var = f"v{next(names)}"
-        lines.append(f"    {var} = {expression(op, args)}")
-        value[o.id] = var
-    where = "rm[:, None] * {c} + rn[None, :]".format(c=win.cout) if win.nhwc else \
-        f"nn[:, None] * {win.cout * hw} + rn[None, :] * {hw} + (rm % {hw})[:, None]" if pool is None else \
-        f"nn[:, None] * {win.cout * hw} + rn[None, :] * {hw} + (oh * {win.wo} + ow)[:, None]"
-    for i, t in enumerate(outputs):
+    for t in outputs:
         if t.shape != out.shape:
             raise NotImplementedError(f"convolution kernel output {t.name} of shape {t.shape} is not the "
                                       f"product's {out.shape}")
-        v = value.get(t.id, "c")
-        lines.append(f"    tl.store(out{i} + {where}, ({v}).to({tl_type(t.dtype)}), "
-                     "mask=m_ok[:, None] & n_ok[None, :])")
+
+    def tile() -> list[str]:
+        """The product and the epilogue on the tile at pixels (nn, oh, ow); each output's value in its compute
+        type (a tile, a row or a column)."""
+        lines.extend(product)
+        lines.append(f"    c = {rounded}")
+        value = {out.id: "c"}
+        for op in epilogue:
+            o = op.outputs[0]
+            if op.op == "constant":
+                value[o.id] = literal(op.attrs["value"], o.dtype)
+                continue
+            if lookup(op.op).kind != ELEMENTWISE or op.op in DIVISIONS and checks_divisor(op):
+                raise NotImplementedError(f"{op.op} ({op.name}) in a convolution's epilogue")
+            args = []
+            for t in op.inputs:
+                if t.id not in value:
+                    lay = layout_of[t.id].broadcast_to(out.shape)
+                    terms = "".join(term(v, s) for v, s in zip(axes, lay.strides))
+                    # a value constant along the tile's rows (a bias) or columns loads as one row or column
+                    rows = any(st for v, st in zip(axes, lay.strides) if v.endswith("[:, None]"))
+                    cols = any(st for v, st in zip(axes, lay.strides) if v.endswith("[None, :]"))
+                    mask = " & ".join(m for m, used in (("m_ok[:, None]", rows), ("n_ok[None, :]", cols)) if used)
+                    var = f"x{next(names)}"
+                    lines.append(f"    {var} = tl.load({ptr(t)}{terms}{f', mask={mask}, other=0' if mask else ''})"
+                                 f".to({tl_type(compute_dtype(t.dtype))})")
+                    value[t.id] = var
+                args.append(value[t.id])
+            var = f"v{next(names)}"
+            lines.append(f"    {var} = {expression(op, args)}")
+            value[o.id] = var
+        return [value.get(t.id, "c") for t in outputs]
+
+    def store(where: str, values: list[str], mask: str = "m_ok[:, None] & n_ok[None, :]") -> None:
+        lines.extend(f"    tl.store(out{i} + {where}, ({v}).to({tl_type(t.dtype)}), mask={mask})"
+                     for i, (v, t) in enumerate(zip(values, outputs)))
+
+    pool_type = tl_type(outputs[pool[0]].dtype) if pool is not None else ""
+
     names_out = [f"out{i}" for i in range(len(outputs))]
-    m = win.n * hw
-    grid_m = -(-m // bm)
+    plane = f"nn[:, None] * {win.cout * hw} + rn[None, :] * {hw}"
     if pool is None:
+        store("rm[:, None] * {c} + rn[None, :]".format(c=win.cout) if win.nhwc else f"{plane} + (rm % {hw})[:, None]",
+              tile())
+        m = win.n * hw
+        grid_m = -(-m // bm)
         pixels = f"""    m_ok = rm < M
     ow = rm % {win.wo}
     oh = (rm // {win.wo}) % {win.ho}
     nn = rm // {hw}"""
+    elif options.get("conv_pool") == "cells":
+        # rm walks the pooled pixels; the tile is computed once per cell of the window and the cells meet in
+        # a running maximum, lane by lane. A row's two cells are interleaved (join, reshape) and stored as
+        # rows of consecutive pixels: stored apart, each lane's pixel is two elements from the next lane's,
+        # no store is contiguous and every lane of a warp writes a line of its own
+        kp, lp = pool[1]
+        ph, pw = win.ho // kp, win.wo // lp
+        if lp not in (1, 2):
+            raise NotImplementedError("pooling by cells takes windows of one or two columns")
+        pixels = f"""    m_ok = rm < M
+    pw_ = rm % {pw}
+    ph_ = (rm // {pw}) % {ph}
+    nn = rm // {ph * pw}"""
+        if lp == 2:  # the pixels of a row of cells: s2 = 2 * pooled pixel + column
+            pixels += f"""
+    s2 = (tl.program_id(0) * (2 * BLOCK_M) + tl.arange(0, 2 * BLOCK_M)){cast}
+    ow2 = s2 % {win.wo}
+    ph2 = (s2 // {win.wo}) % {ph}
+    nn2 = s2 // {win.wo * ph}
+    m2_ok = s2 < 2 * M"""
+        for a in range(kp):
+            cells = []
+            for b in range(lp):
+                lines += [f"    oh = ph_ * {kp} + {a}", f"    ow = pw_ * {lp} + {b}"]
+                values = [f"v{next(names)}" for _ in outputs]
+                # in the output's type (bool as bytes) for the join; the running maximum in the compute type
+                raw = tile()
+                kinds = ["tl.int8" if t.dtype.name == "bool" else tl_type(t.dtype) for t in outputs]
+                lines.extend(f"    {v} = tl.broadcast_to(({e}).to({k}), (BLOCK_M, BLOCK_N))"
+                             for v, e, k in zip(values, raw, kinds))
+                cells.append(values)
+                first = a == b == 0
+                lines.append(f"    pv = {raw[pool[0]]}" if first else f"    pv = _maximum(pv, {raw[pool[0]]})")
+            if lp == 1:
+                store(f"{plane} + (oh * {win.wo} + ow)[:, None]", cells[0])
+                continue
+            joined = [f"tl.reshape(tl.permute(tl.join({u}, {v}), (0, 2, 1)), (2 * BLOCK_M, BLOCK_N))"
+                      for u, v in zip(*cells)]
+            store(f"nn2[:, None] * {win.cout * hw} + rn[None, :] * {hw} + ((ph2 * {kp} + {a}) * {win.wo} + ow2)"
+                  "[:, None]", joined, "m2_ok[:, None] & n_ok[None, :]")
+        lines.append(f"    tl.store(pooled + nn[:, None] * {win.cout * ph * pw} + rn[None, :] * {ph * pw} + "
+                     f"(rm % {ph * pw})[:, None], pv.to({pool_type}), mask=m_ok[:, None] & n_ok[None, :])")
+        names_out.append("pooled")
+        m = win.n * ph * pw
+        grid_m = -(-m // bm)
     else:
         # rm walks rows of windows: (n, pooled row) groups of kh rows of `width` lanes, the last lanes masked
         (kp, lp), width = pool[1], _pow2(win.wo)
         ph, pw = win.ho // kp, win.wo // lp
+        values = tile()
+        store(f"{plane} + (oh * {win.wo} + ow)[:, None]", values)
         pixels = f"""    ow = rm % {width}
     grp = rm // {kp * width}
     oh = (grp % {ph}) * {kp} + (rm // {width}) % {kp}
     nn = grp // {ph}
     m_ok = (ow < {win.wo}) & (grp < M)"""
         rows = bm // (kp * width)
-        v = value.get(outputs[pool[0]].id, "c")
-        lines += [f"    pv = tl.reshape({v}, ({rows}, {kp}, {width // lp}, {lp}, BLOCK_N))",
+        lines += [f"    pv = tl.reshape({values[pool[0]]}, ({rows}, {kp}, {width // lp}, {lp}, BLOCK_N))",
                   "    pv = tl.reduce(tl.reduce(pv, 3, _maximum), 1, _maximum)",
                   f"    pg = (tl.program_id(0) * {rows} + tl.arange(0, {rows})){cast}[:, None, None]",
                   f"    pc = tl.arange(0, {width // lp})[None, :, None]",
                   f"    tl.store(pooled + (pg // {ph}) * {win.cout * ph * pw} + rn[None, None, :] * {ph * pw} + "
-                  f"(pg % {ph}) * {pw} + pc, pv.to({tl_type(outputs[pool[0]].dtype)}), "
-                  f"mask=(pg < M) & (pc < {pw}) & n_ok[None, None, :])"]
+                  f"(pg % {ph}) * {pw} + pc, pv.to({pool_type}), mask=(pg < M) & (pc < {pw}) & n_ok[None, None, :])"]
         names_out.append("pooled")
         m = win.n * ph
         grid_m = -(-m * kp * width // bm)
@@ -380,7 +436,7 @@ def key(op: Operation, dtype: DType, options: dict) -> str:
 @dataclass
 class WeightsGradientSource:
     """The weights' gradient as two kernels: `partial` sums each of `splits` slices of the pixels into a
-    float32 scratch of `scratch` elements, `finish` adds the slices in order (deterministic) into the
+    float32 scratch of `scratch` elements, `finish` adds the slices in a fixed order (deterministic) into the
     gradient, in the weights' layout and type."""
 
     partial: KernelSource
@@ -512,16 +568,22 @@ def {name}_partial(dy, x, like, part, P, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
         nn = rp // {hw}
 ''' + "\n".join(body + tail) + "\n"
     out_strides = _w_strides(Layout.contiguous(wl.shape), attrs["weights_layout"])
-    block = 256 if not interpret else 64
+    # a tile of slices by gradient elements per step, summed along the slices: a sequential loop over hundreds
+    # of slices (one load in flight per element) took 99 µs for conv1's 288 elements on an H200, the product
+    # 41 µs; tl.sum's tree over a fixed tile shape keeps the order fixed
+    ways = 2 if interpret else min(128, max(2, _pow2(splits)))  # the interpreter's steps: the loop and its mask
+    block = max(32, min(256, 4096 // ways))
     finish = header(f"convolution weights gradient {name}, sum of the slices", interpret) + f'''
 
 @triton.jit
-def {name}_finish(part, out, BLOCK: tl.constexpr):
+def {name}_finish(part, out, BLOCK: tl.constexpr, WAYS: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < {cout * taps}
     s = tl.zeros((BLOCK,), dtype=tl.float32)
-    for k in range({splits}):
-        s += tl.load(part + k * {cout * taps} + i, mask=ok, other=0)
+    for k0 in range(0, {splits}, WAYS):
+        k = k0 + tl.arange(0, WAYS)
+        s += tl.sum(tl.load(part + k[:, None] * {cout * taps} + i[None, :], mask=(k < {splits})[:, None] & ok[None, :],
+                            other=0), axis=0)
     co = i // {taps}
     t = i % {taps}
     tl.store(out + co * {out_strides[0]} + (t // {kh * kw}) * {out_strides[1]} + ((t // {kw}) % {kh}) * {out_strides[2]}
@@ -531,5 +593,6 @@ def {name}_finish(part, out, BLOCK: tl.constexpr):
     return WeightsGradientSource(
         KernelSource(f"{name}_partial", partial, grid, warps, {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk},
                      "convolution", sizes=(pixels,), num_stages=stages),
-        KernelSource(f"{name}_finish", finish, (-(-cout * taps // block),), 4, {"BLOCK": block}, "convolution"),
+        KernelSource(f"{name}_finish", finish, (-(-cout * taps // block),), 4, {"BLOCK": block, "WAYS": ways},
+                     "convolution"),
         splits, scratch)

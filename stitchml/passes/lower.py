@@ -453,8 +453,9 @@ def _convolution_step(op: Operation, contraction: Operation, body: Program | Non
         return Step(op.name, kind, library, library_source)
     launches, sources = {}, []
     forms = [(variant, True) for variant in convolution.variants(contraction)] if mode == "measure" else [({}, True)]
-    if pool is not None and mode == "measure":  # the template pooling in registers, and pooling after it
-        forms = forms[:1] + [(variant, False) for variant, _ in forms]
+    if pool is not None and mode == "measure":  # the template pooling in registers (two ways), and pooling after it
+        cells = [({**forms[0][0], "conv_pool": "cells"}, True)] if pool[1].attrs["kernel_size"][1] <= 2 else []
+        forms = forms[:1] + cells + [(variant, False) for variant, _ in forms]
     for variant, pooling_inside in forms:
         inside = pool is not None and pooling_inside
         try:
