@@ -155,6 +155,27 @@ def test_a_max_pooling_of_the_epilogue_is_computed_in_the_convolution_kernel(tri
     assert torch.allclose(out[dx].torch().double(), grad, rtol=1e-4, atol=1e-4 * float(grad.abs().max()))
 
 
+def test_the_native_cpu_backend_keeps_its_own_convolutions_and_poolings(monkeypatch):
+    """The native CPU backend runs no Triton kernels: `conv_template="triton"` leaves its convolutions and the
+    max pooling after them as its own steps, and the network matches float64 (a pooling folded into a template
+    kernel the backend never ran was lost: outputs of 1e35)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    gen = torch.Generator().manual_seed(2)
+    a, wt, bias = torch.randn(2, 3, 8, 10, generator=gen), torch.randn(6, 3, 3, 3, generator=gen), torch.randn(6)
+    g = sm.Graph("native_conv_pool")
+    x = g.placeholder(tuple(a.shape), sm.float32, name="x")
+    wv = g.placeholder(tuple(wt.shape), sm.float32, name="w")
+    b = g.placeholder((6,), sm.float32, name="b")
+    relu = g.relu(g.convolution2d(x, wv, sm.Convolution2DDescriptor(padding="same")) + g.reshape(b, (1, 6, 1, 1)))
+    pooled = g.max_pooling2d(relu, sm.Pooling2DDescriptor(kernel_size=(2, 2)))
+    feeds = {x: a, wv: wt, b: bias}
+    exe = g.compile(feeds, [pooled], device="cpu", options={"conv_template": "triton"})
+    assert pooled.op.name in [s.name for s in exe.steps], [s.name for s in exe.steps]
+    pre = F.conv2d(a.double(), wt.double(), bias.double(), padding=1)
+    cond = F.conv2d(a.double().abs(), wt.double().abs(), bias.double().abs(), padding=1)
+    _check(exe.run(feeds)[pooled].torch(), F.max_pool2d(pre.relu(), 2), F.max_pool2d(cond, 2), 28, "pooled")
+
+
 @pytest.mark.parametrize("window, width, candidates", [
     ((2, 2), 10, ["library", "triton", "triton-cells", "triton+pooling"]),
     ((2, 4), 12, ["library", "triton", "triton+pooling"]),

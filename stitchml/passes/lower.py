@@ -499,11 +499,12 @@ def _measured(name: str, kind: str, key: str, library, launches: dict, source: s
 
 
 def _template_mode(options: dict, backend: str) -> str | None:
-    """How option `conv_template` applies here: "triton", "measure", or None (the library call alone)."""
+    """How option `conv_template` applies here: "triton", "measure", or None (the library call alone; always
+    on a backend that runs no Triton kernels: the native CPU backend's convolutions are its own)."""
     mode = options.get("conv_template", "measure")
     if mode not in ("measure", "triton", "library"):
         raise CompileError(f"option conv_template expects 'measure', 'triton' or 'library', got {mode!r}")
-    if mode == "library" or mode == "measure" and backend != "triton":
+    if mode == "library" or backend not in ("triton", "interpret") or mode == "measure" and backend != "triton":
         return None
     return mode
 
