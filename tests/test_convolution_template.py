@@ -177,9 +177,9 @@ def test_the_native_cpu_backend_keeps_its_own_convolutions_and_poolings(monkeypa
 
 
 @pytest.mark.parametrize("window, width, candidates", [
-    ((2, 2), 10, ["library", "triton", "triton-cells", "triton+pooling"]),
-    ((2, 4), 12, ["library", "triton", "triton+pooling"]),
-    ((2, 2), 9, ["library", "triton"])], ids=["2x2", "2x4", "cut"])
+    ((2, 2), 10, ["library", "triton", "triton-cells", "triton+pooling", "triton-16x32x32x2x2+pooling"]),
+    ((2, 4), 12, ["library", "triton", "triton+pooling", "triton-16x32x32x2x2+pooling"]),
+    ((2, 2), 9, ["library", "triton", "triton-16x32x32x2x2"])], ids=["2x2", "2x4", "cut"])
 def test_on_cuda_the_pooling_forms_are_measured_candidates(monkeypatch, window, width, candidates):
     """What the first run on CUDA times for conv + bias + ReLU + max pooling: the library call with a pooling
     after it, the template pooling rows of windows ("triton"), pooling by cells where a window has at most two
@@ -197,6 +197,27 @@ def test_on_cuda_the_pooling_forms_are_measured_candidates(monkeypatch, window, 
     step = next(s for s in exe.steps if s.name == "kernel0_convolution")
     assert list(step.run.candidates) == candidates
     assert (pooled.op.name in [s.name for s in exe.steps]) == (width % window[1] != 0)
+
+
+@pytest.mark.parametrize("batch, size, taps, cin, few", [(1, 8, 3, 8, True), (1, 40, 7, 3, False), (4, 16, 3, 8, True),
+                                                       (5, 16, 3, 8, False), (1, 2, 3, 64, True)])
+def test_on_cuda_convolutions_with_few_output_pixels_also_measure_small_tiles(monkeypatch, batch, size, taps, cin,
+                                                                                few):
+    """At most FEW_PIXELS output pixels (batch x height x width): the first run on CUDA also times the template
+    with 16-row tiles; many-channel windows keep their other forms. Lowered for CUDA on the CPU."""
+    from stitchml.codegen import convolution
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "stand-in")
+    g = sm.Graph("few_pixels")
+    x = g.placeholder((batch, cin, size, size), sm.float32, name="x")
+    wv = g.placeholder((8, cin, taps, taps), sm.float32, name="w")
+    y = g.relu(g.convolution2d(x, wv, sm.Convolution2DDescriptor(padding="same")))
+    types = {t: sm.TensorType(tuple(t.shape), sm.float32) for t in (x, wv)}
+    exe = g.compile(types, [y], device="cpu", options={"backend": "triton"})
+    candidates = list(next(s for s in exe.steps if s.kind == "convolution").run.candidates)
+    assert ("triton-16x32x32x2x2" in candidates) == few == (batch * size * size <= convolution.FEW_PIXELS)
+    assert ("triton-flat" in candidates) == (cin * taps * taps > convolution.SMALL_TAPS and
+                                             cin >= convolution.TAP_MAJOR_CHANNELS)
 
 
 def test_a_candidate_that_fails_when_measured_is_not_chosen(tmp_path, monkeypatch):

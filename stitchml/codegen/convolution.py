@@ -35,6 +35,8 @@ from .pointwise import KernelSource
 SMALL_TAPS = 32  # windows of at most this many taps are unrolled multiply-adds, longer ones tile products
 SMALL_WEIGHT_TAPS = 16  # weights gradients of at most this many taps keep an accumulator per tap
 TAP_MAJOR_CHANNELS = 16  # from this many input channels a product's step is one tap's block of channels
+FEW_PIXELS = 1024  # outputs of at most this many pixels (batch x height x width) also try FEW_PIXEL_BLOCKS
+FEW_PIXEL_BLOCKS = (16, 32, 32, 2, 2)  # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): ResNet-18's batch-1 layers
 DTYPES = ("float16", "bfloat16", "float32")
 
 
@@ -112,13 +114,18 @@ def window(op: Operation, x_layout: Layout, w_layout: Layout) -> Window:
 
 def variants(op: Operation) -> list[dict]:
     """Options of the template worth measuring against each other for contraction `op` on a GPU: where the
-    product steps one tap's channels at a time, the input tile's load order, and the flattened window."""
+    product steps one tap's channels at a time, the input tile's load order, and the flattened window; with
+    few output pixels (a small batch's late layers) also tiles of 16 rows, so that more programs share the
+    work (a 128-row tile of a 64-pixel output leaves all but one program idle)."""
     x, w = op.inputs[:2]
     cin = _nchw_shape(x.shape, op.attrs["data_layout"])[1]
     _, _, kh, kw = _weights_dims(w.shape, op.attrs["weights_layout"])
-    if cin * kh * kw > SMALL_TAPS and cin >= TAP_MAJOR_CHANNELS:
-        return [{}, {"conv_order": "pixels"}, {"conv_form": "flat"}]
-    return [{}]
+    found = [{}, {"conv_order": "pixels"}, {"conv_form": "flat"}] \
+        if cin * kh * kw > SMALL_TAPS and cin >= TAP_MAJOR_CHANNELS else [{}]
+    on, _, oh, ow = _nchw_shape(op.outputs[0].shape, op.attrs["data_layout"])
+    if op.op == "convolution2d" and on * oh * ow <= FEW_PIXELS:
+        found.append({"conv_blocks": FEW_PIXEL_BLOCKS})
+    return found
 
 
 def weights_variants(op: Operation) -> list[dict]:

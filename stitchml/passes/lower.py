@@ -485,7 +485,8 @@ def _convolution_step(op: Operation, contraction: Operation, body: Program | Non
 def _variant_name(variant: dict, pooling_after: bool = False) -> str:
     """A template candidate's name in a measured choice: "triton", its variant's values, "+pooling" when the
     pooling runs after the kernel."""
-    return "-".join(["triton"] + [str(v) for v in variant.values()]) + ("+pooling" if pooling_after else "")
+    values = ("x".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in variant.values())
+    return "-".join(["triton", *values]) + ("+pooling" if pooling_after else "")
 
 
 def _measured(name: str, kind: str, key: str, library, launches: dict, source: str, mode: str) -> Step:
