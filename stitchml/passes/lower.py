@@ -78,11 +78,19 @@ def _epilogue(body: Program) -> tuple[Operation, Program | None, list[int]]:
     placeholder it is.
     """
     parts = matmul.split(body)
-    contraction, rest = parts.contraction, parts.epilogue
-    if not rest:
-        return contraction, None, []
+    if not parts.epilogue:
+        return parts.contraction, None, []
+    return (parts.contraction, *_after(body, parts.contraction, parts.epilogue))
+
+
+def _after(body: Program, head: Operation, rest: list[Operation] | None = None) -> tuple[Program, list[int]]:
+    """The ops of `body` after its first op `head` (`rest`: all but placeholders and `head`) as a program
+    of their own reading `head`'s result as its first placeholder, and, for each of its other inputs, the
+    index of the body placeholder it is."""
+    if rest is None:
+        rest = [op for op in body.operations if op.op != "placeholder" and op is not head]
     g = Graph("epilogue")
-    mapping = {contraction.outputs[0].id: g.placeholder(contraction.outputs[0].shape, contraction.outputs[0].dtype)}
+    mapping = {head.outputs[0].id: g.placeholder(head.outputs[0].shape, head.outputs[0].dtype)}
     placeholders = [op.outputs[0] for op in body.operations if op.op == "placeholder"]
     used = []
     for op in rest:
@@ -92,7 +100,7 @@ def _epilogue(body: Program) -> tuple[Operation, Program | None, list[int]]:
                 used.append(placeholders.index(t))
         for old, new in zip(op.outputs, copy_op(g, op, [mapping[t.id] for t in op.inputs])):
             mapping[old.id] = new
-    return contraction, Program(g, [mapping[t.id] for t in body.outputs], dict(body.notes)), used
+    return Program(g, [mapping[t.id] for t in body.outputs], dict(body.notes)), used
 
 
 def _split_contraction(op: Operation, plan):
@@ -282,6 +290,8 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
                         KernelLaunch(src.finish, ins + [tmp], outs + flag))
             return Step(op.name, template, run, src.partial.source)
         return Step(op.name, template, KernelLaunch(src, ins, outs + flag), src.source)
+    if template == "pool_gradient":
+        return _pool_epilogue_step(op, plan, ins, outs, backend, options, new_slot)
     if template == "attention":
         src = attention.generate(op.name, body.notes["attention"], _layouts(op, plan), op.outputs[0].shape,
                                  op.inputs[0].dtype.name, interpret, options.get("attention_split", True),
@@ -399,6 +409,59 @@ def _pool_gradient_step(op: Operation, x, ins: list[int], outs: list[int], libra
         return Step(op.name, "pooling", next(iter(launches.values())), source)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     key = f"pool-gradient:{x.shape}:{x.dtype}:{digest}:{torch.cuda.get_device_name()}"
+    return Step(op.name, "pooling", choices.Chooser(key, launches), source)
+
+
+def _pool_epilogue_step(op: Operation, plan, ins: list[int], outs: list[int], backend: str, options: dict,
+                        new_slot) -> Step:
+    """A max pooling's gradient with the elementwise ops reading it (passes/stitch.py "pool_gradient"): one
+    kernel applying them in registers (codegen/pooling.py), per block of windows or of rows of windows as
+    option `max_pooling` says; on CUDA also today's gradient kernels followed by the ops' pointwise kernel,
+    the fastest measured on the first run; with option `pool_epilogue` "separate" only those (everywhere).
+    Operands that are not row-major run the body op by op."""
+    body, interpret = op.attrs["body"], backend == "interpret"
+    pool = next(o for o in body.operations if o.op == "max_pooling2d_gradient")
+    placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
+    layouts = _layouts(op, plan)
+    reference = ReferenceCall(lookup(op.op).impl, ins, outs, op.attrs, into=True)
+    dy, x = pool.inputs
+    at = [placeholders.index(t) for t in (dy, x)]
+    if any(layouts[i].strides != Layout.contiguous(layouts[i].shape).strides for i in at):
+        log.info("kernel %s runs its body op by op: the pooling gradient's operands are not row-major", op.name)
+        return Step(op.name, "reference", reference)
+    mode = _pooling_mode(options)
+    rows = pooling.rows_fit(pool.attrs, x.shape)
+    forms = [form for form, wanted in (("windows", mode != "rows" or not rows),
+                                       ("rows", mode != "windows" and (mode == "rows" or not interpret) and rows))
+             if wanted]
+    separate = options.get("pool_epilogue", True) == "separate"
+    fused = {} if separate else {f"{form}+epilogue": pooling.gradient_with_epilogue(
+        f"{op.name}_{form}", body, layouts, form == "rows", interpret) for form in forms}
+    launches = {name: KernelLaunch(src, ins, outs) for name, src in fused.items()}
+    source = "".join(src.source for src in fused.values())
+    if interpret and not separate:
+        return Step(op.name, "pooling", next(iter(launches.values())), source)
+    dx = pool.outputs[0]
+    epi, used = _after(body, pool)
+    kept = [j for j, t in enumerate(body.outputs) if t is not dx]  # what the pointwise kernel stores
+    epi = Program(epi.graph, [epi.outputs[j] for j in kept], epi.notes)
+    epi_src = pointwise.generate(f"{op.name}_epilogue", epi, [Layout.contiguous(dx.shape)] + [layouts[i] for i in used],
+                                 interpret, options)
+    stored = [j for j, t in enumerate(body.outputs) if t is dx]  # the gradient is read outside too
+    grad = outs[stored[0]] if stored else new_slot()
+    for form in forms:  # today's kernels: the gradient into memory, then the epilogue kernel
+        src = pooling.max_pool_gradient_rows(f"{op.name}_rows", x.shape, x.dtype, interpret) if form == "rows" else \
+            pooling.max_pool_gradient(f"{op.name}_kernel", x.shape, pool.attrs["kernel_size"], x.dtype, interpret)
+        run = Chain(KernelLaunch(src, [ins[i] for i in at], [grad]),
+                    KernelLaunch(epi_src, [grad] + [ins[i] for i in used], [outs[j] for j in kept]))
+        launches[f"{form}+epilogue-kernel"] = run if stored else \
+            FreshOutputs(run, [ins[at[0]]], [(grad, dx.shape, dx.dtype.torch)], reference)
+        source += src.source
+    source += epi_src.source
+    if len(launches) == 1:
+        return Step(op.name, "pooling", next(iter(launches.values())), source)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    key = f"pool-gradient-epilogue:{x.shape}:{x.dtype}:{digest}:{torch.cuda.get_device_name()}"
     return Step(op.name, "pooling", choices.Chooser(key, launches), source)
 
 

@@ -12,6 +12,12 @@ ones are scored (policy.score) and policy.choose picks one, else the op
 starts a new kernel. Every refusal is kept for `Executable.fusion_report()`.
 Joining is refused when it would close a cycle (the op reads a value that
 itself depends on the kernel).
+
+On the Triton backends a max pooling's gradient whose windows tile its input
+starts a kernel too ("pool_gradient", codegen/pooling.py) that the
+elementwise ops reading its result may join (its epilogue: the ReLU's mask
+of a convolution's backward pass); one that no op joined stays a step of its
+own, and the report says why either way.
 """
 from __future__ import annotations
 
@@ -20,13 +26,15 @@ import heapq
 from ..graph import Graph
 from ..ir import Tensor
 from .boundaries import explain
-from .legality import Kernel, can_fuse, join, start, template_of
+from .legality import Kernel, can_fuse, join, pool_gradient_start, start, template_of
 from .policy import choose, score
 from .program import Program, copy_op
 
 
-def _group(program: Program, report: list, boundaries: list) -> tuple[list[Kernel], dict[int, Kernel]]:
+def _group(program: Program, report: list, boundaries: list, backend: str,
+           options: dict) -> tuple[list[Kernel], dict[int, Kernel]]:
     kernels: list[Kernel] = []
+    notes: list[str] = []
     kernel_of: dict[int, Kernel] = {}
     depends: dict[int, frozenset[int]] = {}  # tensor id -> kernels it transitively depends on
     refusals: dict[int, list[tuple[str, str]]] = {}
@@ -65,19 +73,44 @@ def _group(program: Program, report: list, boundaries: list) -> tuple[list[Kerne
                 chosen = start(max((k.id for k in kernels), default=-1) + 1, op)
                 kernels.append(chosen)
             kernel_of[op.id] = chosen
+        elif op.op == "max_pooling2d_gradient":
+            why = pool_gradient_start(op, backend, options)
+            if why:
+                notes.append(f"pooling gradient {op.name} takes no epilogue: {why}")
+            else:
+                chosen = Kernel(max((k.id for k in kernels), default=-1) + 1, "pool_gradient", [op],
+                                op.outputs[0].shape)
+                kernels.append(chosen)
+                kernel_of[op.id] = chosen
         mine = upstream | {chosen.id} if chosen is not None else upstream
         for t in op.outputs:
             depends[t.id] = mine
+    for k in [k for k in kernels if k.template == "pool_gradient"]:
+        notes.append(_pool_note(k, refusals, reasons, kernels, kernel_of))
     kernels.sort(key=lambda k: position[k.ops[0].id])
     renumber = {k.id: i for i, k in enumerate(kernels)}
     refusals = {renumber[k]: v for k, v in refusals.items() if k in renumber}
     for k in kernels:
         k.id = renumber[k.id]
+    report.extend({"note": line} for line in notes)
     for k in kernels:
         report.append({"kernel": k.id, "template": k.template, "ops": [f"{o.op} ({o.name})" for o in k.ops],
                        "not_fused": refusals.get(k.id, [])})
     boundaries.extend(explain(program.operations, kernel_of, reasons))
     return kernels, kernel_of
+
+
+def _pool_note(k: Kernel, refusals: dict, reasons: dict, kernels: list[Kernel], kernel_of: dict) -> str:
+    """The report's line for a pooling gradient's kernel; one that no op joined becomes a plain step again
+    (it leaves `kernels` and `kernel_of`), its line saying why."""
+    pool = next(o for o in k.ops if o.op == "max_pooling2d_gradient")
+    if len(k.ops) > 1:
+        taken = ", ".join(f"{o.op} ({o.name})" for o in k.ops if o is not pool)
+        return f"pooling gradient {pool.name} took its epilogue: {taken}"
+    kernels.remove(k)
+    del kernel_of[pool.id]
+    why = [r for _, r in refusals.get(k.id, [])] + [r for (t, _), r in reasons.items() if t == pool.outputs[0].id]
+    return f"pooling gradient {pool.name} takes no epilogue: {why[0] if why else 'no elementwise op reads its result'}"
 
 
 def _note(reasons: dict, op, kernel: Kernel, reason: str) -> None:
@@ -177,7 +210,8 @@ def _build_kernel(g: Graph, k: Kernel, mapping: dict[int, Tensor], used_outside:
 def stitch(program: Program, ctx) -> Program:
     report: list = []
     boundaries: list = []
-    kernels, kernel_of = _group(program, report, boundaries)
+    backend, options = (ctx.backend, ctx.options) if ctx is not None else ("reference", {})
+    kernels, kernel_of = _group(program, report, boundaries, backend, options)
     used_outside = {t.id for t in program.outputs}
     for op in program.operations:
         for t in op.inputs:
