@@ -219,7 +219,7 @@ def gradient_with_epilogue(name: str, body, in_layouts: list[Layout], rows: bool
                  _pick(width, w, arg_of[dy.id]).rstrip("\n")]
         # the input's values are in float32 already: its compute type for every type in DTYPES
         lines += _epilogue(ops, body.outputs, {pool.outputs[0].id: f"out{to}", x.id: "xv"}, "at_x", "ok",
-                           arg_of, layout_of, frame, "")
+                           arg_of, layout_of, frame, "e_")
         grid, constexprs, sizes = ((count + block - 1) // block,), {"BLOCK": block}, (count,)
     else:
         ho, wo = h // kh, w // kw
