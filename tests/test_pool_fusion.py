@@ -99,6 +99,45 @@ def test_fused_pooling_gradient_matches_float64_and_the_unfused_program(triton_i
     assert torch.equal(eager[outputs[2]].torch(), dz) and torch.equal(eager[outputs[1]].torch(), y)
 
 
+@pytest.mark.parametrize("dtype", [sm.float32, sm.bfloat16], ids=["float32", "bfloat16"])
+def test_the_kernel_that_also_sums_per_channel_matches_float64(triton_interpreter, dtype):
+    """Option pool_epilogue "sum": the bias gradient's reduction after the kernel is summed from its tiles
+    (per-plane partial sums, three blocks of window rows per plane here, added over the batch in a fixed
+    order by a second kernel); every other result is the same bit for bit."""
+    shape, cout = (3, 2, 12, 6), 3
+    g, inputs, outputs = _graph(shape, cout, dtype)
+    feeds = _feeds(inputs, shape, cout, dtype)
+    exe = g.compile(feeds, outputs, device="cpu", options={"pool_epilogue": "sum"})
+    assert [[o.op for o in s.ops] for s in _pool_steps(exe)] == [["max_pooling2d_gradient", "select", "reduction_sum"]]
+    assert not any(s.kind == "reduction" and s.ops[0].op == "reduction_sum" for s in exe.steps)
+    got = [t.torch() for t in exe.run(feeds).values()]
+    plain = [t.torch() for t in g.compile(feeds, outputs, device="cpu").run(feeds).values()]
+    assert all(torch.equal(a, b) for a, b in zip(got[:5], plain[:5]))
+    dz64 = got[2].double()
+    count = torch.full((cout,), float(shape[0] * shape[2] * shape[3]))
+    assert_within(got[5], dz64.sum((0, 2, 3)), "reduction", "db", (dz64.abs().sum((0, 2, 3)), count, torch.zeros(cout)))
+
+
+@pytest.mark.parametrize("options, candidates", [
+    ({}, ["rows+epilogue+sum", "windows+epilogue", "rows+epilogue", "windows+epilogue-kernel", "rows+epilogue-kernel"]),
+    ({"max_pooling": "windows"}, ["windows+epilogue", "windows+epilogue-kernel"]),
+    ({"pool_epilogue": "separate"}, ["windows+epilogue-kernel", "rows+epilogue-kernel"])],
+    ids=["measure", "windows", "separate"])
+def test_on_cuda_the_fused_forms_are_measured_against_the_separate_kernels(monkeypatch, options, candidates):
+    """What the first run on CUDA times for the gradient and its epilogue (with the bias gradient's sum after
+    it): the kernel summing its tiles, the fused forms, and today's kernels with the pointwise kernel after
+    them, each followed by the reduction kernel but the first. Lowered for CUDA on the CPU (nothing runs)."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "stand-in")
+    shape, cout = (2, 3, 8, 10), 4
+    g, inputs, outputs = _graph(shape, cout, sm.float32)
+    types = {t: sm.TensorType(tuple(t.shape), sm.float32) for t in inputs}
+    exe = g.compile(types, outputs, device="cpu", options={"backend": "triton", **options})
+    step, = _pool_steps(exe)
+    assert [o.op for o in step.ops] == ["max_pooling2d_gradient", "select"] + \
+        (["reduction_sum"] if "+sum" in candidates[0] else [])
+    assert list(step.run.candidates) == candidates
+
+
 def test_a_window_cut_by_an_odd_height_keeps_the_gradient_alone(triton_interpreter):
     """Windows that do not tile the input (height 5: the last row has no window) are torch's pooling
     gradient and a separate kernel, and the report says why."""
@@ -147,5 +186,5 @@ def test_an_unknown_pool_epilogue_option_is_refused(triton_interpreter):
     g = sm.Graph("bad")
     x = g.placeholder((1, 1, 2, 2), sm.float32, name="x")
     dx = g.gradients(g.reduction_sum(g.max_pooling2d(x, sm.Pooling2DDescriptor(kernel_size=2))), [x])[x]
-    with pytest.raises(GraphError, match="option pool_epilogue expects True, False or 'separate', got 'yes'"):
+    with pytest.raises(GraphError, match="option pool_epilogue expects True, False, 'separate' or 'sum', got 'yes'"):
         g.compile({x: torch.zeros(1, 1, 2, 2)}, [dx], device="cpu", options={"pool_epilogue": "yes"})

@@ -26,6 +26,8 @@ expressions on the same values), so both ways give the same bits.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..dtypes import DType
 from ..ir import Operation
 from .common import Layout, compute_dtype, expression, flat_dims, header, index_expr, literal, tl_type
@@ -219,7 +221,7 @@ def gradient_with_epilogue(name: str, body, in_layouts: list[Layout], rows: bool
                  _pick(width, w, arg_of[dy.id]).rstrip("\n")]
         # the input's values are in float32 already: its compute type for every type in DTYPES
         lines += _epilogue(ops, body.outputs, {pool.outputs[0].id: f"out{to}", x.id: "xv"}, "at_x", "ok",
-                           arg_of, layout_of, frame, "e_")
+                           arg_of, layout_of, frame, "e_")[0]
         grid, constexprs, sizes = ((count + block - 1) // block,), {"BLOCK": block}, (count,)
     else:
         ho, wo = h // kh, w // kw
@@ -230,7 +232,7 @@ def gradient_with_epilogue(name: str, body, in_layouts: list[Layout], rows: bool
             lines.append(f"    e{k} = base + {a} * w + {b}")
             lines += _epilogue(ops, body.outputs, {pool.outputs[0].id: f"tl.where(at == {k}, g, zero){to}",
                                                    x.id: f"v{k}"}, f"e{k}", "mask", arg_of, layout_of, frame,
-                               f"c{k}_")
+                               f"c{k}_")[0]
         grid, constexprs, sizes = ((windows + BLOCK - 1) // BLOCK,), {"BLOCK": BLOCK}, (windows, ho, wo, w)
     source = header(title, interpret) + "\n\n@triton.jit\n" + "\n".join(lines) + "\n"
     return KernelSource(name=name, source=source, grid=grid, num_warps=4, constexprs=constexprs,
@@ -238,10 +240,11 @@ def gradient_with_epilogue(name: str, body, in_layouts: list[Layout], rows: bool
 
 
 def _epilogue(ops: list[Operation], outputs, value: dict[int, str], index: str, mask: str, arg_of: dict,
-              layout_of: dict, frame: tuple[int, ...], tag: str) -> list[str]:
+              layout_of: dict, frame: tuple[int, ...], tag: str) -> tuple[list[str], dict[int, str]]:
     """Lines computing the elementwise `ops` at the elements of flat (row-major) index `index` of `frame`,
     from `value` (tensor id -> its expression in its compute type) and inputs loaded through their layouts,
-    then storing each of `outputs` there; `tag` keeps the names of one cell's lines apart from another's."""
+    then storing each of `outputs` there; `tag` keeps the names of one cell's lines apart from another's.
+    And every value's expression by tensor id."""
     value = dict(value)
     lines = []
     for k, op in enumerate(ops):
@@ -262,4 +265,74 @@ def _epilogue(ops: list[Operation], outputs, value: dict[int, str], index: str, 
         value[out.id] = f"{tag}v{k}"
     lines += [f"    tl.store(out{j} + {index}, ({value[t.id]}).to({tl_type(t.dtype)}), mask={mask})"
               for j, t in enumerate(outputs)]
-    return lines
+    return lines, value
+
+
+@dataclass
+class SumSource:
+    """The rows kernel with its epilogue that also sums one output per channel (`gradient_with_sum`): the
+    kernel writes a float32 partial sum per program into a scratch of `parts` elements, `finish` adds them."""
+
+    partial: KernelSource
+    finish: KernelSource
+    parts: int
+
+
+def gradient_with_sum(name: str, body, in_layouts: list[Layout], total: int, out_dtype: DType,
+                      interpret: bool) -> SumSource:
+    """`gradient_with_epilogue` by rows of 2x2 windows, a program per block of window rows of one (batch,
+    channel) plane, which also sums its tile of body output `total` (as stored, rounded to its type) in
+    float32; the second kernel adds each channel's partial sums over the batch in a fixed order, a tile of
+    them per step, and stores the channel's sum as `out_dtype`: the per-channel (bias) gradient."""
+    pool = next(op for op in body.operations if op.op == "max_pooling2d_gradient")
+    placeholders = [op.outputs[0] for op in body.operations if op.op == "placeholder"]
+    ops = [op for op in body.operations if op.op != "placeholder" and op is not pool]
+    arg_of = {t.id: f"in{i}" for i, t in enumerate(placeholders)}
+    layout_of = {t.id: lay for t, lay in zip(placeholders, in_layouts)}
+    dy, x = pool.inputs
+    n, c, h, w = x.shape
+    width, half = _pow2(w), h // 2
+    block = min(_pow2(half), max(1, 2048 // width)) if not interpret else 2
+    chunks = -(-half // block)
+    parts = n * c * chunks
+    to = f".to({tl_type(compute_dtype(dy.dtype))})"
+    params = ", ".join([arg_of[t.id] for t in placeholders] + [f"out{j}" for j in range(len(body.outputs))])
+    lines = [f"def {name}_partial({params}, part, half, BLOCK: tl.constexpr):",
+             f"    plane = tl.program_id(0) // {chunks}",
+             f"    k = (tl.program_id(0) % {chunks}) * BLOCK + tl.arange(0, BLOCK)",
+             "    r = plane * half + k",
+             "    r_ok = k < half",
+             "    d = tl.arange(0, 2)",
+             f"    col = tl.arange(0, {width})",
+             f"    at_x = r[:, None, None] * {2 * w} + d[None, :, None] * {w} + col[None, None, :]",
+             f"    ok = r_ok[:, None, None] & (d[None, :, None] < 2) & (col[None, None, :] < {w})",
+             f"    xv = tl.load({arg_of[x.id]} + at_x, mask=ok, other=0).to(tl.float32)",
+             f"    v = tl.reshape(xv, (BLOCK, 2, {width // 2}, 2))",
+             _pick(width, w, arg_of[dy.id]).rstrip("\n")]
+    more, value = _epilogue(ops, body.outputs, {pool.outputs[0].id: f"out{to}", x.id: "xv"}, "at_x", "ok", arg_of,
+                            layout_of, x.shape, "e_")
+    t = body.outputs[total]
+    stored = f"({value[t.id]}).to({tl_type(t.dtype)}).to(tl.float32)"
+    lines += more + [f"    s = tl.sum(tl.sum(tl.sum(tl.where(ok, {stored}, 0.0), 2), 1), 0)",
+                     "    tl.store(part + tl.program_id(0), s)"]
+    partial = header(f"max pooling gradient 2x2 by rows with its epilogue and its sum per channel, "
+                     f"{x.dtype.name}", interpret) + "\n\n@triton.jit\n" + "\n".join(lines) + "\n"
+    ways = 64 if not interpret else 4
+    channels = min(_pow2(c), 64)
+    finish = header("max pooling gradient, the sum per channel of its partial sums", interpret) + f'''
+
+@triton.jit
+def {name}_finish(part, out, BLOCK: tl.constexpr, WAYS: tl.constexpr):
+    ch = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ch_ok = ch < {c}
+    s = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j0 in range(0, {n * chunks}, WAYS):
+        j = j0 + tl.arange(0, WAYS)
+        at = ((j // {chunks}) * {c})[:, None] * {chunks} + ch[None, :] * {chunks} + (j % {chunks})[:, None]
+        s += tl.sum(tl.load(part + at, mask=(j < {n * chunks})[:, None] & ch_ok[None, :], other=0), 0)
+    tl.store(out + ch, s.to({tl_type(out_dtype)}), mask=ch_ok)
+'''
+    return SumSource(KernelSource(f"{name}_partial", partial, (parts,), 4, {"BLOCK": block}, "pooling",
+                                  sizes=(half,)),
+                     KernelSource(f"{name}_finish", finish, (-(-c // channels),), 4,
+                                  {"BLOCK": channels, "WAYS": ways}, "pooling"), parts)

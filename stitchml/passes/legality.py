@@ -152,8 +152,8 @@ def pool_gradient_start(op: Operation, backend: str, options: dict) -> str:
     """Why a max_pooling2d_gradient cannot start a kernel that takes the elementwise ops reading its result
     ("" when it can): compile option `pool_epilogue` (on by default), the backend, the windows, the type."""
     mode = options.get("pool_epilogue", True)
-    if mode not in (True, False, "separate"):
-        raise CompileError(f"option pool_epilogue expects True, False or 'separate', got {mode!r}")
+    if mode not in (True, False, "separate", "sum"):
+        raise CompileError(f"option pool_epilogue expects True, False, 'separate' or 'sum', got {mode!r}")
     if mode is False:
         return "option pool_epilogue is off"
     if backend not in ("triton", "interpret"):
