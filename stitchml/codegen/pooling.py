@@ -283,7 +283,8 @@ def gradient_with_sum(name: str, body, in_layouts: list[Layout], total: int, out
     """`gradient_with_epilogue` by rows of 2x2 windows, a program per block of window rows of one (batch,
     channel) plane, which also sums its tile of body output `total` (as stored, rounded to its type) in
     float32; the second kernel adds each channel's partial sums over the batch in a fixed order, a tile of
-    them per step, and stores the channel's sum as `out_dtype`: the per-channel (bias) gradient."""
+    them per step, and stores the channel's sum as `out_dtype`: the per-channel (bias) gradient. Extents of
+    the batch are arguments, not written into the sources (see KernelSource.sizes)."""
     pool = next(op for op in body.operations if op.op == "max_pooling2d_gradient")
     placeholders = [op.outputs[0] for op in body.operations if op.op == "placeholder"]
     ops = [op for op in body.operations if op.op != "placeholder" and op is not pool]
@@ -317,22 +318,24 @@ def gradient_with_sum(name: str, body, in_layouts: list[Layout], total: int, out
                      "    tl.store(part + tl.program_id(0), s)"]
     partial = header(f"max pooling gradient 2x2 by rows with its epilogue and its sum per channel, "
                      f"{x.dtype.name}", interpret) + "\n\n@triton.jit\n" + "\n".join(lines) + "\n"
-    ways = 64 if not interpret else 4
-    channels = min(_pow2(c), 64)
+    # a program per channel, its partials a few wide tiles: the finish is one or two dependent loads deep
+    ways = min(_pow2(n * chunks), 1024) if not interpret else 4
+    channels = 1
     finish = header("max pooling gradient, the sum per channel of its partial sums", interpret) + f'''
 
 @triton.jit
-def {name}_finish(part, out, BLOCK: tl.constexpr, WAYS: tl.constexpr):
+def {name}_finish(part, out, count, BLOCK: tl.constexpr, WAYS: tl.constexpr):
     ch = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ch_ok = ch < {c}
     s = tl.zeros((BLOCK,), dtype=tl.float32)
-    for j0 in range(0, {n * chunks}, WAYS):
+    for j0 in range(0, count, WAYS):
         j = j0 + tl.arange(0, WAYS)
         at = ((j // {chunks}) * {c})[:, None] * {chunks} + ch[None, :] * {chunks} + (j % {chunks})[:, None]
-        s += tl.sum(tl.load(part + at, mask=(j < {n * chunks})[:, None] & ch_ok[None, :], other=0), 0)
+        s += tl.sum(tl.load(part + at, mask=(j < count)[:, None] & ch_ok[None, :], other=0), 0)
     tl.store(out + ch, s.to({tl_type(out_dtype)}), mask=ch_ok)
 '''
-    return SumSource(KernelSource(f"{name}_partial", partial, (parts,), 4, {"BLOCK": block}, "pooling",
+    warps = max(1, min(4, block * 2 * width // 256))  # a plane's rows are few: no idle warps
+    return SumSource(KernelSource(f"{name}_partial", partial, (parts,), warps, {"BLOCK": block}, "pooling",
                                   sizes=(half,)),
                      KernelSource(f"{name}_finish", finish, (-(-c // channels),), 4,
-                                  {"BLOCK": channels, "WAYS": ways}, "pooling"), parts)
+                                  {"BLOCK": channels, "WAYS": ways}, "pooling", sizes=(n * chunks,)), parts)
