@@ -138,6 +138,34 @@ def test_on_cuda_the_fused_forms_are_measured_against_the_separate_kernels(monke
     assert list(step.run.candidates) == candidates
 
 
+def test_every_candidate_of_the_cuda_choice_computes_the_same_values(triton_interpreter, monkeypatch):
+    """Each candidate the first run on CUDA times (its sources with CUDA's block sizes), run alone under the
+    interpreter: the same values as the interpreter's program, the per-channel sum within the rule."""
+    from stitchml.runtime import choices
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "stand-in")
+    monkeypatch.setattr(choices, "_decisions", {})
+    monkeypatch.setattr(choices, "_time", lambda fn, env: fn(env) or 1.0)
+    monkeypatch.setattr(choices.torch.cuda, "is_current_stream_capturing", lambda: False)  # no CUDA here
+    shape, cout = (3, 2, 12, 6), 3
+    g, inputs, outputs = _graph(shape, cout, sm.float32)
+    feeds = _feeds(inputs, shape, cout, sm.float32)
+    want = [t.torch() for t in g.compile(feeds, outputs, device="cpu").run(feeds).values()]
+    exe = g.compile(feeds, outputs, device="cpu", options={"backend": "triton", "conv_template": "library"})
+    step, = _pool_steps(exe)
+    every = dict(step.run.candidates)
+    assert len(every) == 5
+    for name, run in every.items():
+        monkeypatch.setattr(step, "run", choices.Chooser(name, {name: run}))
+        got = [t.torch() for t in exe.run(feeds).values()]
+        assert all(torch.equal(a, b) for a, b in zip(got[:5], want[:5])), name
+        dz64 = got[2].double()
+        assert_within(got[5], dz64.sum((0, 2, 3)), "reduction", f"{name}: db",
+                      (dz64.abs().sum((0, 2, 3)), torch.full((cout,), 216.0), torch.zeros(cout)))
+        if "+sum" not in name:
+            assert torch.equal(got[5], want[5]), name
+
+
 def test_a_window_cut_by_an_odd_height_keeps_the_gradient_alone(triton_interpreter):
     """Windows that do not tile the input (height 5: the last row has no window) are torch's pooling
     gradient and a separate kernel, and the report says why."""
