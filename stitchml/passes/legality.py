@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from ..codegen import pooling
 from ..codegen.common import checks_divisor, triton_template
 from ..ir import Operation, Tensor
-from .program import CompileError
 from ..registry import ELEMENTWISE, REGISTRY, lookup
+from .program import CompileError
 
 MAX_KERNEL_OPS = 96  # beyond this, compile time and register pressure outgrow the saved traffic
 

@@ -134,8 +134,9 @@ def _masks(program: Program, kernels: list[Kernel], kernel_of: dict, notes: list
         for op in k.ops:
             for t in op.inputs:
                 m = t.op
-                if not k.produces(t) and m.op == "greater_than" and m.inputs[0].id in sources and \
-                        _inline_constant(m.inputs[1]) and not m.inputs[1].op.attrs["value"].any():
+                if not k.produces(t) and t.id not in found.get(k, {}) and m.op == "greater_than" and \
+                        m.inputs[0].id in sources and _inline_constant(m.inputs[1]) and \
+                        not m.inputs[1].op.attrs["value"].any():
                     found.setdefault(k, {})[t.id] = m
                     notes.append(f"pooling gradient {pool.name} computes the mask {m.name} from its source "
                                  f"{x.name} instead of loading it")
