@@ -339,7 +339,9 @@ def cnn(dev: torch.device, quick: bool, explore: bool, with_compile: bool) -> No
         variants += [("stitchml allow_tf32 conv_template=library", {"allow_tf32": True, "conv_template": "library"}),
                      ("stitchml conv_template=library", {"conv_template": "library"}),
                      ("stitchml allow_tf32 + conv_channels_last", {"allow_tf32": True, "conv_channels_last": True}),
-                     ("stitchml conv_channels_last", {"conv_channels_last": True})]
+                     ("stitchml conv_channels_last", {"conv_channels_last": True}),
+                     # the pooling gradients without their epilogue (the ReLU's mask) and bias-gradient sum
+                     ("stitchml allow_tf32 pool_epilogue=False", {"allow_tf32": True, "pool_epilogue": False})]
     for name, options in variants:
         try:
             stitchml_cnn(name, options, weights, batch, xs, ys, reference, dev, reps, explore, case)

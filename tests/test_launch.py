@@ -236,7 +236,7 @@ def test_a_tiling_max_pool_gradient_is_one_kernel_equal_to_the_op_by_op_run(trit
     a[0, 1, 2, 2] = a[0, 1, 3, 3] = float("nan")
     a[1, 2, :2, :2] = float("-inf")
     exe = g.compile({x: a}, [dx], device="cpu")
-    kinds = [s.kind for s in exe.steps if "pooling2d_gradient" in s.name]
+    kinds = [s.kind for s in exe.steps if any(o.op == "max_pooling2d_gradient" for o in s.ops)]
     assert kinds == ["pooling", "vendor"] or kinds == ["vendor", "pooling"], kinds  # 3x3 stride 2: torch's
     got = exe.run({x: a})[dx].torch().float()
     want = g.run({x: a}, [dx], device="cpu", compiled=False)[dx].torch().float()

@@ -8,7 +8,10 @@ Kernels come in templates (see codegen/):
               or ROW (S reduced over A); elementwise ops on either, reductions
               FULL -> ROW, ROW values broadcast back into FULL ops;
 * matmul      a matrix product and elementwise ops on its output (epilogue);
-* convolution a 2-D convolution and elementwise ops on its output.
+* convolution a 2-D convolution and elementwise ops on its output;
+* pool_gradient  the gradient of a max pooling whose windows tile its input
+              (codegen/pooling.py) and elementwise ops on its output: on the
+              Triton backends only, started by stitch (`pool_gradient_start`).
 
 Anything else runs alone: opaque ops (gather, pooling, random...),
 elementwise ops with no Triton expression for their dtype and ops on float8
@@ -20,9 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..codegen.common import triton_template
+from ..codegen import pooling
+from ..codegen.common import checks_divisor, triton_template
 from ..ir import Operation, Tensor
 from ..registry import ELEMENTWISE, REGISTRY, lookup
+from .program import CompileError
 
 MAX_KERNEL_OPS = 96  # beyond this, compile time and register pressure outgrow the saved traffic
 
@@ -103,6 +108,8 @@ def can_fuse(kernel: Kernel, op: Operation) -> tuple[bool, str]:
     internal = [t for t in op.inputs if kernel.produces(t)]
     if kind in ("matmul", "convolution"):
         return False, f"{op.op} starts its own kernel; only its epilogue fuses"
+    if kernel.template == "pool_gradient":
+        return _pool_epilogue(kernel, op, kind, internal)
     if kernel.template in ("pointwise", "matmul", "convolution"):
         frame_n = 1
         for d in kernel.frame:
@@ -138,6 +145,40 @@ def can_fuse(kernel: Kernel, op: Operation) -> tuple[bool, str]:
             return False, f"{op.op} is per row but reads {t.name}, which is per element"
         if t.shape not in (kernel.frame, *_row_shapes(kernel.frame, kernel.axes)):
             return False, f"{op.op} reads {t.name} of shape {t.shape}, outside the kernel's frame"
+    return True, ""
+
+
+def pool_gradient_start(op: Operation, backend: str, options: dict) -> str:
+    """Why a max_pooling2d_gradient cannot start a kernel that takes the elementwise ops reading its result
+    ("" when it can): compile option `pool_epilogue` (on by default), the backend, the windows, the type."""
+    mode = options.get("pool_epilogue", True)
+    if mode not in (True, False, "separate", "sum"):
+        raise CompileError(f"option pool_epilogue expects True, False, 'separate' or 'sum', got {mode!r}")
+    if mode is False:
+        return "option pool_epilogue is off"
+    if backend not in ("triton", "interpret"):
+        return f"the {backend} backend has no pooling-gradient template"
+    x = op.inputs[1]
+    if x.dtype.name not in pooling.DTYPES or op.inputs[0].dtype != x.dtype:
+        return f"its operands are {op.inputs[0].dtype} and {x.dtype}; the template takes one of {pooling.DTYPES}"
+    return pooling.misfit(op.attrs, x.shape)
+
+
+def _pool_epilogue(kernel: Kernel, op: Operation, kind: str, internal: list[Tensor]) -> tuple[bool, str]:
+    """Whether `op` may join the epilogue of a pooling gradient: elementwise, over the gradient's shape, and
+    not computing what the gradient reads (the kernel loads its operands from memory)."""
+    if kind != "pointwise":
+        return False, f"a {kind} cannot join a pooling gradient's epilogue (elementwise ops only)"
+    if checks_divisor(op):
+        return False, f"{op.op} divides integers: the pooling gradient's epilogue does not flag a zero divisor"
+    if op.outputs[0].shape != kernel.frame:
+        return False, f"epilogue op {op.op} of shape {op.outputs[0].shape} differs from {kernel.frame}"
+    for t in internal:
+        if t.shape != kernel.frame:
+            return False, f"{op.op} broadcasts {t.name}, computed in the kernel: it would be recomputed per element"
+    pool = next(o for o in kernel.ops if o.op == "max_pooling2d_gradient")
+    if any(t.id == i.id for t in op.outputs for i in pool.inputs):
+        return False, f"{op.op} computes an operand of {pool.name}, which loads its operands from memory"
     return True, ""
 
 

@@ -78,11 +78,19 @@ def _epilogue(body: Program) -> tuple[Operation, Program | None, list[int]]:
     placeholder it is.
     """
     parts = matmul.split(body)
-    contraction, rest = parts.contraction, parts.epilogue
-    if not rest:
-        return contraction, None, []
+    if not parts.epilogue:
+        return parts.contraction, None, []
+    return (parts.contraction, *_after(body, parts.contraction, parts.epilogue))
+
+
+def _after(body: Program, head: Operation, rest: list[Operation] | None = None) -> tuple[Program, list[int]]:
+    """The ops of `body` after its first op `head` (`rest`: all but placeholders and `head`) as a program
+    of their own reading `head`'s result as its first placeholder, and, for each of its other inputs, the
+    index of the body placeholder it is."""
+    if rest is None:
+        rest = [op for op in body.operations if op.op != "placeholder" and op is not head]
     g = Graph("epilogue")
-    mapping = {contraction.outputs[0].id: g.placeholder(contraction.outputs[0].shape, contraction.outputs[0].dtype)}
+    mapping = {head.outputs[0].id: g.placeholder(head.outputs[0].shape, head.outputs[0].dtype)}
     placeholders = [op.outputs[0] for op in body.operations if op.op == "placeholder"]
     used = []
     for op in rest:
@@ -92,7 +100,7 @@ def _epilogue(body: Program) -> tuple[Operation, Program | None, list[int]]:
                 used.append(placeholders.index(t))
         for old, new in zip(op.outputs, copy_op(g, op, [mapping[t.id] for t in op.inputs])):
             mapping[old.id] = new
-    return contraction, Program(g, [mapping[t.id] for t in body.outputs], dict(body.notes)), used
+    return Program(g, [mapping[t.id] for t in body.outputs], dict(body.notes)), used
 
 
 def _split_contraction(op: Operation, plan):
@@ -174,6 +182,8 @@ def build_launch_plan(program: Program, plan, backend: str, options: dict, run_c
         options = {**options, "native_module": module}
     pools = _pooled_convolutions(program, backend, options)  # convolution kernel id -> (output index, pooling op)
     pooled = {pool.id for _, pool in pools.values()}
+    sums = _pool_sums(program, backend, options)  # pooling gradient kernel id -> the reduction kernel after it
+    pooled |= {r.id for r in sums.values()}
     for op in program.operations:
         if op.op in ("placeholder", "variable", "constant", "assign_variable") or op.id in pooled:
             continue
@@ -181,8 +191,12 @@ def build_launch_plan(program: Program, plan, backend: str, options: dict, run_c
             if op.op in CONTROL_FLOW:
                 step = control_step(op, [slots[t.id] for t in op.inputs], [slots[t.id] for t in op.outputs], ctx)
             else:
+                total = None
+                if op.id in sums:
+                    total = (sums[op.id], _step(sums[op.id], plan, slots, scratch_slots, backend, options,
+                                                run_context, (checks, flag_slot), new_slot))
                 step = _step(op, plan, slots, scratch_slots, backend, options, run_context, (checks, flag_slot),
-                             new_slot, pools.get(op.id))
+                             new_slot, pools.get(op.id), total)
         except StitchError:
             raise
         except Exception as e:  # a kernel the code generator cannot make: name the user's ops and lines
@@ -193,6 +207,10 @@ def build_launch_plan(program: Program, plan, backend: str, options: dict, run_c
         if op.id in pools:  # the step computes the pooling of one of its outputs too
             step.writes += (pools[op.id][1].outputs[0].id,)
             step.ops += (pools[op.id][1],)
+        if op.id in sums:  # and the sum per channel of one of its outputs
+            r = sums[op.id]
+            step.writes += tuple(t.id for t in r.outputs) + ((plan.scratch[r.id],) if r.id in plan.scratch else ())
+            step.ops += _computes(r)
         step.inputs = tuple((t.name, slots[t.id]) for t in op.inputs)
         steps.append(step)
     module.build()
@@ -222,6 +240,40 @@ def _pooled_convolutions(program: Program, backend: str, options: dict) -> dict[
     return found
 
 
+def _pool_sums(program: Program, backend: str, options: dict) -> dict[int, Operation]:
+    """Reduction kernels that only sum an output of the pooling gradient kernel just before them per channel
+    (the bias gradient after the ReLU's mask): that kernel's step runs them too, on CUDA measured against a
+    form of the kernel that sums its tiles as it stores them (`_pool_epilogue_step`; option `pool_epilogue`
+    "sum": that form everywhere). By pooling gradient kernel id."""
+    mode = options.get("pool_epilogue", True)
+    if backend != "triton" and mode != "sum" or backend not in ("triton", "interpret") or mode == "separate" or \
+            _pooling_mode(options) == "windows":  # the summing kernel takes rows of windows
+        return {}
+    found: dict[int, Operation] = {}
+    ops = [op for op in program.operations if op.op not in ("placeholder", "variable", "constant")]
+    for op, after in zip(ops, ops[1:]):
+        if op.op != "fusion" or op.attrs["template"] != "pool_gradient" or after.op != "fusion" or \
+                after.attrs["template"] != "reduction" or len(after.inputs) != 1 or len(after.outputs) != 1 or \
+                after.inputs[0].op is not op:
+            continue
+        pool = next(o for o in op.attrs["body"].operations if o.op == "max_pooling2d_gradient")
+        inner = [o for o in after.attrs["body"].operations if o.op != "placeholder"]
+        if not pooling.rows_fit(pool.attrs, pool.inputs[1].shape) or len(inner) != 1 or \
+                inner[0].op != "reduction_sum" or inner[0].inputs[0].op.op != "placeholder" or \
+                not _per_channel(inner[0]):
+            continue
+        found[op.id] = after
+    return found
+
+
+def _per_channel(op: Operation) -> bool:
+    """Whether reduction `op` sums its NCHW input over all but the channel axis (simplify drops axes of
+    extent 1 from a reduction's axes)."""
+    shape, axes = op.inputs[0].shape, op.attrs["axes"]
+    axes = range(len(shape)) if axes is None else [a % len(shape) for a in axes]
+    return {a for a in axes if shape[a] != 1} == {a for a in (0, 2, 3) if shape[a] != 1}
+
+
 def _computes(op: Operation) -> tuple[Operation, ...]:
     """The user's ops a program op computes: a kernel's body ops (their names and lines are the user's)."""
     if op.op != "fusion":
@@ -230,7 +282,8 @@ def _computes(op: Operation) -> tuple[Operation, ...]:
 
 
 def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, options: dict, run_context,
-          flags: tuple[list[Operation], int], new_slot, pool: tuple[int, Operation] | None = None) -> Step:
+          flags: tuple[list[Operation], int], new_slot, pool: tuple[int, Operation] | None = None,
+          total: tuple[Operation, Step] | None = None) -> Step:
     ins = [slots[t.id] for t in op.inputs]
     outs = [slots[t.id] for t in op.outputs]
     if _is_view(op) and plan.place[op.outputs[0].id][:2] != ("buffer", op.outputs[0].id):
@@ -282,6 +335,8 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
                         KernelLaunch(src.finish, ins + [tmp], outs + flag))
             return Step(op.name, template, run, src.partial.source)
         return Step(op.name, template, KernelLaunch(src, ins, outs + flag), src.source)
+    if template == "pool_gradient":
+        return _pool_epilogue_step(op, plan, ins, outs, backend, options, new_slot, total and (slots, *total))
     if template == "attention":
         src = attention.generate(op.name, body.notes["attention"], _layouts(op, plan), op.outputs[0].shape,
                                  op.inputs[0].dtype.name, interpret, options.get("attention_split", True),
@@ -399,6 +454,75 @@ def _pool_gradient_step(op: Operation, x, ins: list[int], outs: list[int], libra
         return Step(op.name, "pooling", next(iter(launches.values())), source)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     key = f"pool-gradient:{x.shape}:{x.dtype}:{digest}:{torch.cuda.get_device_name()}"
+    return Step(op.name, "pooling", choices.Chooser(key, launches), source)
+
+
+def _pool_epilogue_step(op: Operation, plan, ins: list[int], outs: list[int], backend: str, options: dict,
+                        new_slot, total: tuple[dict, Operation, Step] | None = None) -> Step:
+    """A max pooling's gradient with the elementwise ops reading it (passes/stitch.py "pool_gradient"): one
+    kernel applying them in registers (codegen/pooling.py), per block of windows or of rows of windows as
+    option `max_pooling` says; on CUDA also today's gradient kernels followed by the ops' pointwise kernel,
+    the fastest measured on the first run; with option `pool_epilogue` "separate" only those (everywhere).
+    With `total` (slots, a reduction kernel summing an output per channel, its step: `_pool_sums`) each
+    candidate runs that step after it, and the kernel that sums its tiles as it stores them is one more
+    (option `pool_epilogue` "sum": that one alone). Operands that are not row-major run the body op by op."""
+    body, interpret = op.attrs["body"], backend == "interpret"
+    pool = next(o for o in body.operations if o.op == "max_pooling2d_gradient")
+    placeholders = [o.outputs[0] for o in body.operations if o.op == "placeholder"]
+    layouts = _layouts(op, plan)
+    reference = ReferenceCall(lookup(op.op).impl, ins, outs, op.attrs, into=True)
+    after = (lambda run: Chain(run, total[2].run)) if total is not None else (lambda run: run)
+    dy, x = pool.inputs
+    at = [placeholders.index(t) for t in (dy, x)]
+    if any(layouts[i].strides != Layout.contiguous(layouts[i].shape).strides for i in at):
+        log.info("kernel %s runs its body op by op: the pooling gradient's operands are not row-major", op.name)
+        return Step(op.name, "reference", after(reference))
+    mode = _pooling_mode(options)
+    epilogue = options.get("pool_epilogue", True)
+    rows = pooling.rows_fit(pool.attrs, x.shape)
+    forms = [form for form, wanted in (("windows", mode != "rows" or not rows),
+                                       ("rows", mode != "windows" and (mode == "rows" or not interpret) and rows))
+             if wanted]
+    launches, source = {}, ""
+    if total is not None:
+        slots, reduction, _ = total
+        src = pooling.gradient_with_sum(f"{op.name}_sum", body, layouts, list(op.outputs).index(reduction.inputs[0]),
+                                        reduction.outputs[0].dtype, interpret)
+        part = new_slot()
+        launches["rows+epilogue+sum"] = Workspace([(part, (src.parts,), torch.float32)], ins[0], Chain(
+            KernelLaunch(src.partial, ins, outs + [part]),
+            KernelLaunch(src.finish, [part], [slots[reduction.outputs[0].id]])))
+        source = src.partial.source + src.finish.source
+        if epilogue == "sum":
+            return Step(op.name, "pooling", launches["rows+epilogue+sum"], source)
+    if epilogue != "separate":
+        for form in forms:
+            src = pooling.gradient_with_epilogue(f"{op.name}_{form}", body, layouts, form == "rows", interpret)
+            launches[f"{form}+epilogue"] = after(KernelLaunch(src, ins, outs))
+            source += src.source
+        if interpret:
+            return Step(op.name, "pooling", launches[f"{forms[0]}+epilogue"], source)
+    dx = pool.outputs[0]
+    epi, used = _after(body, pool)
+    kept = [j for j, t in enumerate(body.outputs) if t is not dx]  # what the pointwise kernel stores
+    epi = Program(epi.graph, [epi.outputs[j] for j in kept], epi.notes)
+    epi_src = pointwise.generate(f"{op.name}_epilogue", epi, [Layout.contiguous(dx.shape)] + [layouts[i] for i in used],
+                                 interpret, options)
+    stored = [j for j, t in enumerate(body.outputs) if t is dx]  # the gradient is read outside too
+    grad = outs[stored[0]] if stored else new_slot()
+    for form in forms:  # today's kernels: the gradient into memory, then the epilogue kernel
+        src = pooling.max_pool_gradient_rows(f"{op.name}_rows", x.shape, x.dtype, interpret) if form == "rows" else \
+            pooling.max_pool_gradient(f"{op.name}_kernel", x.shape, pool.attrs["kernel_size"], x.dtype, interpret)
+        run = Chain(KernelLaunch(src, [ins[i] for i in at], [grad]),
+                    KernelLaunch(epi_src, [grad] + [ins[i] for i in used], [outs[j] for j in kept]))
+        launches[f"{form}+epilogue-kernel"] = after(run if stored else FreshOutputs(
+            run, [ins[at[0]]], [(grad, dx.shape, dx.dtype.torch)], reference))
+        source += src.source
+    source += epi_src.source
+    if len(launches) == 1:
+        return Step(op.name, "pooling", next(iter(launches.values())), source)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    key = f"pool-gradient-epilogue:{x.shape}:{x.dtype}:{digest}:{torch.cuda.get_device_name()}"
     return Step(op.name, "pooling", choices.Chooser(key, launches), source)
 
 
