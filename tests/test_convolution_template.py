@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import stitchml as sm
 from stitchml.errors import GraphError
+from stitchml.passes.program import CompileError
 
 from tolerance import allowed
 
@@ -218,6 +219,38 @@ def test_on_cuda_convolutions_with_few_output_pixels_also_measure_small_tiles(mo
     assert ("triton-16x32x32x2x2" in candidates) == few == (batch * size * size <= convolution.FEW_PIXELS)
     assert ("triton-flat" in candidates) == (cin * taps * taps > convolution.SMALL_TAPS and
                                              cin >= convolution.TAP_MAJOR_CHANNELS)
+
+
+@pytest.mark.parametrize("template", ["measure", "library", "triton"])
+def test_on_cuda_channels_last_is_a_measured_candidate_when_asked(monkeypatch, template):
+    """`conv_channels_last="measure"`: the first run on CUDA also times cuDNN with channels-last operands for
+    the forward convolution (with its pooling), its data gradient and its weights gradient, also when the
+    template is not measured; a forced template stays the template. Lowered for CUDA on the CPU."""
+    from stitchml.runtime.choices import Chooser
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "stand-in")
+    g = sm.Graph("channels_last")
+    x = g.placeholder((2, 4, 8, 10), sm.float32, name="x")
+    wv = g.placeholder((6, 4, 3, 3), sm.float32, name="w")
+    relu = g.relu(g.convolution2d(x, wv, sm.Convolution2DDescriptor(padding="same")))
+    pooled = g.max_pooling2d(relu, sm.Pooling2DDescriptor(kernel_size=(2, 2)))
+    grads = g.gradients(g.reduction_sum(pooled * pooled), [x, wv])
+    types = {t: sm.TensorType(tuple(t.shape), sm.float32) for t in (x, wv)}
+    options = {"backend": "triton", "conv_channels_last": "measure", "conv_template": template}
+    exe = g.compile(types, [pooled, grads[x], grads[wv]], device="cpu", options=options)
+    convolutions = [s for s in exe.steps if s.name.startswith(("kernel0_convolution", "convolution"))]
+    assert len(convolutions) == 3, [s.name for s in exe.steps]
+    for step in convolutions:
+        if template == "triton":
+            assert not isinstance(step.run, Chooser), step.name
+            continue
+        candidates = list(step.run.candidates)
+        assert candidates[0] == "library" and "library-channels-last" in candidates, (step.name, candidates)
+        assert (len(candidates) > 2) == (template == "measure"), (step.name, candidates)
+    keys = {step.run.key for step in convolutions if isinstance(step.run, Chooser)}
+    assert all(":channels_last=measure" in key for key in keys)
+    with pytest.raises(CompileError, match="conv_channels_last expects"):
+        g.compile(types, [pooled], device="cpu", options={"backend": "triton", "conv_channels_last": "yes"})
 
 
 def test_a_candidate_that_fails_when_measured_is_not_chosen(tmp_path, monkeypatch):

@@ -435,7 +435,8 @@ def key(op: Operation, dtype: DType, options: dict) -> str:
     """What a measured choice between this template and the library depends on, besides the source."""
     x, w = op.inputs[:2]
     tf32 = ":tf32" if options.get("allow_tf32") and dtype.name == "float32" else ""
-    tf32 += ":channels_last" if options.get("conv_channels_last") else ""  # the library call it is measured against
+    layout = options.get("conv_channels_last")
+    tf32 += f":channels_last={layout}" if layout else ""  # the library calls it is measured against
     attrs = ",".join(f"{k}={op.attrs[k]}" for k in ("stride", "padding", "dilation", "data_layout", "weights_layout"))
     return f"{op.op}:{x.shape}x{w.shape}:{attrs}:{dtype}{tf32}"
 

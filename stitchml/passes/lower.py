@@ -133,11 +133,29 @@ _CONVOLUTIONS = ("convolution2d", "convolution_transpose2d", "convolution2d_weig
 
 
 def _library_attrs(op: Operation, options: dict) -> dict:
-    """The op's attributes for its library call: with compile option `conv_channels_last`, convolutions hand
-    cuDNN channels-last operands (ops/contraction.py)."""
-    if options.get("conv_channels_last") and op.op in _CONVOLUTIONS:
+    """The op's attributes for its library call: with compile option `conv_channels_last` True, convolutions
+    hand cuDNN channels-last operands (ops/contraction.py); "measure" leaves that to `_channels_last_twin`."""
+    if _channels_last_mode(options) is True and op.op in _CONVOLUTIONS:
         return {**op.attrs, "channels_last": True}
     return op.attrs
+
+
+def _channels_last_mode(options: dict) -> bool | str:
+    """Option `conv_channels_last`: False (the default), True (cuDNN gets channels-last copies of every
+    convolution's operands) or "measure" (on CUDA each convolution's first run also times that form)."""
+    mode = options.get("conv_channels_last", False)
+    if mode not in (False, True, "measure"):
+        raise CompileError(f"option conv_channels_last expects False, True or 'measure', got {mode!r}")
+    return mode
+
+
+def _channels_last_twin(make, options: dict, backend: str) -> dict:
+    """{"library-channels-last": the library form built by `make(options)` with channels-last operands} when
+    option `conv_channels_last` is "measure" on CUDA (a candidate of the convolution's measured choice),
+    else {}."""
+    if backend != "triton" or _channels_last_mode(options) != "measure":
+        return {}
+    return {"library-channels-last": make({**options, "conv_channels_last": True})}
 
 
 def _precision(run, options: dict) -> TF32:
@@ -310,10 +328,16 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
             run, source = _max_pool_run(op, op.inputs[0], ins[0], outs[0], backend, options)
             return Step(op.name, "pooling" if source else "vendor", run, source or None)
         vendor = _precision(run, options) if prim.kind == CONTRACTION else run
+        twin = _channels_last_twin(lambda o: _precision(ReferenceCall(prim.impl, ins, outs, _library_attrs(op, o)), o),
+                                   options, backend) if op.op in _CONVOLUTIONS else {}
         if backend in ("triton", "interpret") and op.op == "convolution_transpose2d":
-            return _convolution_step(op, op, None, _layouts(op, plan), ins, outs, vendor, backend, options, "vendor")
+            return _convolution_step(op, op, None, _layouts(op, plan), ins, outs, vendor, backend, options, "vendor",
+                                     twin=twin)
         if backend in ("triton", "interpret") and op.op == "convolution2d_weights_gradient":
-            return _weights_gradient_step(op, _layouts(op, plan), ins, outs, vendor, backend, options, new_slot)
+            return _weights_gradient_step(op, _layouts(op, plan), ins, outs, vendor, backend, options, new_slot, twin)
+        if twin:
+            return _measured(op.name, "vendor", convolution.key(op, op.outputs[0].dtype, options), vendor, twin, "",
+                             "measure")
         return Step(op.name, "vendor", vendor)
     body, template = op.attrs["body"], op.attrs["template"]
     if backend == "reference":
@@ -356,8 +380,9 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     if template == "convolution" and _split_contraction(op, plan)[1] is None:
         contraction, _, _, placeholders, _ = _split_contraction(op, plan)
         vendor = _vendor(contraction, placeholders, ins, outs[0], options)
+        twin = _channels_last_twin(lambda o: _vendor(contraction, placeholders, ins, outs[0], o), options, backend)
         return _convolution_step(op, contraction, body, _layouts(op, plan), ins, outs, vendor, backend, options,
-                                 template, None, _pool_output(pool, outs, slots, backend, options))
+                                 template, None, _pool_output(pool, outs, slots, backend, options), twin)
     if template == "matmul" and any(matmul.split(body).prologues):
         return _prologue_step(op, plan, ins, outs, scratch_slots.get(op.id), backend, options, flags, new_slot)
     contraction, epi, used, placeholders, layouts = _split_contraction(op, plan)
@@ -370,8 +395,10 @@ def _step(op: Operation, plan, slots: dict, scratch_slots: dict, backend: str, o
     launch = KernelLaunch(src, [tmp] + [ins[i] for i in used], outs + ([flag_slot] if src.checks else []))
     run = Chain(vendor, launch)
     if template == "convolution":
+        twin = _channels_last_twin(lambda o: Chain(_vendor(contraction, placeholders, ins, tmp, o), launch), options,
+                                   backend)
         return _convolution_step(op, contraction, body, _layouts(op, plan), ins, outs, run, backend, options,
-                                 template, src.source, _pool_output(pool, outs, slots, backend, options))
+                                 template, src.source, _pool_output(pool, outs, slots, backend, options), twin)
     slabbed = _slabbed(op, contraction, epi, used, placeholders, layouts, ins, outs, tmp, run, backend, options,
                        new_slot)
     if slabbed is not None:
@@ -565,16 +592,21 @@ def _pool_output(pool: tuple[int, Operation] | None, outs: list[int], slots: dic
 
 def _convolution_step(op: Operation, contraction: Operation, body: Program | None, layouts: list[Layout],
                       ins: list[int], outs: list[int], library, backend: str, options: dict, kind: str,
-                      library_source: str | None = None, pool=None) -> Step:
+                      library_source: str | None = None, pool=None, twin: dict | None = None) -> Step:
     """A convolution (with its epilogue, or a stride-1 transposed convolution alone) as the library call
     `library`, as the Triton convolution template (codegen/convolution.py), or, on CUDA, the faster of the two
     measured on the first run. Option `conv_template`: "measure" (the default: measured on CUDA, the library
     under the interpreter), "triton" (the template wherever it applies) or "library"."""
     mode = _template_mode(options, backend)
+    twin = dict(twin or {})  # the library call with channels-last operands (`_channels_last_twin`)
     if pool is not None:  # with a pooling of an output (`_pooled_convolutions`): the library call pools after it
         library = Chain(library, pool[2])
+        twin = {name: Chain(run, pool[2]) for name, run in twin.items()}
+    key = convolution.key(contraction, contraction.outputs[0].dtype, options)
+    library_alone = _measured(op.name, kind, key, library, twin, library_source or "", "measure") if twin else \
+        Step(op.name, kind, library, library_source)
     if mode is None or convolution.unsupported(contraction):
-        return Step(op.name, kind, library, library_source)
+        return library_alone
     launches, sources = {}, []
     forms = [(variant, True) for variant in convolution.variants(contraction)] if mode == "measure" else [({}, True)]
     if pool is not None and mode == "measure":  # the template pooling in registers (two ways), and pooling after it
@@ -588,7 +620,7 @@ def _convolution_step(op: Operation, contraction: Operation, body: Program | Non
                                        pool=(pool[0], tuple(pool[1].attrs["kernel_size"])) if inside else None)
         except NotImplementedError as e:  # an epilogue the template has no form for: the library call alone
             log.info("kernel %s stays the library call: %s", op.name, e)
-            return Step(op.name, kind, library, library_source)
+            return library_alone
         if inside:  # the pooled result has memory of its own, as the pooling's library call gives it
             pooled = pool[1].outputs[0]
             launch = FreshOutputs(KernelLaunch(src, ins, outs + [pool[3]]), ins[:1],
@@ -602,8 +634,9 @@ def _convolution_step(op: Operation, contraction: Operation, body: Program | Non
             launch = FreshOutputs(launch, ins[:2], [(outs[0], out.shape, out.dtype.torch)], library)
         launches[_variant_name(variant, pool is not None and not inside)] = launch
         sources.append(src.source)
-    return _measured(op.name, kind, convolution.key(contraction, contraction.outputs[0].dtype, options), library,
-                     launches, "".join(sources) + (library_source or ""), mode)
+    if mode == "measure":
+        launches |= twin
+    return _measured(op.name, kind, key, library, launches, "".join(sources) + (library_source or ""), mode)
 
 
 def _variant_name(variant: dict, pooling_after: bool = False) -> str:
@@ -635,26 +668,30 @@ def _template_mode(options: dict, backend: str) -> str | None:
 
 
 def _weights_gradient_step(op: Operation, layouts: list[Layout], ins: list[int], outs: list[int], library,
-                           backend: str, options: dict, new_slot) -> Step:
+                           backend: str, options: dict, new_slot, twin: dict | None = None) -> Step:
     """A convolution's weights gradient as the library call or the template's split product and the sum of
     its slices (codegen/convolution.py), as option `conv_template` says (see `_convolution_step`)."""
-    mode = _template_mode(options, backend)
+    mode, out, twin = _template_mode(options, backend), op.outputs[0], twin or {}
+    key = convolution.key(op, out.dtype, options)
+    library_alone = _measured(op.name, "vendor", key, library, twin, "", "measure") if twin else \
+        Step(op.name, "vendor", library)
     if mode is None:
-        return Step(op.name, "vendor", library)
-    launches, sources, out = {}, [], op.outputs[0]
+        return library_alone
+    launches, sources = {}, []
     for variant in convolution.weights_variants(op) if mode == "measure" else [{}]:
         try:
             src = convolution.weights_gradient(op.name, op, layouts, backend == "interpret", {**options, **variant})
         except NotImplementedError as e:
             log.info("%s stays the library call: %s", op.name, e)
-            return Step(op.name, "vendor", library)
+            return library_alone
         part = new_slot()
         run = Workspace([(part, (src.scratch,), torch.float32)], ins[0],
                         Chain(KernelLaunch(src.partial, ins, [part]), KernelLaunch(src.finish, [part], outs)))
         launches[_variant_name(variant)] = FreshOutputs(run, ins[:2], [(outs[0], out.shape, out.dtype.torch)], library)
         sources.append(src.partial.source + src.finish.source)
-    return _measured(op.name, "vendor", convolution.key(op, out.dtype, options), library, launches, "".join(sources),
-                     mode)
+    if mode == "measure":
+        launches |= twin
+    return _measured(op.name, "vendor", key, library, launches, "".join(sources), mode)
 
 
 def _recurrent_step(op: Operation, template: str, plan, ins: list[int], outs: list[int], interpret: bool,
