@@ -48,6 +48,17 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_package import _median_host as median_host  # noqa: E402
 
 
+def _encode(q, pipe, table, heap):
+    """A command buffer of `q` holding one dispatch of `pipe` on `table` with `heap`, encoded, not committed."""
+    cb = q.command_buffer()
+    enc = cb.ml_encoder()
+    enc.set_pipeline(pipe)
+    enc.set_argument_table(table)
+    enc.dispatch_network(heap)
+    enc.end()
+    return cb
+
+
 def median_us(fn, after=lambda _: None, n=2000, warmup=50):
     return median_host(fn, after, warmup, n)
 
@@ -189,12 +200,7 @@ def _cpu_dispatch(args):
     table = {in_name: sm.TensorData(x), out_name: dev.new_tensor(shape, sm.float32)}
 
     def dispatch():
-        cb = q.command_buffer()
-        enc = cb.ml_encoder()
-        enc.set_pipeline(pipe)
-        enc.set_argument_table(table)
-        enc.dispatch_network(heap)
-        enc.end()
+        cb = _encode(q, pipe, table, heap)
         cb.commit()
         cb.wait()
 
@@ -268,13 +274,7 @@ def cpu_host(args) -> int:
     table = dict(pipe._checked_table)
 
     def encode():
-        cb = q.command_buffer()
-        enc = cb.ml_encoder()
-        enc.set_pipeline(pipe)
-        enc.set_argument_table(table)
-        enc.dispatch_network(heap)
-        enc.end()
-        return cb
+        return _encode(q, pipe, table, heap)
 
     def committed(handler=False):
         cb = encode()

@@ -133,6 +133,18 @@ def {name}(dy, x, dx, rows, BLOCK: tl.constexpr):
                         constexprs={"BLOCK": block}, template="pooling", sizes=(rows,))
 
 
+def _rows_tile(x: str, dy: str, w: int, width: int) -> list[str]:
+    """Lines of a rows-of-windows kernel after `r` and `r_ok` (its rows of windows): the tile of the input's
+    two rows per window row (`xv`, in float32, at `at_x` where `ok`) and each window's gradient placed (`_pick`)."""
+    return ["    d = tl.arange(0, 2)",
+            f"    col = tl.arange(0, {width})",
+            f"    at_x = r[:, None, None] * {2 * w} + d[None, :, None] * {w} + col[None, None, :]",
+            f"    ok = r_ok[:, None, None] & (d[None, :, None] < 2) & (col[None, None, :] < {w})",
+            f"    xv = tl.load({x} + at_x, mask=ok, other=0).to(tl.float32)",
+            f"    v = tl.reshape(xv, (BLOCK, 2, {width // 2}, 2))",
+            _pick(width, w, dy).rstrip("\n")]
+
+
 def _pick(width: int, w: int, dy: str) -> str:
     """The rows kernels' middle: from the [BLOCK, 2, width / 2, 2] tile `v` of the input (float32), the
     gradient's rows `out` ([BLOCK, 2, width], `dy`'s type): `dy` at each window's maximum, zero elsewhere."""
@@ -212,13 +224,7 @@ def gradient_with_epilogue(name: str, body, in_layouts: list[Layout], rows: bool
         lines = [f"def {name}({params}, rows, BLOCK: tl.constexpr):",
                  "    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
                  "    r_ok = r < rows",
-                 "    d = tl.arange(0, 2)",
-                 f"    col = tl.arange(0, {width})",
-                 f"    at_x = r[:, None, None] * {2 * w} + d[None, :, None] * {w} + col[None, None, :]",
-                 f"    ok = r_ok[:, None, None] & (d[None, :, None] < 2) & (col[None, None, :] < {w})",
-                 f"    xv = tl.load({arg_of[x.id]} + at_x, mask=ok, other=0).to(tl.float32)",
-                 f"    v = tl.reshape(xv, (BLOCK, 2, {width // 2}, 2))",
-                 _pick(width, w, arg_of[dy.id]).rstrip("\n")]
+                 *_rows_tile(arg_of[x.id], arg_of[dy.id], w, width)]
         # the input's values are in float32 already: its compute type for every type in DTYPES
         lines += _epilogue(ops, body.outputs, {pool.outputs[0].id: f"out{to}", x.id: "xv"}, "at_x", "ok",
                            arg_of, layout_of, frame, "e_")[0]
@@ -303,13 +309,7 @@ def gradient_with_sum(name: str, body, in_layouts: list[Layout], total: int, out
              f"    k = (tl.program_id(0) % {chunks}) * BLOCK + tl.arange(0, BLOCK)",
              "    r = plane * half + k",
              "    r_ok = k < half",
-             "    d = tl.arange(0, 2)",
-             f"    col = tl.arange(0, {width})",
-             f"    at_x = r[:, None, None] * {2 * w} + d[None, :, None] * {w} + col[None, None, :]",
-             f"    ok = r_ok[:, None, None] & (d[None, :, None] < 2) & (col[None, None, :] < {w})",
-             f"    xv = tl.load({arg_of[x.id]} + at_x, mask=ok, other=0).to(tl.float32)",
-             f"    v = tl.reshape(xv, (BLOCK, 2, {width // 2}, 2))",
-             _pick(width, w, arg_of[dy.id]).rstrip("\n")]
+             *_rows_tile(arg_of[x.id], arg_of[dy.id], w, width)]
     more, value = _epilogue(ops, body.outputs, {pool.outputs[0].id: f"out{to}", x.id: "xv"}, "at_x", "ok", arg_of,
                             layout_of, x.shape, "e_")
     t = body.outputs[total]
