@@ -320,7 +320,8 @@ def package(dev: torch.device, quick: bool, models: list[str], deadline: float) 
 
 
 # -- CNN training step ---------------------------------------------------------------------------------
-def cnn(dev: torch.device, quick: bool, explore: bool, with_compile: bool) -> None:
+def cnn(dev: torch.device, quick: bool, explore: bool, with_compile: bool,
+        contenders: tuple[str, ...] = ("stitchml", "torch", "jax")) -> None:
     batch = 8 if quick else 1024
     weights = cnn_weights(np.random.default_rng(0))
     gen = torch.Generator().manual_seed(0)
@@ -342,12 +343,15 @@ def cnn(dev: torch.device, quick: bool, explore: bool, with_compile: bool) -> No
                      ("stitchml conv_channels_last", {"conv_channels_last": True}),
                      # the pooling gradients without their epilogue (the ReLU's mask) and bias-gradient sum
                      ("stitchml allow_tf32 pool_epilogue=False", {"allow_tf32": True, "pool_epilogue": False})]
-    for name, options in variants:
+    for name, options in variants if "stitchml" in contenders else []:
         try:
             stitchml_cnn(name, options, weights, batch, xs, ys, reference, dev, reps, explore, case)
         except Exception as e:  # noqa: BLE001  (one failing variant must not lose the others' figures)
             record("cnn", case, name, float("nan"), "ms", failed=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
-    torch_cnn(weights, xs, ys, reference, dev, reps, explore, with_compile, case, saved)
+    if "torch" in contenders:
+        torch_cnn(weights, xs, ys, reference, dev, reps, explore, with_compile, case, saved)
+    if "jax" in contenders:
+        jax_cnn(weights, xs, ys, reference, reps, case)
 
 
 def stitchml_cnn(name, options, weights, batch, xs, ys, reference, dev, reps, explore, case) -> None:
@@ -420,6 +424,55 @@ def torch_cnn(weights, xs, ys, reference, dev, reps, explore, with_compile, case
             record("cnn", case, name, ms, "ms", loss_rel_err=f"{err:.1e}", time_s=round(time.perf_counter() - t0, 1))
         finally:
             set_tf32(*saved)
+
+
+def jax_cnn(weights, xs, ys, reference, reps, case) -> None:
+    """jax.jit's CNN step (the same network, weights, data, loss and SGD with momentum) with TF32 and in
+    float32: its first loss against float64, then the median wall time of a step to its loss being ready
+    (JAX has no CUDA events; the wall time includes its dispatch, tens of µs)."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return
+    dn = ("NCHW", "OIHW", "NCHW")
+
+    def forward(p, x):
+        h = x
+        for w, b in (("c1", "b1"), ("c2", "b2")):
+            h = jax.lax.conv_general_dilated(h, p[w], (1, 1), "SAME", dimension_numbers=dn) + p[b][None, :, None, None]
+            h = jax.lax.reduce_window(jax.nn.relu(h), -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+        h = jax.nn.relu(h.reshape(h.shape[0], -1) @ p["d1"] + p["e1"])
+        return h @ p["d2"] + p["e2"]
+
+    def loss_of(p, x, y):
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(forward(p, x)), y[:, None], axis=1))
+
+    def step(p, m, x, y):  # torch's SGD with momentum: m = 0.9 m + g (m = g at first), p -= 0.01 m
+        lo, g = jax.value_and_grad(loss_of)(p, x, y)
+        m = jax.tree.map(lambda mi, gi: 0.9 * mi + gi, m, g)
+        return jax.tree.map(lambda pi, mi: pi - 0.01 * mi, p, m), m, lo
+
+    x, y = jnp.asarray(xs.cpu().numpy()), jnp.asarray(ys.cpu().numpy())
+    for name, precision in (("jax.jit, TF32", "tensorfloat32"), ("jax.jit, IEEE float32", "float32")):
+        try:
+            with jax.default_matmul_precision(precision):
+                jitted = jax.jit(step)
+                p = {k: jnp.asarray(v, jnp.float32) for k, v in weights.items()}
+                m = jax.tree.map(jnp.zeros_like, p)
+                t0 = time.perf_counter()
+                p, m, lo = jitted(p, m, x, y)
+                err = abs(float(lo) - reference) / abs(reference)
+                times = []
+                for _ in range(reps + 3):
+                    start = time.perf_counter()
+                    p, m, lo = jitted(p, m, x, y)
+                    lo.block_until_ready()
+                    times.append((time.perf_counter() - start) * 1e3)
+            record("cnn", case, name, statistics.median(times[3:]), "ms", loss_rel_err=f"{err:.1e}",
+                   time_s=round(time.perf_counter() - t0, 1), timing="wall clock")
+        except Exception as e:  # noqa: BLE001  (JAX's failure must not lose the other rows)
+            record("cnn", case, name, float("nan"), "ms", failed=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
 
 
 # -- matmul + bias + GeLU ------------------------------------------------------------------------------
@@ -499,6 +552,8 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="+", default=["cnn", "resnet18"], help="zoo models of the package section")
     p.add_argument("--budget", type=float, default=600.0,
                    help="seconds after which the package section skips its remaining models")
+    p.add_argument("--cnn-contenders", nargs="+", default=["stitchml", "torch", "jax"],
+                   choices=["stitchml", "torch", "jax"], help="who runs the CNN step")
     p.add_argument("--json")
     args = p.parse_args(argv)
     dev = torch.device(args.device)
@@ -515,7 +570,7 @@ def main(argv=None) -> int:
             elif section == "few":
                 few_steps(dev, args.quick)
             elif section == "cnn":
-                cnn(dev, args.quick, args.explore, not args.no_compile)
+                cnn(dev, args.quick, args.explore, not args.no_compile, args.cnn_contenders)
             elif section == "matmul":
                 matmul(dev, args.quick, args.explore)
             elif section == "package":
