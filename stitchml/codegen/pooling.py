@@ -200,22 +200,29 @@ def {name}(x, y, rows, BLOCK: tl.constexpr):
 DTYPES = ("float16", "bfloat16", "float32")  # the types the kernels compare exactly in float32
 
 
-def gradient_with_epilogue(name: str, body, in_layouts: list[Layout], rows: bool, interpret: bool) -> KernelSource:
-    """The kernel for a fusion `body` (a Program: one max_pooling2d_gradient whose source is an NCHW input
-    that `fits`, and elementwise ops over that input's shape, passes/stitch.py) reading inputs of the given
-    layouts (the gradient's two row-major): per block of windows, or with `rows` (see `rows_fit`) per block
-    of rows of 2x2 windows; each output stored row-major."""
+def _body_parts(body, in_layouts: list[Layout]):
+    """Of a pooling gradient's fusion `body`: the pooling op, the elementwise ops after it, each input's
+    argument name and layout by tensor id, and the kernel's parameter list (the inputs, then the outputs)."""
     pool = next(op for op in body.operations if op.op == "max_pooling2d_gradient")
     placeholders = [op.outputs[0] for op in body.operations if op.op == "placeholder"]
     ops = [op for op in body.operations if op.op != "placeholder" and op is not pool]
     arg_of = {t.id: f"in{i}" for i, t in enumerate(placeholders)}
     layout_of = {t.id: lay for t, lay in zip(placeholders, in_layouts)}
+    params = ", ".join([arg_of[t.id] for t in placeholders] + [f"out{j}" for j in range(len(body.outputs))])
+    return pool, ops, arg_of, layout_of, params
+
+
+def gradient_with_epilogue(name: str, body, in_layouts: list[Layout], rows: bool, interpret: bool) -> KernelSource:
+    """The kernel for a fusion `body` (a Program: one max_pooling2d_gradient whose source is an NCHW input
+    that `fits`, and elementwise ops over that input's shape, passes/stitch.py) reading inputs of the given
+    layouts (the gradient's two row-major): per block of windows, or with `rows` (see `rows_fit`) per block
+    of rows of 2x2 windows; each output stored row-major."""
+    pool, ops, arg_of, layout_of, params = _body_parts(body, in_layouts)
     dy, x = pool.inputs
     frame = x.shape
     n, c, h, w = frame
     kh, kw = pool.attrs["kernel_size"]
     to = f".to({tl_type(compute_dtype(dy.dtype))})"
-    params = ", ".join([arg_of[t.id] for t in placeholders] + [f"out{j}" for j in range(len(body.outputs))])
     title = f"max pooling gradient {kh}x{kw}{' by rows' if rows else ''} with its epilogue, {x.dtype.name}"
     if rows:
         width = _pow2(w)
@@ -291,11 +298,7 @@ def gradient_with_sum(name: str, body, in_layouts: list[Layout], total: int, out
     float32; the second kernel adds each channel's partial sums over the batch in a fixed order, a tile of
     them per step, and stores the channel's sum as `out_dtype`: the per-channel (bias) gradient. Extents of
     the batch are arguments, not written into the sources (see KernelSource.sizes)."""
-    pool = next(op for op in body.operations if op.op == "max_pooling2d_gradient")
-    placeholders = [op.outputs[0] for op in body.operations if op.op == "placeholder"]
-    ops = [op for op in body.operations if op.op != "placeholder" and op is not pool]
-    arg_of = {t.id: f"in{i}" for i, t in enumerate(placeholders)}
-    layout_of = {t.id: lay for t, lay in zip(placeholders, in_layouts)}
+    pool, ops, arg_of, layout_of, params = _body_parts(body, in_layouts)
     dy, x = pool.inputs
     n, c, h, w = x.shape
     width, half = _pow2(w), h // 2
@@ -303,7 +306,6 @@ def gradient_with_sum(name: str, body, in_layouts: list[Layout], total: int, out
     chunks = -(-half // block)
     parts = n * c * chunks
     to = f".to({tl_type(compute_dtype(dy.dtype))})"
-    params = ", ".join([arg_of[t.id] for t in placeholders] + [f"out{j}" for j in range(len(body.outputs))])
     lines = [f"def {name}_partial({params}, part, half, BLOCK: tl.constexpr):",
              f"    plane = tl.program_id(0) // {chunks}",
              f"    k = (tl.program_id(0) % {chunks}) * BLOCK + tl.arange(0, BLOCK)",

@@ -75,28 +75,33 @@ def kernel(g: sm.Graph, x: sm.Tensor, y: sm.Tensor, device: str) -> tuple[str, s
     return header + "\n" + exe.fusion_report(), "\n\n".join(sources.values())
 
 
+def cuda_ms(fn, reps: int = 20, warmup: int = 3, inner: int | None = None) -> float:
+    """Median milliseconds per call of `fn()` between CUDA events, each sample timing `inner` back-to-back
+    calls (by default enough for ~0.5 ms of work, at most 100) so that the host's launch of the next call
+    overlaps the device's work, as in a real program; host-bound contenders show their host cost."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    if inner is None:
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        inner = max(1, min(100, int(0.5e-3 / max(time.perf_counter() - start, 1e-6))))
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(inner):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / inner)
+    return statistics.median(times)
+
+
 def _timer(device: str):
     """A function giving the median milliseconds of a call: CUDA events on a GPU, the wall clock on the CPU."""
     if device.startswith("cuda"):
-        def cuda_ms(fn, reps: int = 20) -> float:
-            for _ in range(3):
-                fn()
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            # Batches of back-to-back calls (at least ~0.5 ms of work) so the host's launches overlap the device.
-            inner = max(1, min(100, int(0.5e-3 / max(time.perf_counter() - start, 1e-6))))
-            times = []
-            for _ in range(reps):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                for _ in range(inner):
-                    fn()
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b) / inner)
-            return statistics.median(times)
         return cuda_ms
 
     def cpu_ms(fn, reps: int = 20) -> float:

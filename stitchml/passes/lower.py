@@ -264,7 +264,7 @@ def _pool_sums(program: Program, backend: str, options: dict) -> dict[int, Opera
     form of the kernel that sums its tiles as it stores them (`_pool_epilogue_step`; option `pool_epilogue`
     "sum": that form everywhere). By pooling gradient kernel id."""
     mode = options.get("pool_epilogue", True)
-    if backend != "triton" and mode != "sum" or backend not in ("triton", "interpret") or mode == "separate" or \
+    if mode == "separate" or not _template_applies("measure" if mode is True else mode, backend) or \
             _pooling_mode(options) == "windows":  # the summing kernel takes rows of windows
         return {}
     found: dict[int, Operation] = {}
@@ -435,7 +435,7 @@ def _tma_runs(op: Operation, plan, ins: list[int], outs: list[int], fallback, ba
     mode = options.get("matmul_tma", "never")
     if mode not in ("measure", "always", "never"):
         raise CompileError(f"option matmul_tma expects 'measure', 'always' or 'never', got {mode!r}")
-    if mode == "never" or backend not in ("triton", "interpret") or mode == "measure" and backend != "triton":
+    if mode == "never" or not _template_applies(mode, backend):
         return {}
     body, layouts, interpret = op.attrs["body"], _layouts(op, plan), backend == "interpret"
     capability = None if interpret else torch.cuda.get_device_capability()
@@ -446,6 +446,7 @@ def _tma_runs(op: Operation, plan, ins: list[int], outs: list[int], fallback, ba
     sms = 4 if interpret else torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     return {c.name: TmaLaunch(matmul_tma.generate(op.name, body, layouts, interpret, c, sms), ins, outs, fallback)
             for c in configs}
+
 
 def _slabbed(op: Operation, contraction: Operation, epi: Program, used: list[int], placeholders, layouts: list[Layout],
              ins: list[int], outs: list[int], tmp: int, whole: Chain, backend: str, options: dict, new_slot):
@@ -568,7 +569,7 @@ def _max_pool_run(op: Operation, x, into: int, out: int, backend: str, options: 
     tile the input the rows kernel (codegen/pooling.py), as option `max_pooling` says; and its source."""
     reference = ReferenceCall(lookup(op.op).impl, [into], [out], op.attrs)
     mode = _pooling_mode(options)
-    if backend not in ("triton", "interpret") or mode == "windows" or mode == "measure" and backend != "triton" or \
+    if mode == "windows" or not _template_applies(mode, backend) or \
             not (x.dtype.is_floating and pooling.rows_fit(op.attrs, x.shape)):
         return reference, ""
     src = pooling.max_pool_rows(f"{op.name}_rows", x.shape, x.dtype, backend == "interpret")
@@ -662,9 +663,16 @@ def _template_mode(options: dict, backend: str) -> str | None:
     mode = options.get("conv_template", "measure")
     if mode not in ("measure", "triton", "library"):
         raise CompileError(f"option conv_template expects 'measure', 'triton' or 'library', got {mode!r}")
-    if mode == "library" or backend not in ("triton", "interpret") or mode == "measure" and backend != "triton":
+    if mode == "library" or not _template_applies(mode, backend):
         return None
     return mode
+
+
+def _template_applies(mode, backend: str) -> bool:
+    """Whether a generated kernel that an option's `mode` asks for runs on `backend`: a measured choice
+    ("measure") on CUDA alone, a forced one wherever Triton kernels run (CUDA or the interpreter); never on
+    the native CPU or reference backends, whose kernels are their own."""
+    return backend == "triton" or backend == "interpret" and mode != "measure"
 
 
 def _weights_gradient_step(op: Operation, layouts: list[Layout], ins: list[int], outs: list[int], library,

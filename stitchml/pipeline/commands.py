@@ -526,7 +526,7 @@ class CommandBuffer:
         q = self.queue
         if q.stream is not None and self.error is None:
             try:  # without an event, waiting for the queue also waits for work committed after this buffer
-                q._wait_done(self._marks[-1] if self._marks else self._done)
+                q._wait_done(self._last_event())
                 for check in self._checks:  # a replayed dispatch met its zero integer divisors on the device
                     check()
             except (RuntimeError, StitchError) as e:
