@@ -51,6 +51,17 @@ import warnings
 import torch
 
 
+def encode_dispatch(q, pipe, table, heap):
+    """A command buffer of `q` holding one dispatch of `pipe` on `table` with `heap`, encoded, not committed."""
+    cb = q.command_buffer()
+    enc = cb.ml_encoder()
+    enc.set_pipeline(pipe)
+    enc.set_argument_table(table)
+    enc.dispatch_network(heap)
+    enc.end()
+    return cb
+
+
 def _median_wall(fn, warmup: int, iters: int, sync) -> float:
     for _ in range(warmup):
         fn()
@@ -118,12 +129,7 @@ def _stitchml(sm, model, x, dev, args):
     table = {name: xin, out_name: yout}
 
     def encode_commit(q=queue):
-        cb = q.command_buffer()
-        enc = cb.ml_encoder()
-        enc.set_pipeline(pipeline)
-        enc.set_argument_table(table)
-        enc.dispatch_network(heap)
-        enc.end()
+        cb = encode_dispatch(q, pipeline, table, heap)
         cb.commit()
         return cb
 

@@ -45,18 +45,7 @@ from stitchml.package import zoo  # noqa: E402
 from stitchml.runtime import cudart  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_package import _median_host as median_host  # noqa: E402
-
-
-def _encode(q, pipe, table, heap):
-    """A command buffer of `q` holding one dispatch of `pipe` on `table` with `heap`, encoded, not committed."""
-    cb = q.command_buffer()
-    enc = cb.ml_encoder()
-    enc.set_pipeline(pipe)
-    enc.set_argument_table(table)
-    enc.dispatch_network(heap)
-    enc.end()
-    return cb
+from bench_package import _median_host as median_host, encode_dispatch as _encode  # noqa: E402
 
 
 def median_us(fn, after=lambda _: None, n=2000, warmup=50):
